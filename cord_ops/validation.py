@@ -1,0 +1,121 @@
+"""Input validation shared by every public entry point of cord_ops.
+
+Each check raises before any state is touched, with a message that names the array,
+the first offending row and what was expected. Arrays come back as float64 (scores,
+probabilities) or int64 (labels) so the numerics downstream need no further checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Rows of a probability array must sum to 1 within this absolute tolerance. It is loose
+#: enough for float32 softmax outputs of K = 1,000 classes and tight enough to catch
+#: logits or unnormalised scores passed by mistake.
+PROBABILITY_SUM_ATOL = 1e-4
+
+
+def _first_row(mask: np.ndarray) -> int:
+    """Index of the first row where ``mask`` (n,) or (n, K) is true."""
+    rows = mask if mask.ndim == 1 else mask.any(axis=1)
+    return int(np.flatnonzero(rows)[0])
+
+
+def check_scores(x, name: str = "scores", *, n_classes: int | None = None) -> np.ndarray:
+    """Validate an n x K real array (logits or probabilities) and return it as float64.
+
+    Rejects object/string/bool/complex dtypes, rank other than 2, n == 0, K < 2, a width
+    other than ``n_classes`` when given, and NaN/inf entries.
+    """
+    arr = np.asarray(x)
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
+        raise TypeError(
+            f"{name}: expected a real numeric array, got dtype {arr.dtype!s}"
+        )
+    if arr.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array (n, K), got shape {arr.shape}")
+    n, k = arr.shape
+    if n == 0:
+        raise ValueError(f"{name}: expected at least one row, got shape {arr.shape}")
+    if k < 2:
+        raise ValueError(f"{name}: expected K >= 2 classes, got shape {arr.shape}")
+    if n_classes is not None and k != n_classes:
+        raise ValueError(f"{name}: expected {n_classes} classes (columns), got {k}")
+    arr = arr.astype(np.float64, copy=False)
+    finite = np.isfinite(arr)
+    if not finite.all():
+        row = _first_row(~finite)
+        raise ValueError(f"{name}: row {row} contains NaN or inf; expected finite values")
+    return arr
+
+
+def check_probabilities(
+    p, name: str = "probabilities", *, n_classes: int | None = None,
+    atol: float = PROBABILITY_SUM_ATOL,
+) -> np.ndarray:
+    """Validate an n x K array of probability rows (non-negative, rows summing to 1)."""
+    arr = check_scores(p, name, n_classes=n_classes)
+    negative = arr < 0
+    if negative.any():
+        row = _first_row(negative)
+        raise ValueError(
+            f"{name}: row {row} has a negative entry ({arr[row].min()!r}); "
+            "expected probabilities >= 0"
+        )
+    sums = arr.sum(axis=1)
+    off = np.abs(sums - 1.0) > atol
+    if off.any():
+        row = _first_row(off)
+        raise ValueError(
+            f"{name}: row {row} sums to {sums[row]!r}; expected rows summing to 1 "
+            f"within {atol:g}"
+        )
+    return arr
+
+
+def check_labels(y, n_rows: int, n_classes: int, name: str = "labels") -> np.ndarray:
+    """Validate integer class labels in [0, n_classes) for ``n_rows`` examples."""
+    arr = np.asarray(y)
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected integer class labels, got dtype {arr.dtype!s}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array (n,), got shape {arr.shape}")
+    if arr.shape[0] != n_rows:
+        raise ValueError(f"{name}: expected {n_rows} labels (one per row), got {arr.shape[0]}")
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            row = _first_row(bad)
+            raise ValueError(
+                f"{name}: row {row} is {arr[row]!r}; expected an integer class label"
+            )
+    out_of_range = (arr < 0) | (arr >= n_classes)
+    if out_of_range.any():
+        row = _first_row(out_of_range)
+        raise ValueError(
+            f"{name}: row {row} is {arr[row]!r}; expected a class in [0, {n_classes})"
+        )
+    return arr.astype(np.int64)
+
+
+def check_pair(first: np.ndarray, second: np.ndarray, names: tuple[str, str]) -> None:
+    """Both arrays must have the same number of rows and classes."""
+    if first.shape[0] != second.shape[0]:
+        raise ValueError(
+            f"{names[1]}: expected {first.shape[0]} rows to match {names[0]}, "
+            f"got {second.shape[0]}"
+        )
+    if first.shape[1] != second.shape[1]:
+        raise ValueError(
+            f"{names[1]}: expected {first.shape[1]} classes to match {names[0]}, "
+            f"got {second.shape[1]}"
+        )
+
+
+def top1(probs: np.ndarray) -> np.ndarray:
+    """Top-1 class per row with the paper's tie rule: the smallest maximizing index.
+
+    ``np.argmax`` returns the first occurrence of the maximum, which is exactly that rule;
+    every module calls this function so the rule lives in one place.
+    """
+    return np.argmax(probs, axis=1)
