@@ -42,9 +42,10 @@ def check_scores(x, name: str = "scores", *, n_classes: int | None = None) -> np
     if n_classes is not None and k != n_classes:
         raise ValueError(f"{name}: expected {n_classes} classes (columns), got {k}")
     arr = arr.astype(np.float64, copy=False)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        row = _first_row(~finite)
+    # min/max propagate NaN and expose inf without an n x K temporary; the row is only
+    # searched for once something is wrong.
+    if not (np.isfinite(arr.min()) and np.isfinite(arr.max())):
+        row = _first_row(~np.isfinite(arr))
         raise ValueError(f"{name}: row {row} contains NaN or inf; expected finite values")
     return arr
 
@@ -55,9 +56,8 @@ def check_probabilities(
 ) -> np.ndarray:
     """Validate an n x K array of probability rows (non-negative, rows summing to 1)."""
     arr = check_scores(p, name, n_classes=n_classes)
-    negative = arr < 0
-    if negative.any():
-        row = _first_row(negative)
+    if arr.min() < 0:
+        row = _first_row(arr < 0)
         raise ValueError(
             f"{name}: row {row} has a negative entry ({arr[row].min()!r}); "
             "expected probabilities >= 0"
