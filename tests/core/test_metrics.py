@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import relplot
+from conftest import load_shared, requires_shared
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -306,6 +307,16 @@ def test_smece_edge_cases_equal_relplot():
     value, width = metrics.smece_with_width(tied, labels)
     assert (value, width) == (0.0, 2.0**-9)
     assert value == pytest.approx(relplot.smECE(np.full(10, 0.5), 1.0 - labels), abs=1e-12)
+
+
+@requires_shared
+@pytest.mark.shared_data
+@pytest.mark.parametrize("name", ["cifar10_resnet56", "cifar100_vgg16_bn"])
+def test_smece_equals_relplot_on_real_logits(name):
+    logits, labels = load_shared(name)
+    conf, correct = relplot.multiclass_logits_to_confidences(logits, labels)
+    probs = softmax(logits, axis=1)
+    assert metrics.smece(probs, labels) == pytest.approx(relplot.smECE(conf, correct), abs=1e-9)
 
 
 def test_metrics_module_does_not_import_relplot():
