@@ -160,27 +160,31 @@ def register_version(client, name: str, run_id: str, model_uri: str, model_id: s
     )
 
 
+def run_registered_model(model_uri: str, scores: np.ndarray) -> dict[str, np.ndarray]:
+    """Load a registered graph with ``mlflow.pyfunc.load_model`` (the path a serving system
+    takes) and run it on ``scores``, fed in the dtype its signature declares."""
+    import mlflow.pyfunc
+
+    model = mlflow.pyfunc.load_model(model_uri)
+    spec = model.metadata.get_input_schema().inputs[0]
+    outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
+    return {name: np.asarray(value) for name, value in outputs.items()}
+
+
 def score_champion(client, name: str, scores: np.ndarray, labels: np.ndarray,
                    candidate_version: str | None = None) -> ChampionScore | None:
     """Run ``name@champion`` from the registry on ``scores`` and return its NLL.
 
-    The champion is loaded with ``mlflow.pyfunc.load_model`` (the same path a serving
-    system takes) and fed in the dtype its signature declares. None when there is no
-    champion or the champion is the candidate itself; a champion that cannot run on the
-    split (another K, a broken artifact) comes back with ``problem`` set, which the gate
-    treats as a rejection rather than a win.
+    None when there is no champion or the champion is the candidate itself. A champion
+    that cannot run on the split (another K, a broken artifact) comes back with
+    ``problem`` set, which the gate treats as a rejection rather than a win.
     """
-    import mlflow.pyfunc
-
     current = champion_version(client, name)
     if current is None or current.version == candidate_version:
         return None
     try:
-        model = mlflow.pyfunc.load_model(f"models:/{name}@{CHAMPION}")
-        spec = model.metadata.get_input_schema().inputs[0]
-        outputs = model.predict({spec.name: scores.astype(spec.type)})
-        repaired = np.asarray(outputs["repaired"], dtype=np.float64)
-        nll = metrics.nll(repaired, labels)
+        outputs = run_registered_model(f"models:/{name}@{CHAMPION}", scores)
+        nll = metrics.nll(outputs["repaired"].astype(np.float64), labels)
     except Exception as exc:  # any failure to score the champion is a reason to reject
         return ChampionScore(current.version, None, f"{type(exc).__name__}: {exc}")
     return ChampionScore(current.version, nll)

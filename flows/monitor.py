@@ -1,0 +1,139 @@
+"""The monitoring flow: score ``@champion`` on a new labelled batch, log how it does, and
+recalibrate (as a subflow) when its calibration has drifted.
+
+Drift is measured against the champion's own numbers at registration: the ``cord.ece``
+and ``cord.nll`` its recalibration run logged on its evaluation split. The batch triggers
+a recalibration when ECE rose by more than ``max_ece_increase`` or NLL by more than
+``max_nll_increase``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from cord_ops import data, metrics
+from flows import registry, tracking
+from flows.recalibrate import RecalibrationResult, load_dataset, recalibrate
+from flows.retries import transient_store_error
+
+store_task = task(cache_policy=NO_CACHE, persist_result=False, retries=3,
+                  retry_delay_seconds=[0.5, 1.0, 2.0], retry_condition_fn=transient_store_error)
+DRIFT_METRICS = ("ece", "nll")
+
+
+@dataclass(frozen=True)
+class ChampionOnBatch:
+    """The champion's version, its metrics on the batch and its registration baseline."""
+
+    version: str
+    metrics: dict[str, float]
+    baseline: dict[str, float]
+
+
+@dataclass
+class MonitorResult:
+    """One monitoring pass; ``recalibration`` is set when drift triggered the subflow."""
+
+    run_id: str
+    champion_version: str
+    metrics: dict[str, float]
+    baseline: dict[str, float]
+    drift: dict[str, float]
+    reasons: list[str]
+    recalibration: RecalibrationResult | None
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.reasons)
+
+
+@store_task
+def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnBatch:
+    """Run ``model_name@champion`` on the batch; read its baseline from its own run."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    current = registry.champion_version(client, model_name)
+    if current is None:
+        raise LookupError(f"model '{model_name}' has no @{registry.CHAMPION} to monitor; "
+                          "run `cord-ops recalibrate` first")
+    outputs = registry.run_registered_model(f"models:/{model_name}@{registry.CHAMPION}",
+                                            batch.scores)
+    repaired = outputs["repaired"].astype(np.float64)
+    original = outputs["original"].astype(np.float64)
+    logged = client.get_run(current.run_id).data.metrics
+    baseline = {name: logged[f"cord.{name}"] for name in DRIFT_METRICS}
+    return ChampionOnBatch(current.version,
+                           metrics.evaluate(repaired, batch.labels, reference=original), baseline)
+
+
+@task(cache_policy=NO_CACHE, persist_result=False)
+def find_drift(scored: ChampionOnBatch, max_ece_increase: float,
+               max_nll_increase: float) -> tuple[dict[str, float], list[str]]:
+    """Increase of each drift metric over the baseline, and the thresholds it crossed."""
+    limits = {"ece": max_ece_increase, "nll": max_nll_increase}
+    drift = {name: scored.metrics[name] - scored.baseline[name] for name in DRIFT_METRICS}
+    reasons = [f"{name} rose by {drift[name]:.4g} (> {limits[name]:g}): "
+               f"{scored.baseline[name]:.4g} -> {scored.metrics[name]:.4g}"
+               for name in DRIFT_METRICS if drift[name] > limits[name]]
+    return drift, reasons
+
+
+@store_task
+def log_monitoring(model_name: str, batch: data.Dataset, scored: ChampionOnBatch,
+                   drift: dict[str, float], reasons: list[str],
+                   thresholds: dict[str, float]) -> str:
+    """One MLflow run (tag ``cord.kind=monitor``) with the batch metrics, baseline and drift."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    client = MlflowClient()
+    run = client.create_run(
+        tracking.experiment_id(model_name), run_name=f"monitor-v{scored.version}",
+        tags={"cord.kind": "monitor", "cord.model_name": model_name,
+              "cord.champion_version": scored.version, "data.sha256": batch.sha256,
+              "data.shape": f"{batch.n}x{batch.n_classes}", "data.path": str(batch.path),
+              "cord.drift": "; ".join(reasons) or "none"},
+    )
+    values = {f"monitor.{k}": v for k, v in scored.metrics.items()}
+    values.update({f"baseline.{k}": v for k, v in scored.baseline.items()})
+    values.update({f"drift.{k}": v for k, v in drift.items()})
+    now = int(time.time() * 1000)
+    client.log_batch(run.info.run_id,
+                     metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
+                     params=[Param(k, repr(v)) for k, v in thresholds.items()])
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+@flow(name="monitor", persist_result=False)
+def monitor(data: str, model_name: str = "cord-ops", max_ece_increase: float = 0.02,
+            max_nll_increase: float = 0.05, input_kind: str = "auto",
+            recalibrate_on_drift: bool = True, calibrator: str = "vs", fraction: float = 0.5,
+            seed: int = 0, dtype: str = "float32") -> MonitorResult:
+    """Score ``model_name@champion`` on the labelled batch ``data`` (.npz) and log it.
+
+    When ECE or NLL rose past its threshold and ``recalibrate_on_drift`` is set, runs
+    :func:`flows.recalibrate.recalibrate` on the batch as a subflow (its gate still decides
+    whether the new version takes ``@champion``).
+    """
+    tracking.configure_tracking()
+    batch = load_dataset(data, input_kind)
+    scored = score_champion_on_batch(model_name, batch)
+    drift, reasons = find_drift(scored, max_ece_increase, max_nll_increase)
+    thresholds = {"max_ece_increase": max_ece_increase, "max_nll_increase": max_nll_increase}
+    run_id = log_monitoring(model_name, batch, scored, drift, reasons, thresholds)
+    recalibration = None
+    if reasons:
+        get_run_logger().warning("champion v%s drifted: %s", scored.version, "; ".join(reasons))
+        if recalibrate_on_drift:
+            recalibration = recalibrate(data=data, calibrator=calibrator, fraction=fraction,
+                                        seed=seed, model_name=model_name,
+                                        input_kind=batch.input_kind, dtype=dtype)
+    return MonitorResult(run_id, scored.version, scored.metrics, scored.baseline, drift,
+                         reasons, recalibration)
