@@ -1,0 +1,76 @@
+"""Graph builders for the calibrator families of ``cord_ops.calibrators``.
+
+Each builder reads the fitted attributes of a calibrator (the arrays ``to_dict()`` lists)
+and appends the operations of its ``predict_proba`` to a graph, returning the calibrated
+probabilities. In a float64 graph the operations are those of the numpy code, in the same
+order, so the outputs agree to rounding. ``Family`` also records two facts the export needs:
+
+- ``keeps_top1``: the map provably keeps the original top-1 (argmax q == argmax p0 on every
+  row, ties included), so the local reference is g = b everywhere and a float32 graph needs
+  no argmax of q, whose float32 rounding could otherwise disagree with the float64 decision;
+- ``float64_inside``: a float32 graph still runs this family in float64 and casts q down,
+  because float32 rounding would break parity (matrix products accumulate K rounding errors;
+  isotonic maps need their 1e-9 * p tie-breaker, which float32 cannot resolve).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnx_export.builder import GraphBuilder
+
+
+def model_logits(gb: GraphBuilder, x: str, calibrator) -> str:
+    """The calibrator's logits: the scores, or log(max(p, prob_floor)) for probabilities."""
+    if calibrator.input_kind == "probs":
+        return gb.op("Log", gb.op("Max", x, gb.const(calibrator.prob_floor)), hint="log_p")
+    return x
+
+
+def _temperature(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
+    """``ts``: softmax(beta * z)."""
+    z = model_logits(gb, x, cal)
+    if gb.dtype == np.float32 and cal.input_kind == "logits":
+        # Softmax is shift-invariant: subtracting the row max first (exact for entries within
+        # a factor 2 of it, Sterbenz) keeps float32 rounding relative to z_j - max z rather
+        # than to |z_j|, which matters for logits of magnitude 1e4.
+        z = gb.sub(z, gb.row_max(z), hint="z_shifted")
+    return gb.softmax(gb.mul(gb.const(cal.beta_), z, hint="ts_logits"), out=out)
+
+
+def _affine(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
+    """``vs``: softmax(z * w + b); ``ms``: softmax(z @ W.T + b)."""
+    z = model_logits(gb, x, cal)
+    weights = np.asarray(cal.weights_)
+    if weights.ndim == 1:
+        s = gb.mul(z, gb.const(weights, "weights"))
+    else:
+        s = gb.op("MatMul", z, gb.const(weights.T, "weights_t"))
+    return gb.softmax(gb.add(s, gb.const(cal.bias_, "bias"), hint="affine_logits"), out=out)
+
+
+@dataclass(frozen=True)
+class Family:
+    #: build(gb, scores, calibrator, out=None) -> name of q (``out`` when given)
+    build: Callable[..., str]
+    keeps_top1: bool
+    float64_inside: bool
+
+
+FAMILIES: dict[str, Family] = {
+    "ts": Family(_temperature, keeps_top1=True, float64_inside=False),
+    "vs": Family(_affine, keeps_top1=False, float64_inside=False),
+    "ms": Family(_affine, keeps_top1=False, float64_inside=True),
+}
+
+
+def family_of(calibrator) -> Family:
+    name = getattr(calibrator, "name", None)
+    if name not in FAMILIES:
+        raise ValueError(
+            f"calibrator: no ONNX builder for {name!r}; expected one of {sorted(FAMILIES)}"
+        )
+    return FAMILIES[name]

@@ -1,0 +1,186 @@
+"""One ONNX graph per fitted pipeline: calibrator + CORD repair with eta* baked in.
+
+Graph contract (SPEC.md, "ONNX graph"): input ``scores`` [N, K] (logits or probabilities,
+in the export dtype, symbolic N); outputs ``repaired``, ``calibrated``, ``original`` [N, K],
+``label`` [N] int64 (original top-1, smallest index on ties) and ``confidence`` [N]
+(= repaired[label]). Model metadata: ``cord.eta_star`` (repr), ``cord.calibrator``,
+``cord.n_classes``, ``cord.version``, plus ``cord.input_kind`` and ``cord.dtype``.
+
+float64 graphs repeat the numpy operations of cord_ops and agree with it to rounding.
+float32 graphs run in float32 where that keeps parity within 1e-5 and in float64 where it
+does not (see ``onnx_export.calibrators.Family``), with two order guarantees:
+
+- ``label`` is the argmax of the float32 input itself. For probabilities that is exactly
+  cord_ops' label on the same inputs; for logits it is argmax softmax(z) in float64 except
+  when the top two logits differ by less than about 2**-52 (only possible for |z| < 2e-9).
+- float32 softmax can round two distinct logits to the same probability, so ``original``
+  has its ``label`` entry raised to just above the runner-up on the rows where rounding
+  tied them (a few ulps; other rows are the plain softmax). ``repaired`` gets the same kind
+  of fix-up inside the repair (``onnx_export.repair``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+import cord_ops
+from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder, tensor_info
+from onnx_export.calibrators import family_of
+from onnx_export.repair import build_repair, on_boundary
+
+INPUT = "scores"
+OUTPUTS = ("repaired", "calibrated", "original", "label", "confidence")
+
+
+def _check_fitted(calibrator, cord, n_classes: int, input_kind: str, dtype: str) -> None:
+    if input_kind not in ("logits", "probs"):
+        raise ValueError(f"input_kind: expected 'logits' or 'probs', got {input_kind!r}")
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype: expected 'float32' or 'float64', got {dtype!r}")
+    if not isinstance(n_classes, int | np.integer) or n_classes < 2:
+        raise ValueError(f"n_classes: expected an integer >= 2, got {n_classes!r}")
+    if not hasattr(calibrator, "n_classes_"):
+        raise ValueError("calibrator: not fitted (no n_classes_); fit it before exporting")
+    if not hasattr(cord, "eta_"):
+        raise ValueError("cord: not fitted (no eta_); fit CORD before exporting")
+    if calibrator.n_classes_ != n_classes or cord.n_classes_ != n_classes:
+        raise ValueError(
+            f"n_classes: expected {n_classes} to match the calibrator "
+            f"({calibrator.n_classes_}) and CORD ({cord.n_classes_})"
+        )
+    if calibrator.input_kind != input_kind:
+        raise ValueError(
+            f"input_kind: the calibrator was fitted on {calibrator.input_kind!r}, "
+            f"not {input_kind!r}"
+        )
+    if not np.isfinite(cord.eta_):
+        raise ValueError(f"cord: eta_ must be finite, got {cord.eta_!r}")
+
+
+def _original_float32(gb: GraphBuilder, scores: str, label: str, input_kind: str) -> str:
+    """Original probabilities with ``label`` strictly on top (see the module docstring)."""
+    if input_kind == "probs":
+        # Same array, same tie rule: ArgMax of the input already is its first maximum.
+        return gb.op("Identity", scores, out="original")
+    p = gb.softmax(scores)
+    runner = gb.row_max(gb.put(p, label, gb.zeros_like(label)), hint="p0_runner")
+    nudge = gb.const(1.0 + 2.0 * np.finfo(np.float32).eps)
+    top = gb.op("Max", gb.take(p, label), gb.mul(runner, nudge), hint="p0_top")
+    return gb.put(p, label, top, out="original")
+
+
+#: Below this eta*, a float32 graph computes q and the repair in float64 (module docstring).
+WIDE_REPAIR_BELOW_ETA = -0.5
+
+
+def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
+                dtype: str = "float32") -> onnx.ModelProto:
+    """Build the pipeline graph of a fitted calibrator and a fitted ``cord_ops.CORD``.
+
+    Parameters
+    ----------
+    calibrator : a fitted ``cord_ops.calibrators`` calibrator (any of the nine families)
+    cord : a fitted ``cord_ops.CORD``; its ``eta_`` and ``local_weight`` are baked in
+    n_classes : K, checked against both
+    input_kind : "logits" or "probs", what ``scores`` holds; must be the calibrator's
+    dtype : "float32" or "float64", the dtype of the input, the outputs and the arithmetic
+
+    Returns a model that passes ``onnx.checker.check_model(full_check=True)``.
+    """
+    _check_fitted(calibrator, cord, n_classes, input_kind, dtype)
+    family = family_of(calibrator)
+    gb = GraphBuilder(dtype)
+    gb.fresh(INPUT)
+    k = int(n_classes)
+    eta, weight = float(cord.eta_), float(cord.local_weight)
+
+    if dtype == "float64":
+        original = (gb.op("Identity", INPUT, out="original") if input_kind == "probs"
+                    else gb.softmax(INPUT, out="original"))
+        label = gb.row_argmax(original, hint="label_col")
+        q = family.build(gb, INPUT, calibrator, out="calibrated")
+        changed = gb.op("Not", gb.op("Equal", gb.row_argmax(q), label), hint="changed")
+        _, confidence = build_repair(gb, gb.take(original, label), on_boundary(gb, original),
+                                     q, label, changed, eta, weight, k)
+    else:
+        label = gb.row_argmax(INPUT, hint="label_col")
+        original = _original_float32(gb, INPUT, label, input_kind)
+        p0_a, p0_edge = gb.take(original, label), on_boundary(gb, original)
+        if family.float64_inside or eta <= WIDE_REPAIR_BELOW_ETA:
+            wide = gb.retyped("float64")
+            q = family.build(wide, wide.cast(INPUT, np.float64), calibrator)
+            changed = gb.op("Not", gb.op("Equal", gb.row_argmax(q), label), hint="changed")
+            gb.op("Cast", q, out="calibrated", to=TensorProto.FLOAT)
+            _, confidence = build_repair(wide, wide.cast(p0_a, np.float64), p0_edge, q, label,
+                                         changed, eta, weight, k, out_dtype=np.float32)
+        else:
+            q = family.build(gb, INPUT, calibrator, out="calibrated")
+            changed = (None if family.keeps_top1 else
+                       gb.op("Not", gb.op("Equal", gb.row_argmax(q), label), hint="changed"))
+            _, confidence = build_repair(gb, p0_a, p0_edge, q, label, changed, eta, weight, k)
+
+    flat = gb.const(np.array([-1], dtype=np.int64), "flat", dtype=np.int64)
+    gb.op("Reshape", label, flat, out="label")
+    gb.op("Reshape", confidence, flat, out="confidence")
+
+    elem = gb.onnx_dtype
+    graph = helper.make_graph(
+        gb.nodes,
+        f"cord_{calibrator.name}_{dtype}",
+        [tensor_info(INPUT, elem, ["N", k])],
+        [tensor_info("repaired", elem, ["N", k]), tensor_info("calibrated", elem, ["N", k]),
+         tensor_info("original", elem, ["N", k]), tensor_info("label", TensorProto.INT64, ["N"]),
+         tensor_info("confidence", elem, ["N"])],
+        initializer=gb.initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="cord-ops", producer_version=cord_ops.__version__,
+                              ir_version=IR_VERSION)
+    helper.set_model_props(model, {
+        "cord.eta_star": repr(float(cord.eta_)),
+        "cord.calibrator": calibrator.name,
+        "cord.n_classes": str(k),
+        "cord.version": cord_ops.__version__,
+        "cord.input_kind": input_kind,
+        "cord.dtype": dtype,
+    })
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def save_model(model: onnx.ModelProto, path) -> Path:
+    """Write ``model`` to ``path`` atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(model.SerializeToString())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_model(path) -> onnx.ModelProto:
+    """Read and check a model file; a missing, corrupt or invalid file raises ValueError."""
+    path = Path(path)
+    try:
+        model = onnx.load_model(str(path))
+        onnx.checker.check_model(model, full_check=True)
+    except (OSError, onnx.checker.ValidationError, onnx.onnx_cpp2py_export.shape_inference
+            .InferenceError, ValueError) as exc:
+        raise ValueError(f"{path}: not a valid ONNX model ({exc})") from exc
+    return model
+
+
+def model_metadata(model: onnx.ModelProto) -> dict[str, str]:
+    """The model's metadata_props as a dict."""
+    return {prop.key: prop.value for prop in model.metadata_props}
