@@ -59,7 +59,7 @@ def check_probabilities(
     if arr.min() < 0:
         row = _first_row(arr < 0)
         raise ValueError(
-            f"{name}: row {row} has a negative entry ({arr[row].min()!r}); "
+            f"{name}: row {row} has a negative entry ({arr[row].min().item()!r}); "
             "expected probabilities >= 0"
         )
     sums = arr.sum(axis=1)
@@ -67,7 +67,7 @@ def check_probabilities(
     if off.any():
         row = _first_row(off)
         raise ValueError(
-            f"{name}: row {row} sums to {sums[row]!r}; expected rows summing to 1 "
+            f"{name}: row {row} sums to {sums[row].item()!r}; expected rows summing to 1 "
             f"within {atol:g}"
         )
     return arr
@@ -87,13 +87,13 @@ def check_labels(y, n_rows: int, n_classes: int, name: str = "labels") -> np.nda
         if bad.any():
             row = _first_row(bad)
             raise ValueError(
-                f"{name}: row {row} is {arr[row]!r}; expected an integer class label"
+                f"{name}: row {row} is {arr[row].item()!r}; expected an integer class label"
             )
     out_of_range = (arr < 0) | (arr >= n_classes)
     if out_of_range.any():
         row = _first_row(out_of_range)
         raise ValueError(
-            f"{name}: row {row} is {arr[row]!r}; expected a class in [0, {n_classes})"
+            f"{name}: row {row} is {arr[row].item()!r}; expected a class in [0, {n_classes})"
         )
     return arr.astype(np.int64)
 

@@ -119,3 +119,18 @@ def transform(eta, p0, q, lam=0.5):
         row[a] = s
         out.append(row)
     return out
+
+
+def mean_slope(eta, p0, q, lam=0.5):
+    """d/d eta of the mean response at eta (0 where every row is clipped).
+
+    Near s = 0 or 1 the response barely moves with eta, so one ulp of the target mean can
+    move eta* far: tests scale their eta tolerance by 1 / slope.
+    """
+    total = 0.0
+    for i in range(len(p0)):
+        _, _, _, lower, upper, g = row_terms(p0[i], q[i], lam)
+        s = interior(g, eta)
+        if lower < s < upper:
+            total += 1.0 / (g / s**2 + (1.0 - g) / (1.0 - s) ** 2)
+    return total / len(p0)

@@ -56,7 +56,11 @@ def output_pairs(draw, max_n=25, max_k=6):
 
 def assert_matches_reference(model, p0, q, lam=0.5, target="inherited"):
     eta, mu = ref.fit(p0, q, lam, target)
-    assert abs(model.eta_ - eta) <= TOL * (1.0 + abs(eta))
+    # A few ulps of the target mean, divided by the mean response's slope, is as close as
+    # two correct binary64 solvers can agree when the active rows sit near s = 0 or 1.
+    slope = ref.mean_slope(eta, p0, q, lam)
+    conditioning = 8 * np.spacing(mu) / slope if slope > 0 else 0.0
+    assert abs(model.eta_ - eta) <= TOL * (1.0 + abs(eta)) + conditioning
     expected = np.array(ref.transform(eta, p0, q, lam))
     np.testing.assert_allclose(model.transform(p0, q), expected, rtol=0, atol=TOL)
 
