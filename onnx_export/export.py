@@ -32,7 +32,7 @@ from onnx import TensorProto, helper
 import cord_ops
 from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder, tensor_info
 from onnx_export.calibrators import family_of
-from onnx_export.repair import build_repair, on_boundary
+from onnx_export.repair import CHANGED_FROM_RUNNER_UP, build_repair, on_boundary
 
 INPUT = "scores"
 OUTPUTS = ("repaired", "calibrated", "original", "label", "confidence")
@@ -63,16 +63,24 @@ def _check_fitted(calibrator, cord, n_classes: int, input_kind: str, dtype: str)
         raise ValueError(f"cord: eta_ must be finite, got {cord.eta_!r}")
 
 
-def _original_float32(gb: GraphBuilder, scores: str, label: str, input_kind: str) -> str:
-    """Original probabilities with ``label`` strictly on top (see the module docstring)."""
+def _label_and_original_float32(gb: GraphBuilder, input_kind: str) -> tuple[str, str]:
+    """([N, 1] label, original) of a float32 graph; ``label`` is strictly on top of
+    ``original`` (see the module docstring)."""
     if input_kind == "probs":
         # Same array, same tie rule: ArgMax of the input already is its first maximum.
-        return gb.op("Identity", scores, out="original")
-    p = gb.softmax(scores)
-    runner = gb.row_max(gb.put(p, label, gb.zeros_like(label)), hint="p0_runner")
+        return gb.row_argmax(INPUT, hint="label_col"), gb.op("Identity", INPUT, out="original")
+    # TopK puts the lower index first among equal values, so column 0 is the smallest
+    # maximising index (the tie rule) and column 1 the runner-up logit, at the cost of one
+    # ArgMax. Softmax is monotone, so the runner-up logit's probability is the largest one
+    # other than the label's; where rounding made the two equal, the label's is raised.
+    _, top2 = gb.op("TopK", INPUT, gb.const(np.array([2], dtype=np.int64), "two",
+                                           dtype=np.int64), outputs=2, hint="top2", axis=1)
+    split = gb.op("Split", top2, axis=1, num_outputs=2, outputs=2, hint="top2_col")
+    label, runner = split
+    p = gb.softmax(INPUT)
     nudge = gb.const(1.0 + 2.0 * np.finfo(np.float32).eps)
-    top = gb.op("Max", gb.take(p, label), gb.mul(runner, nudge), hint="p0_top")
-    return gb.put(p, label, top, out="original")
+    top = gb.op("Max", gb.take(p, label), gb.mul(gb.take(p, runner), nudge), hint="p0_top")
+    return label, gb.put(p, label, top, out="original")
 
 
 #: Below this eta*, a float32 graph computes q and the repair in float64 (module docstring).
@@ -109,21 +117,19 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
         _, confidence = build_repair(gb, gb.take(original, label), on_boundary(gb, original),
                                      q, label, changed, eta, weight, k)
     else:
-        label = gb.row_argmax(INPUT, hint="label_col")
-        original = _original_float32(gb, INPUT, label, input_kind)
-        p0_a, p0_edge = gb.take(original, label), on_boundary(gb, original)
+        label, original = _label_and_original_float32(gb, input_kind)
+        p0_a = gb.take(original, label)
         if family.float64_inside or eta <= WIDE_REPAIR_BELOW_ETA:
             wide = gb.retyped("float64")
             q = family.build(wide, wide.cast(INPUT, np.float64), calibrator)
             changed = gb.op("Not", gb.op("Equal", gb.row_argmax(q), label), hint="changed")
             gb.op("Cast", q, out="calibrated", to=TensorProto.FLOAT)
-            _, confidence = build_repair(wide, wide.cast(p0_a, np.float64), p0_edge, q, label,
+            _, confidence = build_repair(wide, wide.cast(p0_a, np.float64), None, q, label,
                                          changed, eta, weight, k, out_dtype=np.float32)
         else:
             q = family.build(gb, INPUT, calibrator, out="calibrated")
-            changed = (None if family.keeps_top1 else
-                       gb.op("Not", gb.op("Equal", gb.row_argmax(q), label), hint="changed"))
-            _, confidence = build_repair(gb, p0_a, p0_edge, q, label, changed, eta, weight, k)
+            changed = None if family.keeps_top1 else CHANGED_FROM_RUNNER_UP
+            _, confidence = build_repair(gb, p0_a, None, q, label, changed, eta, weight, k)
 
     flat = gb.const(np.array([-1], dtype=np.int64), "flat", dtype=np.int64)
     gb.op("Reshape", label, flat, out="label")

@@ -66,27 +66,42 @@ def interior_response(gb: GraphBuilder, g: str, eta: float) -> str:
     return gb.div(gb.add(gb.const(eta - 1.0), r), gb.const(2.0 * eta), hint="H")
 
 
-def build_repair(gb: GraphBuilder, p0_a: str, p0_on_boundary: str, calibrated: str,
+#: ``changed`` value asking the repair to derive argmax q != a from q itself (float32 graphs).
+CHANGED_FROM_RUNNER_UP = "changed-from-runner-up"
+
+
+def build_repair(gb: GraphBuilder, p0_a: str, p0_on_boundary: str | None, calibrated: str,
                  label: str, changed: str | None, eta: float, local_weight: float,
                  n_classes: int, out_dtype=None, out: str = "repaired") -> tuple[str, str]:
     """Append the repair; returns (repaired [N, K] named ``out``, confidence [N, 1]).
 
     Inputs are in ``gb``'s compute dtype: ``p0_a`` [N, 1] is the original probability of
     ``label`` ([N, 1] int64, the original top-1) and ``p0_on_boundary`` [N, 1] bool marks
-    rows of p0 with an entry <= 0. ``changed`` is an [N, 1] bool, true where argmax q != a,
-    or None for calibrators that provably keep the original top-1 (then g = b on every
-    row). With ``out_dtype`` (float32 when computing in float64) the tail, s and the
+    rows of p0 with an entry <= 0. None skips the stabilisation of p0_a, which float32
+    graphs may: there (1 - delta) rounds to 1 and delta / K is below half an ulp of any
+    p0_a >= 1/K, so S(p0)_a == p0_a exactly.
+
+    ``changed`` is an [N, 1] bool that is true where argmax q != a; None for calibrators
+    that provably keep the original top-1 (g = b on every row); or
+    ``CHANGED_FROM_RUNNER_UP``, which takes it as q_a < max_{j != a} q_j from the masked row
+    the repair builds anyway (one pass fewer than an ArgMax). That rule differs from the
+    argmax only on an exact tie between q_a and a runner-up of smaller index, which in a
+    float32 q is a rounding artefact that float64 would decide either way.
+
+    With ``out_dtype`` (float32 when computing in float64) the tail, s and the
     runner-up are cast before the strict top-1 fix-up, which then works in the output dtype.
     """
     one = gb.const(1.0)
 
-    # p0_a, stabilised on boundary rows of p0 (eq. 11).
-    p_c1, p_c0 = _stabilise_coefficients(gb, p0_on_boundary, n_classes)
-    p0_a = gb.add(gb.mul(p_c1, p0_a), p_c0, hint="p0_a_stab")
+    if p0_on_boundary is not None:
+        # p0_a, stabilised on boundary rows of p0 (eq. 11).
+        p_c1, p_c0 = _stabilise_coefficients(gb, p0_on_boundary, n_classes)
+        p0_a = gb.add(gb.mul(p_c1, p0_a), p_c0, hint="p0_a_stab")
 
     # b, tail and rho of the stabilised q; the masked row is q with q_a set to 0.
     c1, c0 = _stabilise_coefficients(gb, on_boundary(gb, calibrated), n_classes)
-    b = gb.add(gb.mul(c1, gb.take(calibrated, label)), c0, hint="b")
+    q_a = gb.take(calibrated, label, hint="q_a")
+    b = gb.add(gb.mul(c1, q_a), c0, hint="b")
     rest = gb.put(calibrated, label, gb.zeros_like(label), hint="rest")
     tail_raw, top_raw = gb.row_sum(rest, hint="tail_raw"), gb.row_max(rest, hint="top_raw")
     # Sum of (c1 q_j + c0) over the K - 1 entries j != a.
@@ -94,6 +109,8 @@ def build_repair(gb: GraphBuilder, p0_a: str, p0_on_boundary: str, calibrated: s
     rho = gb.div(gb.add(gb.mul(c1, top_raw), c0), tail, hint="rho")
     lower = gb.add(gb.div(rho, gb.add(one, rho)), gb.const(EPS_NUM), hint="lower")
 
+    if changed == CHANGED_FROM_RUNNER_UP:
+        changed = gb.op("Less", q_a, top_raw, hint="changed")
     if changed is None:
         g = b
     else:
