@@ -30,26 +30,45 @@ def model_logits(gb: GraphBuilder, x: str, calibrator) -> str:
     return x
 
 
-def _temperature(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
-    """``ts``: softmax(beta * z)."""
+def _tempered(gb: GraphBuilder, x: str, cal, beta: float, out: str | None = None) -> str:
+    """softmax(beta * z) of the calibrator's logits z."""
     z = model_logits(gb, x, cal)
     if gb.dtype == np.float32 and cal.input_kind == "logits":
         # Softmax is shift-invariant: subtracting the row max first (exact for entries within
         # a factor 2 of it, Sterbenz) keeps float32 rounding relative to z_j - max z rather
         # than to |z_j|, which matters for logits of magnitude 1e4.
         z = gb.sub(z, gb.row_max(z), hint="z_shifted")
-    return gb.softmax(gb.mul(gb.const(cal.beta_), z, hint="ts_logits"), out=out)
+    return gb.softmax(gb.mul(gb.const(beta), z, hint="tempered_logits"), out=out)
+
+
+def _temperature(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
+    """``ts``: softmax(beta * z)."""
+    return _tempered(gb, x, cal, cal.beta_, out=out)
+
+
+def _affine_map(gb: GraphBuilder, features: str, cal, out: str | None) -> str:
+    """softmax(x * w + b) for a weight vector, softmax(x @ W.T + b) for a matrix."""
+    weights = np.asarray(cal.weights_)
+    if weights.ndim == 1:
+        s = gb.mul(features, gb.const(weights, "weights"))
+    else:
+        s = gb.op("MatMul", features, gb.const(weights.T, "weights_t"))
+    return gb.softmax(gb.add(s, gb.const(cal.bias_, "bias"), hint="affine_logits"), out=out)
 
 
 def _affine(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
     """``vs``: softmax(z * w + b); ``ms``: softmax(z @ W.T + b)."""
-    z = model_logits(gb, x, cal)
-    weights = np.asarray(cal.weights_)
-    if weights.ndim == 1:
-        s = gb.mul(z, gb.const(weights, "weights"))
-    else:
-        s = gb.op("MatMul", z, gb.const(weights.T, "weights_t"))
-    return gb.softmax(gb.add(s, gb.const(cal.bias_, "bias"), hint="affine_logits"), out=out)
+    return _affine_map(gb, model_logits(gb, x, cal), cal, out)
+
+
+def _structured(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
+    """``svs`` / ``sms``: the affine map on log of the ts-mix
+    (1 - eps) softmax(beta z) + eps / K."""
+    tempered = _tempered(gb, x, cal, cal.mix_beta_)
+    k = int(cal.n_classes_)
+    mixed = gb.add(gb.mul(gb.const(1.0 - cal.mix_eps_), tempered),
+                   gb.const(cal.mix_eps_ / k), hint="ts_mix")
+    return _affine_map(gb, gb.op("Log", mixed, hint="features"), cal, out)
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,8 @@ FAMILIES: dict[str, Family] = {
     "ts": Family(_temperature, keeps_top1=True, float64_inside=False),
     "vs": Family(_affine, keeps_top1=False, float64_inside=False),
     "ms": Family(_affine, keeps_top1=False, float64_inside=True),
+    "svs": Family(_structured, keeps_top1=False, float64_inside=False),
+    "sms": Family(_structured, keeps_top1=False, float64_inside=True),
 }
 
 

@@ -1,0 +1,138 @@
+"""Batch prediction from a saved pipeline model: ``.npz`` in, ``.npz`` out.
+
+``predict_file`` validates the whole input before it runs anything, streams it through an
+onnxruntime session in batches with a progress bar on stderr, and writes ``repaired``,
+``calibrated``, ``label`` and ``confidence`` atomically: a failure at any point leaves no
+output file (and an existing one untouched).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cord_ops.validation import check_probabilities, check_scores
+from onnx_export.export import load_model, model_metadata
+from onnx_export.runtime import input_dtype, open_session, run_batched
+
+WRITTEN = ("repaired", "calibrated", "label", "confidence")
+#: Keys looked up in the input archive, in order, when it holds more than one array.
+INPUT_KEYS = ("scores", "logits", "probs")
+
+
+class _StderrBar:
+    """A plain one-line progress bar for when tqdm is not installed."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.done, self.desc = total, 0, desc
+        self.start = time.perf_counter()
+        self._draw()
+
+    def update(self, rows: int) -> None:
+        self.done += rows
+        self._draw()
+
+    def _draw(self) -> None:
+        width = 30
+        filled = int(width * self.done / self.total) if self.total else width
+        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+        sys.stderr.write(f"\r{self.desc} [{'#' * filled}{'.' * (width - filled)}] "
+                         f"{self.done}/{self.total} rows ({rate:,.0f} rows/s)")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _StderrBar(total, "predict")
+    return tqdm(total=total, desc="predict", unit="rows", file=sys.stderr)
+
+
+def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype) -> np.ndarray:
+    """Load and validate the scores array of ``path`` (.npz) for a model.
+
+    Raises ValueError/TypeError naming the file, and for bad values the first bad row:
+    a missing or pickled array, a non-float dtype, a shape other than (n >= 1, n_classes),
+    NaN/inf, and for probability models negative entries or rows not summing to 1.
+    """
+    path = Path(path)
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable .npz file ({exc})") from exc
+    with archive:
+        keys = list(archive.files)
+        key = keys[0] if len(keys) == 1 else next((k for k in INPUT_KEYS if k in keys), None)
+        if key is None:
+            raise ValueError(
+                f"{path}: expected one array, or one named {INPUT_KEYS}; found {keys}"
+            )
+        try:
+            scores = archive[key]
+        except ValueError as exc:  # object arrays need pickle, which is refused
+            raise ValueError(f"{path}: array {key!r} cannot be read without pickle") from exc
+    name = f"{path.name}[{key!r}]"
+    if scores.dtype.kind != "f":
+        raise TypeError(f"{name}: expected a floating-point array, got dtype {scores.dtype}")
+    check = check_probabilities if input_kind == "probs" else check_scores
+    check(scores, name, n_classes=n_classes)
+    return scores.astype(dtype, copy=False)
+
+
+def write_npz_atomic(path, arrays: dict[str, np.ndarray]) -> Path:
+    """Write ``arrays`` to ``path`` via a temp file in the same folder and os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def predict_file(model_path, input_path, output_path, batch_size: int = 4096,
+                 provider: str = "auto", progress: bool = True,
+                 threads: int | None = None) -> dict:
+    """Run a saved pipeline model on an input .npz and write the outputs .npz.
+
+    The input archive holds one [N, K] float array (or several, one named ``scores``,
+    ``logits`` or ``probs``). Returns a summary: rows, n_classes, the session's providers
+    and the output path.
+    """
+    model = load_model(model_path)
+    meta = model_metadata(model)
+    try:
+        n_classes, input_kind = int(meta["cord.n_classes"]), meta["cord.input_kind"]
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"{model_path}: not a cord-ops pipeline model (metadata {exc})") from exc
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    session = open_session(model, provider=provider, threads=threads)
+    scores = read_input(input_path, n_classes, input_kind, input_dtype(session))
+
+    bar = _progress_bar(scores.shape[0], progress)
+    try:
+        outputs = run_batched(session, scores, batch_size=batch_size, outputs=list(WRITTEN),
+                              on_batch=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    write_npz_atomic(output_path, outputs)
+    return {"rows": int(scores.shape[0]), "n_classes": n_classes,
+            "providers": session.get_providers(), "output": str(output_path)}

@@ -1,0 +1,102 @@
+"""onnxruntime sessions for exported pipelines: provider choice, threads, quiet logs,
+batched runs.
+
+``provider``: "cpu" runs on CPUExecutionProvider; "cuda" requires CUDAExecutionProvider
+(the ``gpu`` extra installs onnxruntime-gpu) and a visible GPU, and raises otherwise;
+"auto" uses CUDA when both are there and the CPU otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+PROVIDERS = ("auto", "cpu", "cuda")
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+#: onnxruntime log severity for quiet sessions: 3 = errors only.
+QUIET_SEVERITY = 3
+
+
+def cuda_available() -> bool:
+    """Whether this onnxruntime build has the CUDA provider (it still needs a GPU to run)."""
+    return CUDA in ort.get_available_providers()
+
+
+def open_session(model, provider: str = "auto", threads: int | None = None,
+                 quiet: bool = True) -> ort.InferenceSession:
+    """An InferenceSession for ``model`` (a path, serialized bytes or a ModelProto).
+
+    ``threads`` sets the intra-op thread count (None: onnxruntime's default, one per core).
+    With ``quiet`` onnxruntime logs errors only. Raises RuntimeError when "cuda" is asked
+    for and the session cannot place the graph on CUDAExecutionProvider.
+    """
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider: expected one of {PROVIDERS}, got {provider!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads: expected a positive integer, got {threads!r}")
+    if provider == "cuda" and not cuda_available():
+        raise RuntimeError(
+            "provider 'cuda': this onnxruntime has no CUDAExecutionProvider; install the "
+            "gpu extra (pip install 'cord-ops[gpu]', which brings onnxruntime-gpu)"
+        )
+    providers = [CUDA, CPU] if provider == "cuda" or (provider == "auto" and cuda_available()) \
+        else [CPU]
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    if quiet:
+        options.log_severity_level = QUIET_SEVERITY
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    elif isinstance(model, str | Path):
+        model = str(model)
+    session = ort.InferenceSession(model, sess_options=options, providers=providers)
+    if provider == "cuda" and CUDA not in session.get_providers():
+        raise RuntimeError(
+            "provider 'cuda': CUDAExecutionProvider is installed but could not start "
+            "(no visible GPU or CUDA libraries missing)"
+        )
+    return session
+
+
+def input_dtype(session: ort.InferenceSession) -> np.dtype:
+    """The numpy dtype of the session's single input."""
+    kind = session.get_inputs()[0].type
+    return {"tensor(float)": np.dtype(np.float32),
+            "tensor(double)": np.dtype(np.float64)}[kind]
+
+
+def batches(n: int, batch_size: int) -> Iterator[slice]:
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    for start in range(0, n, batch_size):
+        yield slice(start, min(start + batch_size, n))
+
+
+def run_batched(session: ort.InferenceSession, scores: np.ndarray, batch_size: int = 4096,
+                outputs: list[str] | None = None,
+                on_batch: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Run ``scores`` [N, K] through the session ``batch_size`` rows at a time.
+
+    Returns {output name: array over all N rows}; ``outputs`` picks a subset (default all).
+    ``on_batch(rows)`` is called after each batch with the number of rows it held. The
+    input is cast to the session's dtype; it is not validated here (see predict_file).
+    """
+    names = outputs or [o.name for o in session.get_outputs()]
+    scores = np.ascontiguousarray(scores, dtype=input_dtype(session))
+    input_name = session.get_inputs()[0].name
+    result: dict[str, np.ndarray] = {}
+    for rows in batches(scores.shape[0], batch_size):
+        values = session.run(names, {input_name: scores[rows]})
+        for name, value in zip(names, values, strict=True):
+            if name not in result:
+                result[name] = np.empty((scores.shape[0],) + value.shape[1:], value.dtype)
+            result[name][rows] = value
+        if on_batch is not None:
+            on_batch(rows.stop - rows.start)
+    return result
