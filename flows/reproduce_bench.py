@@ -1,0 +1,231 @@
+"""``cord-ops bench``: one performance table for a folder of .npz logits, logged to MLflow.
+
+Rows: the fit time of each calibrator per dataset (5000 calibration rows, seed 0, after
+one warm-up fit); CORD construction (s) and repair (us per example) as post-warm-up
+medians [Q1, Q3] over 9 constructions and 21 full-split repairs with q from IROvA-TS,
+single-threaded, next to the paper's Table 5; throughput of the exported ONNX graph in
+float32 and float64 (onnxruntime CPU, examples per second); and the end-to-end time of the
+recalibration flow (load -> fit -> CORD -> ONNX -> parity -> MLflow -> register).
+
+Calibrator and CORD timings run with BLAS/OpenMP pinned to one thread (as each Dask worker
+of ``cord-ops reproduce`` is); onnxruntime and the flow use the machine's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cord_ops import CORD, data
+from flows import reproduce_paper as paper
+from flows import tracking
+from flows.reproduce_report import markdown
+
+BENCH_EXPERIMENT = "cord-ops-bench"
+CORD_CONSTRUCTIONS = 9
+CORD_REPAIRS = 21
+ONNX_RUNS = 7
+TABLE5_CALIBRATOR = "irova-ts"
+
+
+def _dataset_files(data_dir) -> dict[str, str]:
+    """The first file (sorted) of every dataset prefix in ``data_dir``."""
+    from flows.reproduce import dataset_and_classifier
+
+    firsts: dict[str, str] = {}
+    for path in sorted(Path(data_dir).glob("*.npz")):
+        firsts.setdefault(dataset_and_classifier(path)[0], str(path))
+    if not firsts:
+        raise FileNotFoundError(f"--data: {data_dir} holds no .npz files")
+    return firsts
+
+
+def _halves(path: str, seed: int = 0):
+    dataset = data.load_npz(path)
+    cal_idx, eval_idx = data.split_indices(dataset.n, seed)
+    return dataset, cal_idx, eval_idx
+
+
+def _quartiles(values) -> tuple[float, float, float]:
+    q1, median, q3 = np.quantile(np.asarray(values), [0.25, 0.5, 0.75])
+    return float(median), float(q1), float(q3)
+
+
+def calibrator_rows(dataset_name: str, path: str, calibrators) -> list[dict]:
+    """Fit seconds and predict us/example of each calibrator on one file's seed-0 split."""
+    from cord_ops.calibrators import make_calibrator
+
+    dataset, cal_idx, eval_idx = _halves(path)
+    x_cal, y_cal, x_eval = dataset.scores[cal_idx], dataset.labels[cal_idx], \
+        dataset.scores[eval_idx]
+    rows = []
+    for name in calibrators:
+        make_calibrator(name, input_kind=dataset.input_kind).fit(x_cal, y_cal)  # warm-up
+        model = make_calibrator(name, input_kind=dataset.input_kind)
+        start = time.perf_counter()
+        model.fit(x_cal, y_cal)
+        fit = time.perf_counter() - start
+        start = time.perf_counter()
+        model.predict_proba(x_eval)
+        predict = (time.perf_counter() - start) / x_eval.shape[0] * 1e6
+        rows.append({"measure": f"fit {name} (s)", "dataset": dataset_name,
+                     "ours": f"{fit:.3f}", "paper": ""})
+        rows.append({"measure": f"predict {name} (us/example)", "dataset": dataset_name,
+                     "ours": f"{predict:.2f}", "paper": ""})
+    return rows
+
+
+def cord_rows(dataset_name: str, path: str) -> tuple[list[dict], tuple]:
+    """Table 5's protocol: CORD construction and repair times with q from IROvA-TS.
+
+    Also returns the fitted (calibrator, CORD, evaluation scores) for the ONNX rows."""
+    from cord_ops.calibrators import make_calibrator
+
+    dataset, cal_idx, eval_idx = _halves(path)
+    model = make_calibrator(TABLE5_CALIBRATOR, input_kind=dataset.input_kind)
+    model.fit(dataset.scores[cal_idx], dataset.labels[cal_idx])
+    p0 = dataset.probabilities()
+    p_cal, p_eval = p0[cal_idx], p0[eval_idx]
+    q_cal = model.predict_proba(dataset.scores[cal_idx])
+    q_eval = model.predict_proba(dataset.scores[eval_idx])
+    repair = CORD().fit(p_cal, q_cal)
+    repair.transform(p_eval, q_eval)  # warm-up
+    constructions, repairs = [], []
+    for _ in range(CORD_CONSTRUCTIONS):
+        start = time.perf_counter()
+        CORD().fit(p_cal, q_cal)
+        constructions.append(time.perf_counter() - start)
+    for _ in range(CORD_REPAIRS):
+        start = time.perf_counter()
+        repair.transform(p_eval, q_eval)
+        repairs.append((time.perf_counter() - start) / p_eval.shape[0] * 1e6)
+    published = paper.TABLE5.get(dataset_name)
+    c, r = _quartiles(constructions), _quartiles(repairs)
+    rows = [
+        {"measure": "CORD construction (s), median [Q1, Q3]", "dataset": dataset_name,
+         "ours": f"{c[0]:.4f} [{c[1]:.4f}, {c[2]:.4f}]",
+         "paper": f"{published[0]:.3f}" if published else ""},
+        {"measure": "CORD repair (us/example), median [Q1, Q3]", "dataset": dataset_name,
+         "ours": f"{r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]",
+         "paper": f"{published[1]:.3f}" if published else ""},
+    ]
+    return rows, (dataset, cal_idx, eval_idx)
+
+
+def onnx_rows(dataset_name: str, split, calibrator: str) -> list[dict]:
+    """Examples per second of the exported pipeline graph on the evaluation half."""
+    import onnxruntime
+
+    from cord_ops.calibrators import make_calibrator
+    from onnx_export import export_onnx
+
+    dataset, cal_idx, eval_idx = split
+    model = make_calibrator(calibrator, input_kind=dataset.input_kind)
+    model.fit(dataset.scores[cal_idx], dataset.labels[cal_idx])
+    p0 = dataset.probabilities()
+    repair = CORD().fit(p0[cal_idx], model.predict_proba(dataset.scores[cal_idx]))
+    rows = []
+    for dtype in ("float32", "float64"):
+        graph = export_onnx(model, repair, dataset.n_classes, dataset.input_kind, dtype)
+        session = onnxruntime.InferenceSession(graph.SerializeToString(),
+                                               providers=["CPUExecutionProvider"])
+        scores = np.ascontiguousarray(dataset.scores[eval_idx], dtype=dtype)
+        session.run(None, {"scores": scores})  # warm-up
+        rates = []
+        for _ in range(ONNX_RUNS):
+            start = time.perf_counter()
+            session.run(None, {"scores": scores})
+            rates.append(scores.shape[0] / (time.perf_counter() - start))
+        rows.append({"measure": f"ONNX {calibrator}+CORD {dtype} (examples/s)",
+                     "dataset": dataset_name, "ours": f"{np.median(rates):,.0f}",
+                     "paper": ""})
+    return rows
+
+
+def flow_row(dataset_name: str, path: str, calibrator: str) -> dict:
+    """Wall time of one recalibration flow run on ``path`` (register, no promotion)."""
+    from flows.recalibrate import recalibrate
+    from flows.reproduce import prefect_api
+
+    with prefect_api():
+        start = time.perf_counter()
+        recalibrate(data=path, calibrator=calibrator, model_name="cord-ops-bench",
+                    promote=False)
+        seconds = time.perf_counter() - start
+    return {"measure": f"end-to-end recalibrate flow, {calibrator} (s)",
+            "dataset": dataset_name, "ours": f"{seconds:.2f}", "paper": ""}
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Measure, print the table, write bench.md/bench.csv to --out, log them to MLflow."""
+    from threadpoolctl import threadpool_limits
+
+    tracking.disable_telemetry()
+    if args.data is None:
+        print("cord-ops bench: --data is required (../shared/data not found)", file=sys.stderr)
+        return 2
+    files = _dataset_files(args.data)
+    rows: list[dict] = []
+    started = time.perf_counter()
+    for dataset_name, path in files.items():
+        with threadpool_limits(1):
+            rows += calibrator_rows(dataset_name, path, args.calibrators)
+            cord_table, split = cord_rows(dataset_name, path)
+        rows += cord_table
+        rows += onnx_rows(dataset_name, split, args.onnx_calibrator)
+    first_dataset, first_path = next(iter(files.items()))
+    rows.append(flow_row(first_dataset, first_path, args.onnx_calibrator))
+    table = pd.DataFrame(rows)
+    text = markdown(table)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, payload in (("bench.md", f"# cord-ops bench\n\n{text}"),
+                          ("bench.csv", table.to_csv(index=False))):
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(payload)
+        os.replace(tmp, out / name)
+    _log(table, out, time.perf_counter() - started)
+    return 0
+
+
+def _log(table: pd.DataFrame, out: Path, seconds: float) -> None:
+    """One MLflow run holding the table (artifacts) and its numeric entries (metrics)."""
+    import mlflow
+
+    tracking.configure_tracking()
+    mlflow.set_experiment(BENCH_EXPERIMENT)
+    with mlflow.start_run(run_name="bench"):
+        for row in table.itertuples(index=False):
+            value = str(row.ours).split(" ")[0].replace(",", "")
+            key = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in
+                          f"{row.dataset}.{row.measure.split(' (')[0]}")
+            mlflow.log_metric(key, float(value))
+        mlflow.log_metric("bench_seconds", seconds)
+        mlflow.log_artifact(str(out / "bench.md"))
+        mlflow.log_artifact(str(out / "bench.csv"))
+
+
+def add_cli(subparsers, default_data: Path | None) -> None:
+    """The ``bench`` subcommand (sets ``func``)."""
+    from flows.reproduce import CALIBRATORS
+
+    p = subparsers.add_parser("bench", help="calibrator / CORD / ONNX / flow timings table",
+                              description=__doc__.split("\n\n")[1])
+    p.add_argument("--data", type=Path, default=default_data,
+                   help=f"folder of .npz files (default: {default_data or '../shared/data'})")
+    p.add_argument("--calibrators", nargs="+", choices=CALIBRATORS, default=list(CALIBRATORS),
+                   help="calibrators whose fit time is measured (default: all nine)")
+    p.add_argument("--onnx-calibrator", default="vs",
+                   help="calibrator of the exported graph and of the flow run (default vs)")
+    p.add_argument("--out", type=Path, default=Path("out") / "bench",
+                   help="where bench.md / bench.csv go (default out/bench)")
+    p.set_defaults(func=run_bench)
