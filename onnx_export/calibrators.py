@@ -71,6 +71,81 @@ def _structured(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
     return _affine_map(gb, gb.op("Log", mixed, hint="features"), cal, out)
 
 
+def _dirichlet(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
+    """``dir-odir``: softmax(f @ W.T + b) with f the log-probabilities clipped at
+    log(prob_floor): max(z - max z - log sum exp(z - max z), log floor) from logits,
+    log(max(p, floor)) from probabilities."""
+    if cal.input_kind == "probs":
+        features = model_logits(gb, x, cal)
+    else:
+        shifted = gb.sub(x, gb.row_max(x), hint="shifted")
+        lse = gb.op("Log", gb.row_sum(gb.op("Exp", shifted)), hint="lse")
+        features = gb.op("Max", gb.sub(shifted, lse), gb.const(np.log(cal.prob_floor)),
+                         hint="log_probs")
+    return _affine_map(gb, features, cal, out)
+
+
+def _knot_tables(knots: list) -> tuple[np.ndarray, ...]:
+    """Flat, padded knot tables for a branch-free search over one or K knot sets.
+
+    Each set is padded to P = the next power of two >= the longest set: x with +inf (never
+    <= a finite input, so the search cannot step into padding), y with its last value and
+    the slope with 0. slope_j = (y_{j+1} - y_j) / (x_{j+1} - x_j) as np.interp computes it,
+    and 0 at the last knot, where np.interp returns y_last.
+    """
+    size = 1 << max(len(kx) - 1 for kx, _ in knots).bit_length()
+    xs = np.full((len(knots), size), np.inf)
+    ys, slopes = np.zeros_like(xs), np.zeros_like(xs)
+    for row, (kx, ky) in enumerate(knots):
+        kx, ky = np.asarray(kx, dtype=np.float64), np.asarray(ky, dtype=np.float64)
+        xs[row, :len(kx)] = kx
+        ys[row, :len(ky)], ys[row, len(ky):] = ky, ky[-1]
+        slopes[row, :len(kx) - 1] = np.diff(ky) / np.diff(kx)
+    offsets = np.arange(len(knots), dtype=np.int64) * size
+    return xs.ravel(), ys.ravel(), slopes.ravel(), offsets, size
+
+
+def interpolate(gb: GraphBuilder, t: str, knots: list) -> str:
+    """np.interp(t[:, k], x_k, y_k) for every column k (one knot set shared by all columns,
+    or one per column), clipped to y_0 / y_last outside [x_0, x_last].
+
+    t is first raised to x_0 (so the left clip is an exact y_0). A binary search, one
+    Gather and one Where per halving of P, finds the largest j with x_j <= t; then
+    slope_j * (t - x_j) + y_j is np.interp's own formula on the same interval.
+    """
+    xs, ys, slopes, offsets, size = _knot_tables(knots)
+    table_x = gb.const(xs, "knots_x")
+    first = gb.const(xs[offsets] if len(knots) > 1 else xs[0], "knots_x0")
+    t = gb.op("Max", t, first, hint="t_clipped")
+    index = gb.const(offsets if len(knots) > 1 else offsets[0], "knot_offsets",
+                     dtype=np.int64)
+    step = size // 2
+    while step:
+        candidate = gb.add(index, gb.const(step, "step", dtype=np.int64), hint="candidate")
+        ok = gb.op("LessOrEqual", gb.op("Gather", table_x, candidate), t, hint="step_ok")
+        index = gb.op("Where", ok, candidate, index, hint="knot_index")
+        step //= 2
+    x_j = gb.op("Gather", table_x, index, hint="x_j")
+    y_j = gb.op("Gather", gb.const(ys, "knots_y"), index, hint="y_j")
+    slope_j = gb.op("Gather", gb.const(slopes, "knots_slope"), index, hint="slope_j")
+    return gb.add(gb.mul(slope_j, gb.sub(t, x_j)), y_j, hint="interp")
+
+
+def _isotonic(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
+    """``irova`` / ``irm`` on p, ``irova-ts`` on softmax(beta z):
+    r = g(p) + tie_eps p, q = r / sum r, uniform where the sum is 0."""
+    if cal.name == "irova-ts":
+        p = gb.softmax(gb.mul(gb.const(cal.beta_), model_logits(gb, x, cal)))
+    else:
+        p = x if cal.input_kind == "probs" else gb.softmax(x)
+    r = gb.add(interpolate(gb, p, cal.knots_), gb.mul(gb.const(cal.tie_eps), p), hint="r")
+    total = gb.row_sum(r, hint="r_sum")
+    empty = gb.op("Equal", total, gb.const(0.0), hint="empty_row")
+    q = gb.div(r, gb.op("Where", empty, gb.const(1.0), total))
+    k = int(cal.n_classes_)
+    return gb.op("Where", empty, gb.const(1.0 / k), q, hint="isotonic_q", out=out)
+
+
 @dataclass(frozen=True)
 class Family:
     #: build(gb, scores, calibrator, out=None) -> name of q (``out`` when given)
@@ -85,6 +160,10 @@ FAMILIES: dict[str, Family] = {
     "ms": Family(_affine, keeps_top1=False, float64_inside=True),
     "svs": Family(_structured, keeps_top1=False, float64_inside=False),
     "sms": Family(_structured, keeps_top1=False, float64_inside=True),
+    "dir-odir": Family(_dirichlet, keeps_top1=False, float64_inside=True),
+    "irova": Family(_isotonic, keeps_top1=False, float64_inside=True),
+    "irova-ts": Family(_isotonic, keeps_top1=False, float64_inside=True),
+    "irm": Family(_isotonic, keeps_top1=True, float64_inside=True),
 }
 
 
