@@ -1,0 +1,151 @@
+"""Fit time, predict time and evaluation NLL of every calibrator on ../shared/data.
+
+Protocol (the peers' protocol, ../shared/anchors/peer-calibrators-cifar.md): for seed s,
+``perm = np.random.default_rng(s).permutation(10000)``, calibration = perm[:5000],
+evaluation = perm[5000:]. Calibrators see p0 = softmax(float64 logits) with
+``input_kind="probs"`` (as the peers did; ``--input-kind logits`` feeds the logits instead).
+NLL = -mean log q[y] with q[y] clipped below at float64 eps (sklearn ``log_loss``, the
+peers' convention). Fit time = ``time.perf_counter`` around ``fit`` on 5,000 rows; predict
+time = one ``predict_proba`` on the 5,000 evaluation rows. With ``--seeds 5`` the table
+also shows probmetrics 1.3's five-seed mean NLL from the anchors and our difference.
+
+Then vector scaling on synthetic 25,000 x 1,000 logits (the issue's scale target: < 60 s).
+
+Usage: python benchmarks/bench_calibrators.py [--seeds 5] [--files cifar10_resnet56 ...]
+       [--calibrators ts vs ...] [--input-kind probs|logits] [--no-synthetic]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from cord_ops.calibrators import CALIBRATOR_NAMES, make_calibrator
+from cord_ops.calibrators._base import softmax
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+# probmetrics 1.3.0 five-seed mean evaluation NLL (eps64 clip) from the anchors' tables:
+# VS, SVS, MS, SMS, IROvA ('isotonic') and TS ('temp-scaling'); MS on cifar100_vgg16_bn
+# never finished there.
+PEER_NLL = {
+    "cifar10_vgg16_bn": dict(vs=0.2190, svs=0.2191, ms=0.2255, sms=0.2133, irova=0.2647,
+                             ts=0.2245),
+    "cifar10_resnet56": dict(vs=0.1883, svs=0.1874, ms=0.1903, sms=0.1838, irova=0.2379,
+                             ts=0.1893),
+    "cifar10_mobilenetv2_x1_4": dict(vs=0.1998, svs=0.1991, ms=0.2049, sms=0.1952,
+                                     irova=0.2523, ts=0.2024),
+    "cifar10_shufflenetv2_x1_0": dict(vs=0.2245, svs=0.2239, ms=0.2291, sms=0.2215,
+                                      irova=0.2723, ts=0.2261),
+    "cifar10_repvgg_a1": dict(vs=0.1749, svs=0.1740, ms=0.1760, sms=0.1703, irova=0.2395,
+                              ts=0.1760),
+    "cifar100_vgg16_bn": dict(vs=1.1109, svs=1.0969, sms=1.0975, irova=1.6640, ts=1.1013),
+    "cifar100_resnet56": dict(vs=1.0440, svs=1.0290, ms=14.9172, sms=1.0312, irova=1.6211,
+                              ts=1.0318),
+    "cifar100_mobilenetv2_x1_4": dict(vs=0.8892, svs=0.8835, ms=13.2198, sms=0.8850,
+                                      irova=1.4754, ts=0.8870),
+    "cifar100_shufflenetv2_x1_0": dict(vs=1.0686, svs=1.0532, ms=14.9057, sms=1.0565,
+                                       irova=1.6638, ts=1.0559),
+    "cifar100_repvgg_a1": dict(vs=0.9500, svs=0.9417, ms=12.5713, sms=0.9445, irova=1.5282,
+                               ts=0.9476),
+}
+# probmetrics mean fit seconds (CIFAR-10, CIFAR-100) from the anchors' performance table.
+PEER_FIT_S = dict(ts=(0.017, 0.032), vs=(0.034, 0.194), svs=(0.042, 0.060),
+                  sms=(0.112, 0.224), ms=(0.526, 7.200), irova=(0.018, 0.110))
+
+
+def nll(q: np.ndarray, y: np.ndarray) -> float:
+    true = q[np.arange(y.shape[0]), y]
+    return float(-np.mean(np.log(np.clip(true, np.finfo(np.float64).eps, None))))
+
+
+def run_file(path: Path, names, seeds: int, input_kind: str) -> list[dict]:
+    with np.load(path, allow_pickle=False) as f:
+        logits = f["logits"].astype(np.float64)
+        labels = f["labels"].astype(np.int64)
+    rows = []
+    for name in names:
+        fits, predicts, nlls, n_warn = [], [], [], 0
+        for seed in range(seeds):
+            perm = np.random.default_rng(seed).permutation(labels.shape[0])
+            cal, ev = perm[:5000], perm[5000:]
+            scores = softmax(logits) if input_kind == "probs" else logits
+            cal_x, ev_x = scores[cal], scores[ev]
+            cal_y, ev_y = labels[cal], labels[ev]
+            calibrator = make_calibrator(name, input_kind=input_kind)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                t0 = time.perf_counter()
+                calibrator.fit(cal_x, cal_y)
+                t1 = time.perf_counter()
+            q = calibrator.predict_proba(ev_x)
+            t2 = time.perf_counter()
+            n_warn += len(caught)
+            fits.append(t1 - t0)
+            predicts.append(t2 - t1)
+            nlls.append(nll(q, ev_y))
+            uncal = nll(softmax(logits[ev]), ev_y)
+        rows.append(dict(file=path.stem, calibrator=name, fit_s=float(np.mean(fits)),
+                         fit_max_s=float(np.max(fits)), predict_s=float(np.mean(predicts)),
+                         nll=float(np.mean(nlls)), uncal_nll=uncal, warnings=n_warn))
+        r = rows[-1]
+        peer = PEER_NLL.get(path.stem, {}).get(name)
+        peer_txt = ""
+        if peer is not None and seeds == 5:
+            peer_txt = f" | pm {peer:.4f} ({r['nll'] - peer:+.4f})"
+        k = logits.shape[1]
+        pfit = PEER_FIT_S.get(name)
+        pfit_txt = f" | pm fit {pfit[0 if k <= 10 else 1]:.3f}s" if pfit else ""
+        print(f"{path.stem:27s} {name:9s} fit {r['fit_s']:8.3f}s (max {r['fit_max_s']:7.3f})"
+              f" predict {r['predict_s']:.4f}s  NLL {r['nll']:.4f} (uncal {uncal:.4f})"
+              f"  warnings {n_warn}{peer_txt}{pfit_txt}", flush=True)
+    return rows
+
+
+def run_synthetic(n: int = 25_000, k: int = 1_000) -> None:
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, k, size=n)
+    logits = rng.normal(size=(n, k))
+    logits[np.arange(n), labels] += 4.0
+    logits *= rng.uniform(0.5, 3.0, size=k)  # per-class miscalibration for VS to fix
+    calibrator = make_calibrator("vs")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t0 = time.perf_counter()
+        calibrator.fit(logits, labels)
+        t1 = time.perf_counter()
+    q = calibrator.predict_proba(logits)
+    t2 = time.perf_counter()
+    print(f"synthetic {n} x {k}: vs fit {t1 - t0:.2f}s predict {t2 - t1:.2f}s "
+          f"train NLL {nll(softmax(logits), labels):.4f} -> {nll(q, labels):.4f} "
+          f"warnings {len(caught)}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=DATA)
+    parser.add_argument("--files", nargs="*", default=None)
+    parser.add_argument("--calibrators", nargs="*", default=list(CALIBRATOR_NAMES))
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--input-kind", choices=("probs", "logits"), default="probs")
+    parser.add_argument("--no-synthetic", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args()
+    stems = args.files or sorted(json.loads((args.data_dir / "manifest.json").read_text()))
+    rows = []
+    for stem in stems:
+        rows += run_file(args.data_dir / f"{stem}.npz", args.calibrators, args.seeds,
+                         args.input_kind)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if not args.no_synthetic:
+        run_synthetic()
+
+
+if __name__ == "__main__":
+    main()

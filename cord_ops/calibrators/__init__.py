@@ -1,0 +1,88 @@
+"""Post-hoc multiclass calibrators (CALIBRATORS.md): ``make_calibrator(name, **options)``
+builds one by name, ``calibrator_from_dict(d)`` rebuilds a fitted one from ``to_dict()``.
+
+Every calibrator has ``name``, ``input_kind`` ("logits" or "probs"), ``fit(scores, labels)``
+(returns self, sets ``n_classes_`` from the width of ``scores``), ``predict_proba(scores)``
+(n x K float64 rows on the simplex) and ``to_dict()``; each module documents its predict
+path as a closed form over the parameters that ``to_dict()`` stores.
+"""
+
+from __future__ import annotations
+
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, ConvergenceWarning, NotFittedError
+from cord_ops.calibrators.dirichlet import DirichletODIR
+from cord_ops.calibrators.isotonic import (
+    IsotonicMultiClass,
+    IsotonicOneVsRest,
+    IsotonicOneVsRestTS,
+)
+from cord_ops.calibrators.matrix import MatrixScaling
+from cord_ops.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
+from cord_ops.calibrators.temperature import TemperatureScaling
+from cord_ops.calibrators.vector import VectorScaling
+
+CALIBRATORS: dict[str, type[Calibrator]] = {
+    cls.name: cls
+    for cls in (
+        TemperatureScaling,
+        VectorScaling,
+        MatrixScaling,
+        StructuredVectorScaling,
+        StructuredMatrixScaling,
+        DirichletODIR,
+        IsotonicOneVsRest,
+        IsotonicOneVsRestTS,
+        IsotonicMultiClass,
+    )
+}
+
+#: Names accepted by ``make_calibrator``, in the paper's order.
+CALIBRATOR_NAMES = tuple(CALIBRATORS)
+
+#: Calibrators whose map never changes a row's top-1 class (up to float64 ties).
+TOP1_PRESERVING = ("ts", "irm")
+
+
+def _lookup(name) -> type[Calibrator]:
+    try:
+        return CALIBRATORS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown calibrator {name!r}; expected one of {', '.join(CALIBRATOR_NAMES)}"
+        ) from None
+
+
+def make_calibrator(name: str, **options) -> Calibrator:
+    """A fresh, unfitted calibrator; ``options`` go to its constructor (``input_kind``,
+    ``prob_floor`` and the family's own options, e.g. ``max_iter``)."""
+    return _lookup(name)(**options)
+
+
+def calibrator_from_dict(d: dict) -> Calibrator:
+    """The fitted calibrator described by ``d`` (output of ``to_dict()``), giving
+    bit-identical ``predict_proba``. Raises ValueError on an unknown name or bad state."""
+    if not isinstance(d, dict) or "name" not in d:
+        raise ValueError("calibrator state: expected a dict with a 'name' key")
+    return _lookup(d["name"]).from_dict(d)
+
+
+__all__ = [
+    "CALIBRATORS",
+    "CALIBRATOR_NAMES",
+    "PROB_FLOOR",
+    "TOP1_PRESERVING",
+    "Calibrator",
+    "ConvergenceWarning",
+    "DirichletODIR",
+    "IsotonicMultiClass",
+    "IsotonicOneVsRest",
+    "IsotonicOneVsRestTS",
+    "MatrixScaling",
+    "NotFittedError",
+    "StructuredMatrixScaling",
+    "StructuredVectorScaling",
+    "TemperatureScaling",
+    "VectorScaling",
+    "calibrator_from_dict",
+    "make_calibrator",
+]

@@ -1,0 +1,259 @@
+"""What every calibrator shares: input handling, the softmax closed form, the mean-NLL
+gradient, and the JSON state format.
+
+Input kinds
+-----------
+``input_kind="logits"`` (default): scores are real n x K logits and are used as given.
+``input_kind="probs"``: scores are probability rows (validated by
+``cord_ops.validation.check_probabilities``) and the logits are their clipped logarithms
+``log(max(p, prob_floor))``. The default floor is the smallest normal float32,
+``PROB_FLOOR = 1.1754944e-38`` (log = -87.336...), the floor probmetrics applies before its
+temperature and structured scaling; it is stored in ``to_dict()`` and used identically at
+fit and predict time. Isotonic calibrators work on probabilities and never take a log of
+their input (``prob_floor`` only matters for the temperature inside ``irova-ts``).
+
+State
+-----
+``to_dict()`` returns plain JSON types only: ``name``, ``input_kind``, ``prob_floor``,
+``n_classes``, ``options`` (the constructor arguments) and ``params`` (the fitted arrays as
+nested lists of floats). Python floats are written by ``json`` with ``repr``, so the state
+round-trips bit for bit and ``calibrator_from_dict`` reproduces ``predict_proba`` exactly.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+
+from cord_ops.validation import check_labels, check_probabilities, check_scores
+
+__all__ = [
+    "PROB_FLOOR",
+    "Calibrator",
+    "ConvergenceWarning",
+    "NotFittedError",
+    "mean_nll_and_grad",
+    "softmax",
+]
+
+#: Floor applied to probabilities before their log (input_kind="probs"): float32 tiny.
+PROB_FLOOR = float(np.finfo(np.float32).tiny)
+
+INPUT_KINDS = ("logits", "probs")
+
+
+def softmax(s: np.ndarray) -> np.ndarray:
+    """Row softmax ``exp(s - max_k s) / sum_k exp(s - max_k s)`` in float64.
+
+    This is the closed form every predict path ends with; subtracting the row maximum keeps
+    ``exp`` in (0, 1], so no row overflows and the largest entry never underflows.
+    """
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    e /= e.sum(axis=1, keepdims=True)
+    return e
+
+
+def mean_nll_and_grad(s: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
+    """Mean NLL of ``softmax(s)`` and its gradient ``(softmax(s) - onehot) / n`` w.r.t. ``s``.
+
+    The log-probability of the label is taken from the log-sum-exp form, never from
+    ``log(softmax)``, so it stays finite however small the probability.
+    """
+    n = s.shape[0]
+    rows = np.arange(n)
+    m = s.max(axis=1)
+    e = np.exp(s - m[:, None])
+    total = e.sum(axis=1)
+    nll = float(np.mean(np.log(total) + m - s[rows, labels]))
+    e /= total[:, None]
+    e[rows, labels] -= 1.0
+    e /= n
+    return nll, e
+
+
+def warn_not_converged(name: str, detail: str) -> None:
+    """One place for the early-stop warning, so every family words it the same way."""
+    warnings.warn(
+        f"{name}: optimiser stopped before convergence ({detail}); the returned map is the "
+        "last iterate, not an optimum. Raise max_iter to fit further.",
+        ConvergenceWarning,
+        stacklevel=3,
+    )
+
+
+def _float_list(a: np.ndarray) -> list:
+    return np.asarray(a, dtype=np.float64).tolist()
+
+
+class Calibrator:
+    """Base class: validation, input kinds, fitted-state checks and JSON (de)serialisation.
+
+    Subclasses set ``name``, list their constructor arguments in ``_options`` and their
+    fitted arrays in ``_param_shapes`` (shape templates in terms of K), and implement
+    ``_fit(scores, labels)`` and ``_predict(scores)`` on validated float64 arrays.
+    """
+
+    name: str = ""
+    _options: tuple[str, ...] = ()
+    #: fitted parameter -> shape template: () scalar, ("K",) vector, ("K", "K") matrix,
+    #: "*" any length, "knots" a list of {"x": [...], "y": [...]} (one or K of them).
+    _param_shapes: dict[str, object] = {}
+
+    def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR):
+        if input_kind not in INPUT_KINDS:
+            raise ValueError(
+                f"input_kind: expected one of {INPUT_KINDS}, got {input_kind!r}"
+            )
+        if not (isinstance(prob_floor, float | int) and 0.0 < prob_floor < 1.0):
+            raise ValueError(f"prob_floor: expected a number in (0, 1), got {prob_floor!r}")
+        self.input_kind = input_kind
+        self.prob_floor = float(prob_floor)
+
+    # ------------------------------------------------------------------ public API
+    def fit(self, scores, labels) -> Calibrator:
+        """Fit on n x K scores and n integer labels in [0, K); K is the width of ``scores``."""
+        x = self._check_input(scores, n_classes=None)
+        y = check_labels(labels, x.shape[0], x.shape[1])
+        self._fit(x, y)
+        self.n_classes_ = x.shape[1]
+        return self
+
+    def predict_proba(self, scores) -> np.ndarray:
+        """Calibrated n x K float64 probabilities (rows sum to 1 within 1e-12)."""
+        self._check_fitted()
+        x = self._check_input(scores, n_classes=self.n_classes_)
+        return self._predict(x)
+
+    def to_dict(self) -> dict:
+        """JSON-safe fitted state; see the module docstring for the layout."""
+        self._check_fitted()
+        params = {}
+        for key, shape in self._param_shapes.items():
+            value = getattr(self, key + "_")
+            if shape == "knots":
+                params[key] = [{"x": _float_list(kx), "y": _float_list(ky)} for kx, ky in value]
+            elif shape == ():
+                params[key] = float(value)
+            else:
+                params[key] = _float_list(value)
+        return {
+            "name": self.name,
+            "input_kind": self.input_kind,
+            "prob_floor": self.prob_floor,
+            "n_classes": int(self.n_classes_),
+            "options": {key: _json_option(getattr(self, key)) for key in self._options},
+            "params": params,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Calibrator:
+        """Rebuild a fitted calibrator from ``to_dict()`` output; raises ValueError on a
+        state that is not this calibrator's or whose arrays have the wrong shape."""
+        if not isinstance(d, dict):
+            raise ValueError(f"calibrator state: expected a dict, got {type(d).__name__}")
+        missing = {"name", "input_kind", "prob_floor", "n_classes", "options", "params"} - set(d)
+        if missing:
+            raise ValueError(f"calibrator state: missing keys {sorted(missing)}")
+        if d["name"] != cls.name:
+            raise ValueError(f"calibrator state: name {d['name']!r} is not {cls.name!r}")
+        k = d["n_classes"]
+        if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+            raise ValueError(f"calibrator state: n_classes must be an integer >= 2, got {k!r}")
+        options = d["options"]
+        if not isinstance(options, dict) or set(options) != set(cls._options):
+            raise ValueError(
+                f"calibrator state: options must have exactly the keys {sorted(cls._options)}"
+            )
+        obj = cls(input_kind=d["input_kind"], prob_floor=d["prob_floor"], **options)
+        params = d["params"]
+        if not isinstance(params, dict) or set(params) != set(cls._param_shapes):
+            raise ValueError(
+                f"calibrator state: params must have exactly the keys "
+                f"{sorted(cls._param_shapes)}"
+            )
+        for key, shape in cls._param_shapes.items():
+            setattr(obj, key + "_", _load_param(key, params[key], shape, k))
+        obj.n_classes_ = k
+        return obj
+
+    # ------------------------------------------------------------------ helpers
+    def _check_input(self, scores, n_classes: int | None) -> np.ndarray:
+        if self.input_kind == "probs":
+            return check_probabilities(scores, "scores", n_classes=n_classes)
+        return check_scores(scores, "scores", n_classes=n_classes)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "n_classes_"):
+            raise NotFittedError(
+                f"{self.name}: this calibrator is not fitted yet; call fit(scores, labels) "
+                "or build it with calibrator_from_dict"
+            )
+
+    def _logits(self, x: np.ndarray) -> np.ndarray:
+        """Logits of validated scores: the scores themselves, or log(max(p, prob_floor))."""
+        if self.input_kind == "probs":
+            return np.log(np.maximum(x, self.prob_floor))
+        return x
+
+    def _probs(self, x: np.ndarray) -> np.ndarray:
+        """Probabilities of validated scores: softmax of logits, or the rows as given."""
+        if self.input_kind == "probs":
+            return x
+        return softmax(x)
+
+    def _fit(self, x: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _predict(self, x: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{key}={getattr(self, key)!r}" for key in self._options)
+        sep = ", " if opts else ""
+        return f"{type(self).__name__}(input_kind={self.input_kind!r}{sep}{opts})"
+
+
+def _json_option(value):
+    if isinstance(value, tuple | list | np.ndarray):
+        return [float(v) for v in value]
+    return value
+
+
+def _load_param(key: str, value, shape, k: int):
+    if shape == "knots":
+        if not isinstance(value, list) or not value:
+            raise ValueError(f"calibrator state: {key} must be a non-empty list of knot sets")
+        knots = []
+        for i, item in enumerate(value):
+            if not isinstance(item, dict) or set(item) != {"x", "y"}:
+                raise ValueError(f"calibrator state: {key}[{i}] must be a dict with x and y")
+            kx = _finite_array(f"{key}[{i}].x", item["x"])
+            ky = _finite_array(f"{key}[{i}].y", item["y"])
+            if kx.ndim != 1 or kx.shape != ky.shape or kx.size == 0:
+                raise ValueError(
+                    f"calibrator state: {key}[{i}] x and y must be equal-length non-empty lists"
+                )
+            if np.any(np.diff(kx) <= 0):
+                raise ValueError(f"calibrator state: {key}[{i}].x must be strictly increasing")
+            knots.append((kx, ky))
+        return knots
+    arr = _finite_array(key, value)
+    expected = tuple(k if s == "K" else s for s in shape)
+    if arr.ndim != len(expected) or any(
+        e != "*" and e != a for e, a in zip(expected, arr.shape, strict=True)
+    ):
+        raise ValueError(f"calibrator state: {key} must have shape {expected}, got {arr.shape}")
+    return float(arr) if shape == () else arr
+
+
+def _finite_array(key: str, value) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"calibrator state: {key} is not numeric ({exc})") from None
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"calibrator state: {key} contains NaN or inf")
+    return arr
+

@@ -1,0 +1,123 @@
+"""Isotonic maps (Zhang, Kailkhura, Han, Mix-n-Match, ICML 2020; CALIBRATORS.md section 4).
+
+Each map g is scikit-learn's ``IsotonicRegression(out_of_bounds="clip")`` fit: tied inputs
+merged to their mean target, PAV, and only the block endpoints kept as knots (x, y), x
+strictly increasing. Predict path, from probabilities p (softmax of the logits, or the
+probability rows themselves for input_kind="probs"; no logarithm is taken):
+
+    g(t)   = np.interp(t, x, y)      linear between knots, constant outside [x_0, x_last]
+    r_ik   = g_k(p_ik) + tie_eps * p_ik         (tie_eps = 1e-9, as the reference code)
+    q_i    = r_i / sum_k r_ik,  or the uniform row 1/K where that sum is 0
+
+* ``irova``: one map per class k, fitted on (p_ik, 1[y_i = k]); K knot sets. A class absent
+  from the calibration labels gets g_k = 0. Not top-1 preserving.
+* ``irova-ts``: temperature scaling first, p = softmax(beta * z), then ``irova`` on p.
+  Deviation from the Mix-n-Match demo: beta minimises NLL (``fit_inverse_temperature``),
+  not the MSE with T in [0.05, 5]. Fitted state: ``beta`` and K knot sets.
+* ``irm``: one map shared by all classes, fitted on all n * K pairs (p_ik, 1[y_i = k]);
+  g + tie_eps * p is strictly increasing, so within-row order, hence the top-1 class, is kept
+  (up to float64 rounding: two entries closer than about 1e-7 can become tied).
+
+The reference functions return r unnormalised; we renormalise (CALIBRATORS.md's
+recommendation, and scikit-learn's CalibratedClassifierCV behaviour), with the same uniform
+fallback as scikit-learn.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
+
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
+from cord_ops.calibrators.temperature import fit_inverse_temperature
+
+#: Weight of the strictly increasing term added to every isotonic output (Mix-n-Match).
+TIE_EPS = 1e-9
+
+
+def fit_knots(t: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Knots (x, y) of the isotonic regression of ``target`` on ``t`` (clip outside)."""
+    iso = IsotonicRegression(out_of_bounds="clip").fit(t, target)
+    return (np.asarray(iso.X_thresholds_, dtype=np.float64),
+            np.asarray(iso.y_thresholds_, dtype=np.float64))
+
+
+def normalise(r: np.ndarray) -> np.ndarray:
+    """Rows of r divided by their sums; a row summing to 0 becomes uniform."""
+    total = r.sum(axis=1, keepdims=True)
+    zero = total[:, 0] == 0.0
+    q = r / np.where(zero[:, None], 1.0, total)
+    q[zero] = 1.0 / r.shape[1]
+    return q
+
+
+class _Isotonic(Calibrator):
+    _options = ("tie_eps",)
+
+    def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
+                 tie_eps: float = TIE_EPS):
+        super().__init__(input_kind, prob_floor)
+        self.tie_eps = tie_eps
+
+    def _calibrate(self, p: np.ndarray) -> np.ndarray:
+        r = np.empty_like(p)
+        if len(self.knots_) == 1:
+            kx, ky = self.knots_[0]
+            r[:] = np.interp(p, kx, ky)
+        else:
+            for k, (kx, ky) in enumerate(self.knots_):
+                r[:, k] = np.interp(p[:, k], kx, ky)
+        r += self.tie_eps * p
+        return normalise(r)
+
+    def _fit_one_vs_rest(self, p: np.ndarray, y: np.ndarray) -> None:
+        onehot = np.zeros(p.shape)
+        onehot[np.arange(p.shape[0]), y] = 1.0
+        self.knots_ = [fit_knots(p[:, k], onehot[:, k]) for k in range(p.shape[1])]
+
+
+class IsotonicOneVsRest(_Isotonic):
+    """``irova``: per-class isotonic maps of p. Fitted state: ``knots`` (K sets of x, y)."""
+
+    name = "irova"
+    _param_shapes = {"knots": "knots"}
+
+    def _fit(self, x, y):
+        self._fit_one_vs_rest(self._probs(x), y)
+
+    def _predict(self, x):
+        return self._calibrate(self._probs(x))
+
+
+class IsotonicOneVsRestTS(_Isotonic):
+    """``irova-ts``: p = softmax(beta * z), then per-class isotonic maps.
+
+    Fitted state: ``beta`` (float) and ``knots`` (K sets of x, y).
+    """
+
+    name = "irova-ts"
+    _param_shapes = {"beta": (), "knots": "knots"}
+
+    def _fit(self, x, y):
+        z = self._logits(x)
+        self.beta_ = fit_inverse_temperature(z, y, name=self.name)
+        self._fit_one_vs_rest(softmax(self.beta_ * z), y)
+
+    def _predict(self, x):
+        return self._calibrate(softmax(self.beta_ * self._logits(x)))
+
+
+class IsotonicMultiClass(_Isotonic):
+    """``irm``: one isotonic map shared by all classes. Fitted state: ``knots`` (1 set)."""
+
+    name = "irm"
+    _param_shapes = {"knots": "knots"}
+
+    def _fit(self, x, y):
+        p = self._probs(x)
+        onehot = np.zeros(p.shape)
+        onehot[np.arange(p.shape[0]), y] = 1.0
+        self.knots_ = [fit_knots(p.ravel(), onehot.ravel())]
+
+    def _predict(self, x):
+        return self._calibrate(self._probs(x))

@@ -1,0 +1,39 @@
+"""Vector scaling (Guo et al. 2017; CALIBRATORS.md section 1).
+
+    q = softmax(w * z + b),  w, b in R^K  (a diagonal weight matrix)
+
+Fit: unregularised mean NLL from the identity (w = 1, b = 0) by L-BFGS-B with the analytic
+gradient ``dL/dw_k = sum_i D_ik z_ik``, ``dL/db_k = sum_i D_ik``, D = (q - onehot) / n.
+The references use BFGS (probmetrics/torchmin, Kull's scipy port); L-BFGS-B reaches the same
+optimum (the objective is convex in (w, b)). Stops at a projected-gradient max-abs <= ``gtol``
+or a relative decrease <= ``ftol``; ``max_iter`` (default 1000) caps it with a
+ConvergenceWarning. probmetrics writes ``z / t + b``; ``w = 1 / t`` is the same map.
+"""
+
+from __future__ import annotations
+
+from cord_ops.calibrators._affine import affine_logits, fit_affine
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
+
+
+class VectorScaling(Calibrator):
+    """``vs``: q = softmax(weights * z + bias); fitted ``weights`` (K,), ``bias`` (K,)."""
+
+    name = "vs"
+    _options = ("max_iter", "gtol", "ftol")
+    _param_shapes = {"weights": ("K",), "bias": ("K",)}
+
+    def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
+                 max_iter: int = 1000, gtol: float = 1e-6, ftol: float = 1e-12):
+        super().__init__(input_kind, prob_floor)
+        self.max_iter = max_iter
+        self.gtol = gtol
+        self.ftol = ftol
+
+    def _fit(self, x, y):
+        fit = fit_affine(self._logits(x), y, full=False, max_iter=self.max_iter,
+                         gtol=self.gtol, ftol=self.ftol, name=self.name)
+        self.weights_, self.bias_ = fit.weights, fit.bias
+
+    def _predict(self, x):
+        return softmax(affine_logits(self._logits(x), self.weights_, self.bias_))
