@@ -143,12 +143,33 @@ def cmd_schedule(args) -> int:
     return 0
 
 
-def cmd_predict(args) -> int:
-    from flows.serving import predict
+def local_model_path(model: str, folder: Path) -> Path:
+    """``model`` as a local .onnx file: a path as given, or a registry URI
+    (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``, ``runs:/...``) downloaded to ``folder``.
+    """
+    if ":/" not in model:
+        return Path(model)
+    tracking.configure_tracking()
+    import mlflow.artifacts
 
-    summary = predict(args.model, args.input, args.output, batch_size=args.batch_size,
-                      provider=args.provider)
-    print(summary)
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder)))
+    found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
+    if len(found) != 1:
+        raise ValueError(f"{model}: expected one .onnx file in the model, found {len(found)}")
+    return found[0]
+
+
+def cmd_predict(args) -> int:
+    import tempfile
+
+    from onnx_export.predict import predict_file
+
+    with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as folder:
+        path = local_model_path(args.model, Path(folder))
+        summary = predict_file(path, args.input, args.output, batch_size=args.batch_size,
+                               provider=args.provider, progress=True)
+    print(f"wrote {summary['rows']} rows x {summary['n_classes']} classes to "
+          f"{summary['output']} (providers: {', '.join(summary['providers'])})")
     return 0
 
 
@@ -223,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="PATH.onnx or models:/NAME@ALIAS")
     p.add_argument("--input", required=True, type=Path, help=".npz with logits or probs")
     p.add_argument("--output", required=True, type=Path, help="output .npz (written atomically)")
-    p.add_argument("--batch-size", type=int, default=65536, help="rows per batch")
-    p.add_argument("--provider", default="cpu", help="cpu, cuda or an onnxruntime provider name")
+    p.add_argument("--batch-size", type=int, default=4096, help="rows per batch (default: 4096)")
+    p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="onnxruntime execution provider (default: cuda when available)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("demo", help="no-argument demo: digits classifier -> full flow")

@@ -68,7 +68,7 @@ def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnB
     original = outputs["original"].astype(np.float64)
     logged = client.get_run(current.run_id).data.metrics
     baseline = {name: logged[f"cord.{name}"] for name in DRIFT_METRICS}
-    return ChampionOnBatch(current.version,
+    return ChampionOnBatch(str(current.version),
                            metrics.evaluate(repaired, batch.labels, reference=original), baseline)
 
 

@@ -195,10 +195,9 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
     top-1 computed by cord_ops in float64, so a float32 rounding that moves a decision
     counts against the graph.
     """
-    import onnxruntime
+    from onnx_export.runtime import open_session
 
-    session = onnxruntime.InferenceSession(model.SerializeToString(),
-                                           providers=["CPUExecutionProvider"])
+    session = open_session(model, provider="cpu")
     (repaired,) = session.run(["repaired"], {"scores": evaluation.scores.astype(dtype)})
     repaired = repaired.astype(np.float64)
     diff = float(np.max(np.abs(repaired - reference.cord)))
@@ -311,7 +310,7 @@ def register(run_id: str, model_name: str, model_info, parity: Parity, dataset: 
         tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
               "data.sha256": dataset.sha256},
     )
-    return version.version, None if previous is None else previous.version
+    return str(version.version), None if previous is None else str(previous.version)
 
 
 @store_task

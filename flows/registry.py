@@ -111,7 +111,11 @@ def ensure_registered_model(client, name: str) -> None:
 
 
 def champion_version(client, name: str):
-    """The ModelVersion behind ``name@champion``, or None when the alias is unset."""
+    """The ModelVersion behind ``name@champion``, or None when the alias is unset.
+
+    Stores differ in whether ``.version`` is an int or a str; this module compares and
+    returns versions as str.
+    """
     from mlflow.exceptions import MlflowException
 
     try:
@@ -136,7 +140,7 @@ def discard_orphans(client, name: str, current_run_id: str) -> list[str]:
         if client.get_model_version(name, mv.version).aliases:
             continue
         client.delete_model_version(name, mv.version)
-        deleted.append(mv.version)
+        deleted.append(str(mv.version))
         if mv.run_id and client.get_run(mv.run_id).info.status == "RUNNING":
             client.set_terminated(mv.run_id, "FAILED")
     return deleted
@@ -180,14 +184,14 @@ def score_champion(client, name: str, scores: np.ndarray, labels: np.ndarray,
     ``problem`` set, which the gate treats as a rejection rather than a win.
     """
     current = champion_version(client, name)
-    if current is None or current.version == candidate_version:
+    if current is None or str(current.version) == candidate_version:
         return None
     try:
         outputs = run_registered_model(f"models:/{name}@{CHAMPION}", scores)
         nll = metrics.nll(outputs["repaired"].astype(np.float64), labels)
     except Exception as exc:  # any failure to score the champion is a reason to reject
-        return ChampionScore(current.version, None, f"{type(exc).__name__}: {exc}")
-    return ChampionScore(current.version, nll)
+        return ChampionScore(str(current.version), None, f"{type(exc).__name__}: {exc}")
+    return ChampionScore(str(current.version), nll)
 
 
 def apply_decision(client, name: str, version: str, decision: GateDecision) -> None:
@@ -212,10 +216,10 @@ def withdraw_version(client, name: str, version: str, previous_champion: str | N
     from mlflow.exceptions import MlflowException
 
     try:
-        holder = client.get_model_version_by_alias(name, CHAMPION).version
+        holder = str(client.get_model_version_by_alias(name, CHAMPION).version)
     except MlflowException:
         holder = None
-    if holder == version:
+    if holder == str(version):
         if previous_champion is None:
             client.delete_registered_model_alias(name, CHAMPION)
         else:

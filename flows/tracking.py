@@ -47,7 +47,7 @@ def is_embedded(uri: str) -> bool:
 
 
 def configure_tracking() -> str:
-    """Point MLflow's tracking and registry at :func:`tracking_uri` and return the URI.
+    """Point MLflow at :func:`tracking_uri` and return the URI; the registry follows it.
 
     For a local sqlite store the folder is created first so the first run needs no setup.
     """
@@ -58,7 +58,6 @@ def configure_tracking() -> str:
     if is_embedded(uri):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
     return uri
 
 

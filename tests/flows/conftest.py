@@ -7,7 +7,9 @@ Creating an MLflow sqlite store runs every schema migration (about 7 s on two co
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,14 +27,18 @@ def mlflow_template_db(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def store(mlflow_uri, mlflow_template_db) -> str:
-    """A fresh, already migrated embedded store; MLflow is pointed at it. Returns the URI."""
+def store(mlflow_uri, mlflow_template_db):
+    """A fresh, already migrated embedded store; MLflow is pointed at it. Yields the URI.
+
+    MLflow keeps the URI in process-wide state; it is cleared afterwards so no later test
+    (of any area) writes into this test's store.
+    """
     import mlflow
 
     shutil.copyfile(mlflow_template_db, mlflow_uri.removeprefix("sqlite:///"))
     mlflow.set_tracking_uri(mlflow_uri)
-    mlflow.set_registry_uri(mlflow_uri)
-    return mlflow_uri
+    yield mlflow_uri
+    mlflow.set_tracking_uri(None)
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +50,26 @@ def digits() -> data.Dataset:
 @pytest.fixture
 def digits_file(tmp_path, digits) -> Path:
     return data.save_npz(tmp_path / "digits.npz", digits.scores, digits.labels, "logits")
+
+
+@pytest.fixture
+def prefect_api_url(prefect_harness) -> str:
+    """The session Prefect server's URL, for subprocesses (the CLI, a served runner)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+@pytest.fixture
+def cli_env(prefect_api_url) -> dict[str, str]:
+    """Environment for a ``cord-ops`` subprocess: this one's (including a test's
+    MLFLOW_TRACKING_URI) plus the session Prefect server, so no temporary server starts."""
+    return {**os.environ, "PREFECT_API_URL": prefect_api_url}
+
+
+@pytest.fixture(scope="session")
+def cord_ops_command() -> list[str]:
+    """The installed ``cord-ops`` console script."""
+    script = Path(sys.executable).with_name("cord-ops")
+    assert script.exists(), f"{script}: console script missing; pip install -e . first"
+    return [str(script)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,15 +45,15 @@ def _artifact_paths(client, run_id, path=None) -> set[str]:
 
 
 def _versions(client, name) -> list[str]:
-    return sorted(mv.version for mv in client.search_model_versions(f"name = '{name}'"))
+    return sorted(str(mv.version) for mv in client.search_model_versions(f"name = '{name}'"))
 
 
 def _champion(client, name):
     held = registry.champion_version(client, name)
-    return held and held.version
+    return held and str(held.version)
 
 
-def test_flow_logs_the_contract_registers_and_serves(store, digits_file):
+def test_flow_logs_the_contract_registers_and_serves(store, digits_file, digits):
     import mlflow.pyfunc
 
     result = recalibrate(data=str(digits_file), model_name="m")
@@ -65,13 +64,14 @@ def test_flow_logs_the_contract_registers_and_serves(store, digits_file):
     assert run.info.status == "FINISHED"
     assert set(params) == SPEC_PARAMS
     assert SPEC_METRICS <= set(logged)
+    cal_rows, eval_rows = data.split_indices(digits.n, 0)
     assert (params["n_classes"], params["n_calibration"], params["n_evaluation"]) == (
-        "10", "449", "449")
+        "10", str(cal_rows.size), str(eval_rows.size))
     assert float(params["eta_star"]) == logged["eta_star"] == result.eta_star
     assert logged["cord.tpcr"] == 0.0 and logged["cord.accuracy"] == logged["uncal.accuracy"]
     assert logged["onnx.argmax_agreement"] == 1.0 and logged["onnx.max_abs_diff"] <= 1e-5
     assert run.data.tags["data.sha256"] == hashlib.sha256(digits_file.read_bytes()).hexdigest()
-    assert run.data.tags["data.shape"] == "898x10"
+    assert run.data.tags["data.shape"] == f"{digits.n}x10"
 
     assert ARTIFACTS <= _artifact_paths(client, result.run_id)
     local = Path(client.download_artifacts(result.run_id, ""))
@@ -90,7 +90,7 @@ def test_flow_logs_the_contract_registers_and_serves(store, digits_file):
     assert metrics.nll(expected, evaluation.labels) == pytest.approx(logged["cord.nll"], rel=1e-12)
 
     version = client.get_model_version_by_alias("m", registry.CHAMPION)
-    assert (version.version, version.run_id) == ("1", result.run_id)
+    assert (str(version.version), version.run_id) == ("1", result.run_id)
     assert version.tags[registry.DECISION_TAG] == "promoted"
     assert version.tags[registry.REGISTRATION_TAG] == registry.COMPLETE
     assert version.tags[registry.CHAMPION_NLL_TAG] == "None"
@@ -174,12 +174,9 @@ recalibrate(data=sys.argv[1], model_name="m")
 """
 
 
-def test_rerun_after_kill_9_leaves_no_orphaned_version(store, digits_file, tmp_path):
-    from prefect.settings import PREFECT_API_URL
-
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store, "PREFECT_API_URL": PREFECT_API_URL.value()}
+def test_rerun_after_kill_9_leaves_no_orphaned_version(store, digits_file, tmp_path, cli_env):
     crashed = subprocess.run([sys.executable, "-c", CRASH_MID_REGISTRATION, str(digits_file)],
-                             env=env, cwd=tmp_path, capture_output=True, timeout=120)
+                             env=cli_env, cwd=tmp_path, capture_output=True, timeout=120)
     assert crashed.returncode == -9, crashed.stderr.decode()[-2000:]
     client = _client()
     (orphan,) = client.search_model_versions("name = 'm'")

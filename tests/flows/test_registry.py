@@ -89,7 +89,7 @@ def test_orphans_of_crashed_runs_are_discarded_but_champions_kept(client):
 
     deleted = registry.discard_orphans(client, "m", current.run_id)
 
-    assert deleted == [orphan.version]
+    assert deleted == [str(orphan.version)]
     left = {mv.version for mv in client.search_model_versions("name = 'm'")}
     assert left == {champion.version, pending_champion.version, current.version}
     assert client.get_run(orphan.run_id).info.status == "FAILED"
@@ -100,7 +100,7 @@ def test_register_version_is_idempotent_per_run(client):
     first = _version(client, "m")
     again = registry.register_version(client, "m", first.run_id, str(Path.cwd()), None,
                                       tags={})
-    assert again.version == first.version
+    assert str(again.version) == str(first.version)
     assert len(client.search_model_versions("name = 'm'")) == 1
 
 
@@ -113,9 +113,9 @@ def test_withdraw_restores_the_alias_and_deletes_the_version(client, had_champio
     failed = _version(client, "m")
     client.set_registered_model_alias("m", registry.CHAMPION, failed.version)
 
-    registry.withdraw_version(client, "m", failed.version, previous)
+    registry.withdraw_version(client, "m", str(failed.version), previous and str(previous))
 
-    assert [mv.version for mv in client.search_model_versions("name = 'm'")] == (
-        [previous] if had_champion else [])
+    assert [str(mv.version) for mv in client.search_model_versions("name = 'm'")] == (
+        [str(previous)] if had_champion else [])
     holder = registry.champion_version(client, "m")
-    assert (holder and holder.version) == previous
+    assert (holder and str(holder.version)) == (previous and str(previous))

@@ -1,0 +1,42 @@
+"""The monitoring flow: a steady batch is logged and left alone; a drifted batch triggers a
+recalibration subflow whose gate records its decision."""
+
+from __future__ import annotations
+
+import pytest
+
+from cord_ops import data
+from flows import registry
+from flows.monitor import monitor
+from flows.recalibrate import recalibrate
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def test_monitor_logs_steady_batches_and_recalibrates_on_drift(store, tmp_path, digits):
+    from mlflow import MlflowClient
+
+    first = recalibrate(data=str(data.save_npz(tmp_path / "d.npz", digits.scores,
+                                               digits.labels, "logits")), model_name="m")
+    client = MlflowClient()
+
+    steady = monitor(data=str(tmp_path / "d.npz"), model_name="m")
+    assert steady.champion_version == first.version and not steady.degraded
+    assert steady.recalibration is None
+    logged = client.get_run(steady.run_id).data
+    assert logged.tags["cord.kind"] == "monitor" and logged.tags["cord.drift"] == "none"
+    assert logged.metrics["monitor.ece"] == steady.metrics["ece"]
+    assert logged.metrics["baseline.nll"] == client.get_run(first.run_id).data.metrics["cord.nll"]
+    assert steady.metrics["tpcr"] == 0.0
+
+    # Sharper logits: the same classifier grown overconfident, so its NLL and ECE rise.
+    drifted = data.save_npz(tmp_path / "drifted.npz", 4.0 * digits.scores, digits.labels,
+                            "logits")
+    alarm = monitor(data=str(drifted), model_name="m")
+    assert alarm.degraded and alarm.drift["nll"] > 0.05
+    assert alarm.recalibration is not None
+    assert alarm.recalibration.version == "2"
+    assert client.get_run(alarm.recalibration.run_id).info.status == "FINISHED"
+    tags = client.get_model_version("m", "2").tags
+    assert tags[registry.DECISION_TAG] == alarm.recalibration.decision.label
+    assert "nll rose" in client.get_run(alarm.run_id).data.tags["cord.drift"]

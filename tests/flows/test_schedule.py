@@ -1,0 +1,60 @@
+"""``cord-ops schedule`` serves cron deployments; a run triggered through Prefect's API
+completes and registers a model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from flows.schedule import MONITOR_DEPLOYMENT, RECALIBRATE_DEPLOYMENT
+
+
+def _wait_for_deployment(client, name: str, process: subprocess.Popen, timeout: float = 90):
+    from prefect.exceptions import ObjectNotFound
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read()[-3000:]
+        try:
+            return client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            time.sleep(0.5)
+    pytest.fail(f"deployment {name} not served after {timeout} s")
+
+
+@pytest.mark.slow
+def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
+        store, digits_file, tmp_path, cli_env, cord_ops_command):
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    process = subprocess.Popen(
+        [*cord_ops_command, "schedule", "--cron", "0 3 * * *", "--data", str(digits_file),
+         "--model-name", "scheduled"],
+        cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        with get_client(sync_client=True) as client:
+            recal = _wait_for_deployment(client, f"recalibrate/{RECALIBRATE_DEPLOYMENT}", process)
+            watch = _wait_for_deployment(client, f"monitor/{MONITOR_DEPLOYMENT}", process)
+        assert [s.schedule.cron for s in recal.schedules] == ["0 3 * * *"]
+        assert [s.schedule.cron for s in watch.schedules] == ["0 3 * * *"]
+        assert recal.parameters["model_name"] == "scheduled"
+
+        flow_run = run_deployment(f"recalibrate/{RECALIBRATE_DEPLOYMENT}", timeout=240,
+                                  poll_interval=1)
+        assert flow_run.state.is_completed(), flow_run.state
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    champion = MlflowClient().get_model_version_by_alias("scheduled", "champion")
+    assert str(champion.version) == "1"
