@@ -1,0 +1,108 @@
+"""Parity of every exported pipeline with cord_ops (SPEC.md, "ONNX graph"): all nine
+calibrator families x {float32, float64} x {logits, probs} on adversarial synthetic inputs
+with K = 2, 10 and 1,000, and on real CIFAR logits."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from conftest import load_shared, requires_shared
+
+from cord_ops import CORD
+from cord_ops.calibrators import CALIBRATOR_NAMES, ConvergenceWarning, make_calibrator
+from cord_ops.calibrators._base import softmax
+from onnx_export import export_onnx, model_metadata
+
+KINDS = ("logits", "probs")
+DTYPES = ("float32", "float64")
+
+
+@pytest.mark.parametrize("k", [2, 10, 1000])
+@pytest.mark.parametrize("input_kind", KINDS)
+@pytest.mark.parametrize("name", CALIBRATOR_NAMES)
+def test_every_family_matches_cord_ops_on_adversarial_inputs(name, input_kind, k, cases,
+                                                             run_model):
+    cal, cord = cases.fitted(name, k, input_kind)
+    scores = cases.adversarial_scores(k, input_kind, seed=k + 1)
+    expected = cases.reference(cal, cord, scores)
+    for dtype in DTYPES:
+        model = export_onnx(cal, cord, k, input_kind=input_kind, dtype=dtype)
+        cases.assert_parity(run_model(model, scores.astype(dtype)), expected, dtype)
+
+
+@pytest.mark.parametrize("name", ["ts", "vs", "svs", "irm"])
+@pytest.mark.parametrize("eta", [0.0, -0.3, 0.6, 1.0, 2.5, -2.0])
+def test_every_branch_of_the_closed_form(name, eta, cases, run_model):
+    """eta* = 0 (H = g), eta* <= 1, eta* > 1 (eqs. 19-20) and eta* < -1/2, where float32
+    graphs compute q and the repair in float64; local_weight != 1/2 exercises eq. 25."""
+    k = 10
+    cal, fitted_cord = cases.fitted(name, k, "logits")
+    cord = cases.with_eta(fitted_cord, eta, local_weight=0.3)
+    scores = cases.adversarial_scores(k, "logits", seed=3)
+    expected = cases.reference(cal, cord, scores)
+    # The chosen eta* must move rows off the identity, or the branch would go untested.
+    assert eta == 0.0 or not np.allclose(expected["repaired"], cases.reference(
+        cal, cases.with_eta(fitted_cord, 0.0, 0.3), scores)["repaired"])
+    for dtype in DTYPES:
+        model = export_onnx(cal, cord, k, dtype=dtype)
+        cases.assert_parity(run_model(model, scores.astype(dtype)), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_model_contract(dtype, cases):
+    cal, cord = cases.fitted("vs", 10, "logits")
+    model = export_onnx(cal, cord, 10, dtype=dtype)
+    onnx.checker.check_model(model, full_check=True)
+    assert all(op.domain in ("", "ai.onnx") and op.version <= 28 for op in model.opset_import)
+    assert {node.domain for node in model.graph.node} <= {""}
+    meta = model_metadata(model)
+    assert float(meta["cord.eta_star"]) == cord.eta_  # repr round-trips exactly
+    assert meta["cord.calibrator"] == "vs" and meta["cord.n_classes"] == "10"
+    assert meta["cord.version"]
+    [scores] = model.graph.input
+    assert scores.name == "scores"
+    assert [d.dim_param or d.dim_value for d in scores.type.tensor_type.shape.dim] == ["N", 10]
+    assert [o.name for o in model.graph.output] == [
+        "repaired", "calibrated", "original", "label", "confidence"]
+    names = {init.name for init in model.graph.initializer}
+    assert any(name.startswith("weights") for name in names)
+
+
+def test_export_rejects_mismatches(cases):
+    cal, cord = cases.fitted("vs", 10, "logits")
+    with pytest.raises(ValueError, match="n_classes"):
+        export_onnx(cal, cord, 9)
+    with pytest.raises(ValueError, match="input_kind"):
+        export_onnx(cal, cord, 10, input_kind="probs")
+    with pytest.raises(ValueError, match="dtype"):
+        export_onnx(cal, cord, 10, dtype="float16")
+    with pytest.raises(ValueError, match="not fitted"):
+        export_onnx(cal, CORD(), 10)
+    with pytest.raises(ValueError, match="not fitted"):
+        export_onnx(make_calibrator("vs"), cord, 10)
+
+
+@requires_shared
+@pytest.mark.parametrize("input_kind", KINDS)
+@pytest.mark.parametrize("name", CALIBRATOR_NAMES)
+def test_parity_on_cifar_logits(name, input_kind, cases, run_model):
+    """Fit on half of a real CIFAR-10 test set, compare on the other half; K = 100 on the
+    ShuffleNetV2 file for the families cheap enough to fit there."""
+    for stem in ("cifar10_resnet56", "cifar100_shufflenetv2_x1_0"):
+        logits, labels = load_shared(stem)
+        if logits.shape[1] == 100 and name in ("ms", "sms", "dir-odir"):
+            continue
+        scores = cases.scores_of(logits, input_kind)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            cal = make_calibrator(name, input_kind=input_kind, **cases.FAST.get(name, {}))
+            cal.fit(scores[:2000], labels[:2000])
+        cord = CORD().fit(softmax(logits[:2000]), cal.predict_proba(scores[:2000]))
+        held_out = scores[5000:7000].astype(np.float32)
+        expected = cases.reference(cal, cord, held_out)
+        for dtype in DTYPES:
+            model = export_onnx(cal, cord, logits.shape[1], input_kind=input_kind, dtype=dtype)
+            cases.assert_parity(run_model(model, held_out.astype(dtype)), expected, dtype)
