@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 import cord_ops
@@ -181,8 +182,8 @@ def load_model(path) -> onnx.ModelProto:
     try:
         model = onnx.load_model(str(path))
         onnx.checker.check_model(model, full_check=True)
-    except (OSError, onnx.checker.ValidationError, onnx.onnx_cpp2py_export.shape_inference
-            .InferenceError, ValueError) as exc:
+    except (OSError, ValueError, DecodeError, onnx.checker.ValidationError,
+            onnx.shape_inference.InferenceError) as exc:
         raise ValueError(f"{path}: not a valid ONNX model ({exc})") from exc
     return model
 

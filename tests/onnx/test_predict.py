@@ -1,0 +1,159 @@
+"""Saving/loading models, onnxruntime sessions and ``predict_file``: streamed batches,
+validation of the whole input before anything runs, and no partial output file."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from onnx_export import (
+    export_onnx,
+    load_model,
+    model_metadata,
+    open_session,
+    predict_file,
+    run_batched,
+    save_model,
+)
+from onnx_export import predict as predict_module
+
+
+@pytest.fixture(scope="module")
+def saved_model(cases, tmp_path_factory):
+    cal, cord = cases.fitted("vs", 10, "logits")
+    path = save_model(export_onnx(cal, cord, 10), tmp_path_factory.mktemp("model") / "m.onnx")
+    return cal, cord, path
+
+
+@pytest.fixture
+def logits_file(cases, tmp_path):
+    scores = cases.adversarial_scores(10, "logits", seed=11)
+    path = tmp_path / "in.npz"
+    np.savez(path, scores=scores)
+    return scores, path
+
+
+def test_save_and_load_round_trip(saved_model, tmp_path):
+    _, cord, path = saved_model
+    model = load_model(path)
+    assert model_metadata(model)["cord.eta_star"] == repr(cord.eta_)
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match="broken.onnx"):
+        load_model(broken)
+    with pytest.raises(ValueError, match="missing.onnx"):
+        load_model(tmp_path / "missing.onnx")
+
+
+def test_sessions_pick_providers_and_threads(saved_model):
+    _, _, path = saved_model
+    session = open_session(path, provider="cpu", threads=2)
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    auto = open_session(path, provider="auto")
+    expected = "CUDAExecutionProvider" if "CUDAExecutionProvider" in \
+        ort.get_available_providers() else "CPUExecutionProvider"
+    assert auto.get_providers()[0] in (expected, "CPUExecutionProvider")
+    with pytest.raises(ValueError, match="provider"):
+        open_session(path, provider="tpu")
+    with pytest.raises(ValueError, match="threads"):
+        open_session(path, threads=0)
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(RuntimeError, match="gpu extra"):
+            open_session(path, provider="cuda")
+
+
+def test_batched_run_matches_one_run(saved_model, logits_file):
+    _, _, path = saved_model
+    scores, _ = logits_file
+    session = open_session(path, provider="cpu")
+    seen = []
+    batched = run_batched(session, scores, batch_size=7, on_batch=seen.append)
+    assert sum(seen) == len(scores) and max(seen) == 7
+    whole = dict(zip([o.name for o in session.get_outputs()],
+                     session.run(None, {"scores": scores}), strict=True))
+    # Kernels may vectorise a batch of 7 rows differently: equal up to float32 rounding.
+    for name, value in whole.items():
+        np.testing.assert_allclose(batched[name], value, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(batched["label"], whole["label"])
+
+
+def test_predict_file_writes_the_four_outputs(saved_model, logits_file, tmp_path, capsys, cases):
+    cal, cord, path = saved_model
+    scores, input_path = logits_file
+    out = tmp_path / "sub" / "out.npz"
+    summary = predict_file(path, input_path, out, batch_size=16, provider="cpu")
+    assert summary["rows"] == len(scores) and summary["n_classes"] == 10
+    assert "predict" in capsys.readouterr().err  # the progress bar went to stderr
+    with np.load(out, allow_pickle=False) as written:
+        assert sorted(written.files) == ["calibrated", "confidence", "label", "repaired"]
+        outputs = {key: written[key] for key in written.files}
+    expected = cases.reference(cal, cord, scores)
+    diffs = cases.max_abs_diffs({**outputs, "original": expected["original"]}, expected)
+    assert max(diffs.values()) <= 1e-5
+    np.testing.assert_array_equal(outputs["label"], expected["label"])
+    assert not [p for p in out.parent.iterdir() if p.name != "out.npz"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda s: s[:, :9], "expected 10 classes"),
+    (lambda s: np.where(np.arange(len(s))[:, None] == 7, np.nan, s), "row 7"),
+    (lambda s: np.where(np.arange(len(s))[:, None] == 3, np.inf, s), "row 3"),
+    (lambda s: s.astype(np.int64), "floating-point"),
+    (lambda s: s[0], "2-D"),
+    (lambda s: s[:0], "at least one row"),
+])
+def test_bad_input_is_rejected_before_running(bad, message, saved_model, logits_file,
+                                              tmp_path, monkeypatch):
+    _, _, path = saved_model
+    scores, _ = logits_file
+    bad_path = tmp_path / "bad.npz"
+    np.savez(bad_path, scores=bad(scores))
+    ran = []
+    monkeypatch.setattr(predict_module, "run_batched", lambda *a, **k: ran.append(1))
+    out = tmp_path / "out.npz"
+    with pytest.raises((ValueError, TypeError), match=message):
+        predict_file(path, bad_path, out, provider="cpu", progress=False)
+    assert not ran and not out.exists()
+
+
+def test_probability_models_check_the_simplex(cases, tmp_path):
+    cal, cord = cases.fitted("irm", 10, "probs")
+    path = save_model(export_onnx(cal, cord, 10, input_kind="probs"), tmp_path / "p.onnx")
+    probs = cases.adversarial_scores(10, "probs", seed=2).astype(np.float64)
+    probs[5] *= 1.5
+    np.savez(tmp_path / "in.npz", probs=probs)
+    with pytest.raises(ValueError, match="row 5"):
+        predict_file(path, tmp_path / "in.npz", tmp_path / "out.npz", progress=False)
+    np.savez(tmp_path / "pickled.npz", scores=np.array([object()] * 3))
+    with pytest.raises(ValueError, match="pickle"):
+        predict_file(path, tmp_path / "pickled.npz", tmp_path / "out.npz", progress=False)
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_no_partial_file_when_a_run_or_write_fails(saved_model, logits_file, tmp_path,
+                                                   monkeypatch):
+    _, _, path = saved_model
+    _, input_path = logits_file
+    out = tmp_path / "out.npz"
+    out.write_bytes(b"previous result")
+
+    def interrupted(self, rows):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(predict_module._StderrBar, "update", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            predict_file(path, input_path, out, batch_size=8, provider="cpu")
+
+    def half_written(handle, **arrays):
+        handle.write(b"PK partial")
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(predict_module.np, "savez", half_written)
+        with pytest.raises(OSError, match="disk full"):
+            predict_file(path, input_path, out, provider="cpu", progress=False)
+    assert out.read_bytes() == b"previous result"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
