@@ -119,3 +119,29 @@ def test_withdraw_restores_the_alias_and_deletes_the_version(client, had_champio
         [str(previous)] if had_champion else [])
     holder = registry.champion_version(client, "m")
     assert (holder and str(holder.version)) == (previous and str(previous))
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_store_tasks_retry_transient_errors_and_only_those():
+    from sqlalchemy.exc import OperationalError
+
+    from flows.recalibrate import store_task
+
+    calls = []
+
+    @store_task
+    def locked_once():
+        calls.append("locked_once")
+        if calls.count("locked_once") == 1:
+            raise OperationalError("INSERT", {}, sqlite3.OperationalError("database is locked"))
+        return "written"
+
+    @store_task
+    def bad_argument():
+        calls.append("bad_argument")
+        raise ValueError("experiment name must be a string")
+
+    assert locked_once() == "written"
+    with pytest.raises(ValueError, match="experiment name"):
+        bad_argument()
+    assert calls == ["locked_once", "locked_once", "bad_argument"]
