@@ -56,6 +56,7 @@ DEFAULT_SEEDS = 5
 DEFAULT_WORKERS = 2
 DEFAULT_OUT = Path("out") / "reproduce"
 EXPERIMENT = "cord-ops-reproduce"
+SERVER_STARTUP_SECONDS = 120
 #: Cost order of one task, most expensive first (measured single-threaded on 5000 CIFAR-100
 #: rows: Dir-ODIR ~90 s, MS ~5 s, VS ~1 s x 10 fits of the size study, ...). Submitting the
 #: slow tasks first keeps both workers busy to the end instead of leaving a long fit for last.
@@ -439,7 +440,8 @@ def prefect_api():
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
-    server.start()
+    # a first start migrates a fresh database, slow on a busy 2-core machine
+    server.start(timeout=SERVER_STARTUP_SECONDS)
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
