@@ -72,5 +72,5 @@ def deploy_to_work_pool(work_pool: str, cron: str, recalibrate_parameters: dict,
         remote = Flow.from_source(source=str(REPO_ROOT), entrypoint=entrypoint)
         ids.append(str(remote.deploy(name=name, work_pool_name=work_pool, cron=_cron(when),
                                      parameters=parameters, tags=["cord-ops"],
-                                     print_next_steps=False)))
+                                     print_next_steps=False, ignore_warnings=True)))
     return ids

@@ -58,3 +58,26 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
             process.wait()
     champion = MlflowClient().get_model_version_by_alias("scheduled", "champion")
     assert str(champion.version) == "1"
+
+
+def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from flows.schedule import deploy_to_work_pool
+
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="cord-ops-pool", type="process"))
+    parameters = {"data": str(tmp_path / "batch.npz"), "model_name": "pooled"}
+    ids = deploy_to_work_pool("cord-ops-pool", "15 2 * * 1", parameters, parameters,
+                              monitor_cron="0 * * * *")
+
+    with get_client(sync_client=True) as client:
+        recal = client.read_deployment_by_name(f"recalibrate/{RECALIBRATE_DEPLOYMENT}")
+        watch = client.read_deployment_by_name(f"monitor/{MONITOR_DEPLOYMENT}")
+    assert sorted(ids) == sorted([str(recal.id), str(watch.id)])
+    assert (recal.work_pool_name, watch.work_pool_name) == ("cord-ops-pool", "cord-ops-pool")
+    assert [s.schedule.cron for s in recal.schedules] == ["15 2 * * 1"]
+    assert [s.schedule.cron for s in watch.schedules] == ["0 * * * *"]
+    assert recal.entrypoint == "flows/recalibrate.py:recalibrate"
+    assert recal.parameters == parameters
