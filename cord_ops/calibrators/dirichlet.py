@@ -21,14 +21,17 @@ as probmetrics ``dircal-cv``), scored by the mean over folds of the held-out mea
 first in grid order), then refit on all rows. A class with fewer members than folds makes
 stratification impossible; KFold with the same seed is used then.
 
-Optimisation: identity start (W = I, b = 0) and L-BFGS-B with the analytic gradient, as
-dirichletcal's K > 36 path (its K <= 36 path is Newton; the optimum is the same). Warm
-starts: within each fold the grid is walked from the strongest to the weakest penalty (lambda
-descending, mu in snake order), each fit starting from the previous solution; the final refit
-starts from the mean of the selected pair's fold solutions. Caps: ``cv_max_iter`` (default
-50) iterations per search fit and ``max_iter`` (default 500) for the refit. At K = 100 and
-lambda <= 0.1 the problem is nearly unregularised matrix scaling and search fits reach the
-cap: one ConvergenceWarning then reports how many did; a capped refit warns on its own.
+Optimisation: identity start (W = I, b = 0) and the analytic gradient; Newton up to K = 21
+(dirichletcal uses Newton up to K = 36), Jacobi-scaled L-BFGS-B above (``_affine``; as
+dirichletcal's K > 36 path). Warm starts: within each fold the grid is walked from the
+strongest to the weakest penalty (lambda descending, mu in snake order), each fit starting
+from the previous solution; the final refit starts from the mean of the selected pair's fold
+solutions. Caps: ``max_iter`` (default 300) iterations for the refit and ``cv_max_iter`` per
+search fit, by default a work budget of about 5e4 parameter-iterations,
+``clip(50_000 // (K (K + 1)), 5, 300)`` (300 at K = 10, where Newton converges in a few
+steps; 5 at K = 100), so the 125 search fits take seconds. At K = 100 and lambda <= 0.1 the
+problem is nearly unregularised matrix scaling: the search fits reach the cap and one
+ConvergenceWarning reports how many did; a capped refit warns on its own.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class DirichletODIR(Calibrator):
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  reg_lambdas=DEFAULT_GRID, reg_mus=DEFAULT_GRID, n_folds: int = 5,
-                 random_state: int = 0, max_iter: int = 500, cv_max_iter: int = 50,
+                 random_state: int = 0, max_iter: int = 300, cv_max_iter: int | None = None,
                  gtol: float = 1e-5, ftol: float = 1e-12):
         super().__init__(input_kind, prob_floor)
         self.reg_lambdas = tuple(float(v) for v in reg_lambdas)
@@ -99,6 +102,9 @@ class DirichletODIR(Calibrator):
     def _fit(self, x, y):
         f = self.features(x)
         n, k = f.shape
+        cv_max_iter = self.cv_max_iter
+        if cv_max_iter is None:
+            cv_max_iter = int(np.clip(50_000 // (k * (k + 1)), 5, 300))
         grid = [(i, j) for i in range(len(self.reg_lambdas))
                 for j in (range(len(self.reg_mus)) if i % 2 == 0
                           else reversed(range(len(self.reg_mus))))]
@@ -120,7 +126,7 @@ class DirichletODIR(Calibrator):
                     fit = fit_affine(
                         f[train], y[train], full=True, init=init,
                         penalty=odir_penalty(self.reg_lambdas[i], self.reg_mus[j], k),
-                        max_iter=self.cv_max_iter, gtol=self.gtol, ftol=self.ftol,
+                        max_iter=cv_max_iter, gtol=self.gtol, ftol=self.ftol,
                         name=self.name, warn=False,
                     )
                     capped += not fit.converged
@@ -132,7 +138,7 @@ class DirichletODIR(Calibrator):
             if capped:
                 warnings.warn(
                     f"{self.name}: {capped} of {len(grid) * self.n_folds} grid-search fits "
-                    f"stopped at cv_max_iter={self.cv_max_iter} before convergence; the "
+                    f"stopped at cv_max_iter={cv_max_iter} before convergence; the "
                     "selection compares those last iterates",
                     ConvergenceWarning,
                     stacklevel=3,
