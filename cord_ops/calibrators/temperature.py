@@ -9,9 +9,10 @@ by a sign bracket that starts at [e^-16, e^16] (probmetrics' bisection range); a
 leaves the bracket is replaced by its geometric midpoint. This is the bounded 1-D search
 CALIBRATORS.md recommends, with Newton instead of Brent/bisection because it needs about 6
 softmax passes instead of 30 (deviation from the references' optimiser, not from their
-optimum: it stops when a step changes beta by <= 1e-12 relative). Cap: ``max_iter=100``
-iterations, which bisection alone needs only when beta runs to a bound; a beta at a bound
-(a separable calibration set) or an exhausted cap raises a ConvergenceWarning.
+optimum: it stops when a step changes beta by <= 1e-12 relative). The slope is checked at
+both bounds first: when the optimum lies beyond one (a calibration set the logits separate)
+the bound is returned with a ConvergenceWarning. Cap: ``max_iter=100`` iterations
+(ConvergenceWarning when exhausted; Newton needs about 6).
 
 Top-1 is preserved: beta > 0 scales every logit of a row by the same factor.
 """
@@ -38,30 +39,34 @@ def fit_inverse_temperature(
     z = z - z.max(axis=1, keepdims=True)
     z2 = z * z
     mean_zy = float(np.mean(z[np.arange(z.shape[0]), y]))
-    lo, hi = BETA_BOUNDS
-    beta = 1.0
-    for _ in range(max_iter):
+    def slope_and_curvature(beta):
         e = np.exp(beta * z)
         total = e.sum(axis=1)
         mean_z = np.einsum("ik,ik->i", e, z) / total
         mean_z2 = np.einsum("ik,ik->i", e, z2) / total
-        g = float(np.mean(mean_z)) - mean_zy
+        return float(np.mean(mean_z)) - mean_zy, float(np.mean(mean_z2 - mean_z * mean_z))
+
+    lo, hi = BETA_BOUNDS
+    for bound, sign in ((hi, 1.0), (lo, -1.0)):
+        # NLL still falling at the upper bound (rising at the lower one): the optimum lies
+        # beyond it, as on a calibration set the logits separate.
+        if sign * slope_and_curvature(bound)[0] <= 0.0:
+            warn_not_converged(name, f"inverse temperature reached its bound {bound:.6g}; the "
+                               "calibration labels are separable by the logits")
+            return bound
+    beta = 1.0
+    for _ in range(max_iter):
+        g, h = slope_and_curvature(beta)
         if g == 0.0:
             return beta
         if g > 0.0:
             hi = beta
         else:
             lo = beta
-        h = float(np.mean(mean_z2 - mean_z * mean_z))
         new = beta - g / h if h > 0.0 else math.nan
         if not lo < new < hi:
             new = math.sqrt(lo * hi)
         if abs(new - beta) <= BETA_RTOL * beta:
-            if min(new / BETA_BOUNDS[0], BETA_BOUNDS[1] / new) < 1.0 + 1e-6:
-                warn_not_converged(
-                    name, f"inverse temperature reached its bound {new:.6g}; the calibration "
-                    "labels are separable by the logits"
-                )
             return new
         beta = new
     warn_not_converged(name, f"{max_iter} Newton/bisection steps, max_iter={max_iter}")

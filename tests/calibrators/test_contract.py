@@ -1,0 +1,138 @@
+"""The calibrator contract: names, fit/predict shapes, simplex rows, K from the input width,
+probabilities input, state round-trip, determinism and early-stop warnings."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from cord_ops.calibrators import (
+    CALIBRATOR_NAMES,
+    ConvergenceWarning,
+    calibrator_from_dict,
+    make_calibrator,
+)
+from cord_ops.calibrators._base import softmax
+from cord_ops.metrics import nll
+
+NAMES = list(CALIBRATOR_NAMES)
+
+
+def test_names_are_the_papers_nine():
+    assert NAMES == ["ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm"]
+    for name in NAMES:
+        cal = make_calibrator(name)
+        assert cal.name == name and cal.input_kind == "logits"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("input_kind", ["logits", "probs"])
+def test_predictions_are_float64_simplex_rows(name, input_kind, synthetic):
+    zc, yc, ze, _ = synthetic
+    to_input = softmax if input_kind == "probs" else np.asarray
+    cal = make_calibrator(name, input_kind=input_kind)
+    assert cal.fit(to_input(zc), yc) is cal
+    q = cal.predict_proba(to_input(ze))
+    assert q.dtype == np.float64 and q.shape == ze.shape
+    assert np.all(q >= 0) and np.all(q <= 1)
+    assert np.max(np.abs(q.sum(axis=1) - 1.0)) <= 1e-12
+    assert cal.n_classes_ == 4
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_calibrator_lowers_nll_on_miscalibrated_synthetic_logits(name, synthetic):
+    zc, yc, ze, ye = synthetic
+    q = make_calibrator(name).fit(zc, yc).predict_proba(ze)
+    assert nll(q, ye) < nll(softmax(ze), ye) - 0.05
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_k_comes_from_the_width_not_the_labels(name, synthetic):
+    zc, yc, ze, _ = synthetic
+    keep = yc != 3  # class 3 never appears in the calibration labels
+    cal = make_calibrator(name).fit(zc[keep], yc[keep])
+    assert cal.n_classes_ == 4
+    q = cal.predict_proba(ze)
+    assert q.shape == (ze.shape[0], 4)
+    assert np.max(np.abs(q.sum(axis=1) - 1.0)) <= 1e-12
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("input_kind", ["logits", "probs"])
+def test_state_round_trips_through_json_bit_for_bit(name, input_kind, synthetic):
+    zc, yc, ze, _ = synthetic
+    to_input = softmax if input_kind == "probs" else np.asarray
+    cal = make_calibrator(name, input_kind=input_kind).fit(to_input(zc), yc)
+    state = json.loads(json.dumps(cal.to_dict()))
+    assert state["name"] == name and state["input_kind"] == input_kind
+    assert state["n_classes"] == 4 and state["prob_floor"] == cal.prob_floor
+    rebuilt = calibrator_from_dict(state)
+    assert type(rebuilt) is type(cal)
+    assert np.array_equal(rebuilt.predict_proba(to_input(ze)), cal.predict_proba(to_input(ze)))
+    assert rebuilt.to_dict() == cal.to_dict()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fit_is_deterministic(name, synthetic):
+    zc, yc, ze, _ = synthetic
+    first = make_calibrator(name).fit(zc, yc).to_dict()
+    second = make_calibrator(name).fit(zc, yc).to_dict()
+    assert first == second
+
+
+def test_probability_input_uses_the_documented_log_floor(synthetic):
+    zc, yc, ze, _ = synthetic
+    from_logits = make_calibrator("ts").fit(zc, yc)
+    from_probs = make_calibrator("ts", input_kind="probs").fit(softmax(zc), yc)
+    # No probability here is below the float32-tiny floor, so both see the same logits up
+    # to a row shift, which temperature scaling ignores.
+    assert from_probs.beta_ == pytest.approx(from_logits.beta_, rel=1e-9)
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet(np.ones(3), size=50)
+    p[::5, 2] = 0.0  # exact zeros, which only the floor makes finite
+    p /= p.sum(axis=1, keepdims=True)
+    cal = make_calibrator("ts", input_kind="probs", prob_floor=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        cal.fit(p, (p.cumsum(axis=1) > rng.random((50, 1))).argmax(axis=1))
+    expected = softmax(cal.beta_ * np.log(np.maximum(p, 1e-6)))
+    assert np.array_equal(cal.predict_proba(p), expected)
+    assert cal.to_dict()["prob_floor"] == 1e-6
+
+
+def test_capped_matrix_scaling_warns_instead_of_returning_silently(synthetic):
+    zc, yc, _, _ = synthetic
+    # 21 x 21 + 21 = 462 parameters is the Newton path, 30 x 31 the L-BFGS-B path.
+    for k, solver_iters in ((4, 1), (30, 2)):
+        rng = np.random.default_rng(k)
+        z = rng.normal(size=(300, k)) * 3
+        y = rng.integers(0, k, 300)
+        with pytest.warns(ConvergenceWarning, match="ms: optimiser stopped"):
+            cal = make_calibrator("ms", max_iter=solver_iters).fit(z, y)
+        assert not np.array_equal(cal.weights_, np.eye(k))
+
+
+def test_separable_labels_warn_that_the_temperature_hit_its_bound():
+    z = np.array([[3.0, 0.0], [0.0, 2.0], [4.0, 1.0], [1.0, 5.0]])
+    with pytest.warns(ConvergenceWarning, match="bound"):
+        make_calibrator("ts").fit(z, np.array([0, 1, 0, 1]))
+
+
+def test_dirichlet_search_reports_capped_fits(synthetic):
+    zc, yc, _, _ = synthetic
+    with pytest.warns(ConvergenceWarning, match="grid-search fits"):
+        cal = make_calibrator("dir-odir", cv_max_iter=1).fit(zc, yc)
+    assert cal.reg_lambda_ in cal.reg_lambdas and cal.reg_mu_ in cal.reg_mus
+
+
+def test_dirichlet_search_picks_the_lowest_cross_validated_nll(synthetic):
+    zc, yc, _, _ = synthetic
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        cal = make_calibrator("dir-odir", reg_lambdas=[1e-1, 1e2], reg_mus=[1e-3]).fit(zc, yc)
+    assert cal.cv_nll_.shape == (2, 1)
+    best = int(np.argmin(cal.cv_nll_[:, 0]))
+    assert cal.reg_lambda_ == [1e-1, 1e2][best]
