@@ -20,10 +20,17 @@ Top-1 is preserved: beta > 0 scales every logit of a row by the same factor.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax, warn_not_converged
+from cord_ops.calibrators._base import (
+    PROB_FLOOR,
+    Calibrator,
+    ConvergenceWarning,
+    softmax,
+    warn_not_converged,
+)
 
 #: Bracket of the inverse temperature, as in probmetrics' bisection (log beta in [-16, 16]).
 BETA_BOUNDS = (math.exp(-16.0), math.exp(16.0))
@@ -51,8 +58,13 @@ def fit_inverse_temperature(
         # NLL still falling at the upper bound (rising at the lower one): the optimum lies
         # beyond it, as on a calibration set the logits separate.
         if sign * slope_and_curvature(bound)[0] <= 0.0:
-            warn_not_converged(name, f"inverse temperature reached its bound {bound:.6g}; the "
-                               "calibration labels are separable by the logits")
+            warnings.warn(
+                f"{name}: the NLL-optimal inverse temperature lies beyond the bound "
+                f"{bound:.6g}, which is returned (labels separable by the logits, or "
+                "unrelated to them)",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
             return bound
     beta = 1.0
     for _ in range(max_iter):
