@@ -17,14 +17,16 @@ rule) and ``q`` the calibrated row, the graph computes exactly what
   operator, so R = m sqrt((x/m)^2 + (y/m)^2) with m = max(|x|, |y|); eta* is a constant,
   so its branch (eta* = 0, eta* <= 1, eta* > 1) is chosen at export time;
 - s = clip(H, I) (eq. 16) and p~ = s e_a + (1 - s) alpha (eq. 2), where rows with s == b
-  keep the stabilised q exactly, as ``reconstruct`` does.
+  keep the stabilised q exactly, as ``reconstruct`` does. The tail is divided by
+  tail / (1 - s) (finite for every row) instead of multiplied by (1 - s) / tail, which
+  overflows when eta* < -1 meets a subnormal tail.
 
 Strict top-1 guarantee (the float32 fix-up). In exact arithmetic s >= rho/(1+rho) + eps
 makes p~_a exceed every other entry by at least (1 + rho) eps (eq. 23). In float32 the
 1e-12 offset is below the resolution of s, so a row whose s sits at the interval's lower
 end can round to p~_a == max_{j != a} p~_j, and the tie rule would then return the smaller
 index. The graph therefore computes the runner-up r = max_{j != a} p~_j exactly (the tail
-is q_j * F1 + F0 with per-row F1 >= 0, a monotone map, so its maximum is the map of
+is (c1 q_j + c0) / D with per-row c1, D > 0, a monotone map, so its maximum is the map of
 max_{j != a} q_j) and replaces s by max(s, r * (1 + 4 u)), u the unit roundoff of the dtype.
 The product is at least two ulps above r, so it rounds strictly above r whenever r is a
 normal number; when r is subnormal, s >= 1/K already exceeds it. The correction moves
@@ -121,12 +123,16 @@ def build_repair(gb: GraphBuilder, p0_a: str, p0_on_boundary: str | None, calibr
     s = gb.op("Min", gb.op("Max", interior_response(gb, g, eta), lower),
               gb.const(1.0 - EPS_NUM), hint="s")
 
-    # p~_j = (c1 q_j + c0) (1 - s) / tail for j != a; rows with s == b keep the stabilised q.
-    factor = gb.op("Where", gb.op("Equal", s, b), one, gb.div(gb.sub(one, s), tail),
-                   hint="factor")
-    f1, f0 = gb.mul(c1, factor, hint="f1"), gb.mul(c0, factor, hint="f0")
-    scaled = gb.add(gb.mul(rest, f1), f0, hint="tail_scaled")
-    runner_up = gb.add(gb.mul(top_raw, f1), f0, hint="runner_up")
+    # p~_j = (c1 q_j + c0) / D for j != a with D = tail / (1 - s), i.e. (1 - s) alpha_j;
+    # rows with s == b keep the stabilised q (D = 1). Dividing by D rather than multiplying
+    # by (1 - s) / tail keeps every intermediate finite: with eta* < -1 a row whose tail is
+    # subnormal still has 1 - s = O(1), and (1 - s) / tail would overflow to inf.
+    divisor = gb.op("Where", gb.op("Equal", s, b), one, gb.div(tail, gb.sub(one, s)),
+                    hint="divisor")
+    # In float32, 1 - delta rounds to 1: c1 is 1 on every row and its product is skipped.
+    stab = rest if gb.dtype == np.float32 else gb.mul(rest, c1, hint="rest_stab")
+    scaled = gb.div(gb.add(stab, c0), divisor, hint="tail_scaled")
+    runner_up = gb.div(gb.add(gb.mul(top_raw, c1), c0), divisor, hint="runner_up")
 
     dtype = gb.dtype if out_dtype is None else np.dtype(out_dtype)
     if dtype != gb.dtype:

@@ -73,10 +73,12 @@ def with_eta(cord: CORD, eta: float, local_weight: float | None = None) -> CORD:
 
 def adversarial_logits(k: int, seed: int) -> np.ndarray:
     """float32 logits with the rows that break naive exports: exact ties and one-ulp
-    near-ties between the top two (the runner-up at a smaller and at a larger index), zero
+    near-ties between the top two (the runner-up at a smaller and at a larger index; also
+    among logits of magnitude 0.01, whose float32 softmax ties), zero
     and constant rows, magnitude 1e4 (spread and offset), dominant classes whose softmax
-    underflows in float32 (gap 120) or float64 (gap 800), and close top-two gaps where
-    calibrators flip the argmax."""
+    underflows in float32 (gap 120) or to exact zeros in float64 (gap 1500, boundary rows),
+    and close top-two gaps where calibrators flip the argmax. (Subnormal float64 tails,
+    gaps near 720, have their own test in test_parity.py.)"""
     rng = np.random.default_rng(seed)
     rows = [rng.normal(0.0, 3.0, (24, k))]
 
@@ -94,13 +96,18 @@ def adversarial_logits(k: int, seed: int) -> np.ndarray:
     block[i, c] = np.nextafter(block[i, a], np.float32(-np.inf))
     block[i[::2], c[::2]] = np.nextafter(block[i[::2], a[::2]], np.float32(np.inf))
     rows.append(block)
+    # Near-ties among small logits, where float32 exp rounds both to the same value.
+    block, i, a, c = top_two(8)
+    block = (block / 100.0).astype(np.float32)
+    block[i, c] = np.nextafter(block[i, a], np.float32(-np.inf))
+    rows.append(block)
     block, i, a, c = top_two(8)
     block[i, c] = block[i, a] - rng.uniform(0.0, 0.2, 8)
     rows.append(block)
     rows += [np.zeros((2, k)), np.full((1, k), 7.5)]
     rows += [1e4 * rng.normal(size=(3, k)), 1e4 + rng.normal(size=(3, k)),
              -1e4 + rng.normal(size=(2, k))]
-    for gap in (120.0, 800.0):
+    for gap in (120.0, 1500.0):
         block = rng.normal(0.0, 1.0, (2, k))
         block[np.arange(2), rng.integers(0, k, 2)] += gap
         rows.append(block)

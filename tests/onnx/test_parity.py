@@ -12,8 +12,14 @@ import pytest
 from conftest import load_shared, requires_shared
 
 from cord_ops import CORD
-from cord_ops.calibrators import CALIBRATOR_NAMES, ConvergenceWarning, make_calibrator
+from cord_ops.calibrators import (
+    CALIBRATOR_NAMES,
+    ConvergenceWarning,
+    calibrator_from_dict,
+    make_calibrator,
+)
 from cord_ops.calibrators._base import softmax
+from cord_ops.cord import repair_terms, response
 from onnx_export import export_onnx, model_metadata
 
 KINDS = ("logits", "probs")
@@ -106,3 +112,52 @@ def test_parity_on_cifar_logits(name, input_kind, cases, run_model):
         for dtype in DTYPES:
             model = export_onnx(cal, cord, logits.shape[1], input_kind=input_kind, dtype=dtype)
             cases.assert_parity(run_model(model, held_out.astype(dtype)), expected, dtype)
+
+
+@pytest.mark.parametrize("name", ["vs", "svs"])
+def test_exact_tie_in_q_keeps_the_original_class(name, cases, run_model):
+    """Two classes with identical parameters tie exactly in q whenever their logits tie;
+    the smallest-index rule then makes the original class q's top-1 (g = b), which the
+    float32 graph's q_a < max_{j != a} q_j test must reproduce."""
+    k = 10
+    cal, cord = cases.fitted(name, k, "logits")
+    state = cal.to_dict()
+    for key in ("weights", "bias"):
+        state["params"][key][1] = state["params"][key][0]
+    state["params"]["bias"][0] = state["params"]["bias"][1] = 3.0
+    tied = calibrator_from_dict(state)
+    scores = cases.adversarial_logits(k, seed=4)[:24]
+    scores[:, 1] = scores[:, 0] = scores.max(axis=1) + 0.5
+    expected = cases.reference(tied, cord, scores)
+    assert (expected["calibrated"][:, 0] == expected["calibrated"][:, 1]).all()
+    assert (expected["label"] == 0).all()
+    for dtype in DTYPES:
+        outputs = run_model(export_onnx(tied, cord, k, dtype=dtype), scores.astype(dtype))
+        cases.assert_parity(outputs, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_subnormal_tails_stay_finite(dtype, cases, run_model):
+    """Rows whose other classes all sit near exp(-725) in float64 (subnormal, not zero, so
+    no stabilisation) with eta* < -1, where s stays near 1/2: the repair is eq. 2 with
+    alpha = q / tail. The graph divides by tail / (1 - s), never forming (1 - s) / tail,
+    which overflows there."""
+    k = 10
+    cal, fitted_cord = cases.fitted("ts", k, "logits")
+    cord = cases.with_eta(fitted_cord, -2.0)
+    rng = np.random.default_rng(8)
+    logits = rng.normal(0.0, 0.1, (6, k))
+    logits[np.arange(6), rng.integers(0, k, 6)] += 725.0 / cal.beta_
+    logits = logits.astype(np.float32)
+    x = logits.astype(np.float64)
+    original, calibrated = softmax(x), cal.predict_proba(x)
+    assert (calibrated > 0).all() and (np.sort(calibrated, axis=1)[:, -2] < 1e-307).all()
+    terms = repair_terms(original, calibrated, cord.local_weight)
+    s = response(cord.eta_, terms)
+    repaired = (1.0 - s)[:, None] * (terms.rest / terms.tail[:, None])
+    repaired[np.arange(6), terms.label] = s
+    expected = {"original": original, "calibrated": calibrated, "repaired": repaired,
+                "label": terms.label, "confidence": s}
+    assert (s < 0.9).all()
+    outputs = run_model(export_onnx(cal, cord, k, dtype=dtype), logits.astype(dtype))
+    cases.assert_parity(outputs, expected, dtype)
