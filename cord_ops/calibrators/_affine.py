@@ -172,13 +172,10 @@ def _newton(problem, theta, max_iter, gtol):
     return theta, loss, max_iter, done, "gradient below gtol" if done else "max_iter reached"
 
 
-def _lbfgs(problem, theta, max_iter, gtol, ftol, precondition=True):
+def _lbfgs(problem, theta, max_iter, gtol, ftol):
     shape = theta.shape
-    if precondition:
-        _, _, d = problem.value_grad(theta)
-        scale = 1.0 / np.sqrt(problem.hessian_diagonal(d) + 1e-12)
-    else:
-        scale = np.ones(shape)
+    _, _, d = problem.value_grad(theta)
+    scale = 1.0 / np.sqrt(problem.hessian_diagonal(d) + 1e-12)
 
     def fun(phi):
         loss, grad, _ = problem.value_grad(phi.reshape(shape) * scale)
@@ -204,11 +201,11 @@ def fit_affine(
     name: str,
     warn: bool = True,
     solver: str = "auto",
-    precondition: bool = True,
 ) -> AffineFit:
     """Minimise L (module docstring) from ``init`` (identity and zero bias when None).
 
-    Newton for at most NEWTON_MAX_PARAMS parameters, else L-BFGS-B; ``max_iter`` caps the
+    ``solver="auto"``: Newton for at most NEWTON_MAX_PARAMS parameters, else L-BFGS-B
+    (``"newton"`` / ``"lbfgs"`` force one); ``max_iter`` caps the
     iterations of either, and stopping there raises a ConvergenceWarning naming ``name``
     (unless ``warn`` is False; the result still says ``converged=False``).
     """
@@ -224,8 +221,7 @@ def fit_affine(
     if solver == "newton" or (solver == "auto" and theta.size <= NEWTON_MAX_PARAMS):
         theta, loss, n_iter, converged, message = _newton(problem, theta, max_iter, gtol)
     else:
-        theta, loss, n_iter, converged, message = _lbfgs(problem, theta, max_iter, gtol,
-                                                         ftol, precondition)
+        theta, loss, n_iter, converged, message = _lbfgs(problem, theta, max_iter, gtol, ftol)
     if warn and not converged:
         warn_not_converged(name, f"{message}; {n_iter} iterations, max_iter={max_iter}")
     w, b = problem.split(theta)

@@ -227,6 +227,20 @@ class Calibrator:
         return f"{type(self).__name__}(input_kind={self.input_kind!r}{sep}{opts})"
 
 
+def check_option(name: str, value, *, integer: bool = False, allow_zero: bool = False,
+                 any_sign: bool = False):
+    """A constructor option that must be a finite positive number (or int); returns it."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
+    ok = ok and (any_sign or (value >= 0 if allow_zero else value > 0))
+    if integer:
+        ok = ok and float(value).is_integer()
+    if not ok:
+        kind = "integer" if integer else "number"
+        bound = "" if any_sign else ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name}: expected a finite {kind} {bound}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
 def _json_option(value):
     if isinstance(value, tuple | list | np.ndarray):
         return [float(v) for v in value]

@@ -46,6 +46,7 @@ from cord_ops.calibrators._base import (
     PROB_FLOOR,
     Calibrator,
     ConvergenceWarning,
+    check_option,
     mean_nll_and_grad,
     softmax,
 )
@@ -81,14 +82,16 @@ class DirichletODIR(Calibrator):
         for label, grid in (("reg_lambdas", self.reg_lambdas), ("reg_mus", self.reg_mus)):
             if not grid or any(not (v > 0 and np.isfinite(v)) for v in grid):
                 raise ValueError(f"{label}: expected a non-empty list of positive numbers")
-        if int(n_folds) != n_folds or n_folds < 2:
+        self.n_folds = check_option("n_folds", n_folds, integer=True)
+        if self.n_folds < 2:
             raise ValueError(f"n_folds: expected an integer >= 2, got {n_folds!r}")
-        self.n_folds = int(n_folds)
-        self.random_state = random_state
-        self.max_iter = max_iter
-        self.cv_max_iter = cv_max_iter
-        self.gtol = gtol
-        self.ftol = ftol
+        self.random_state = check_option("random_state", random_state, integer=True,
+                                         allow_zero=True)
+        self.max_iter = check_option("max_iter", max_iter, integer=True)
+        self.cv_max_iter = (None if cv_max_iter is None
+                            else check_option("cv_max_iter", cv_max_iter, integer=True))
+        self.gtol = check_option("gtol", gtol)
+        self.ftol = check_option("ftol", ftol, allow_zero=True)
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """Clipped log-probabilities of validated scores (module docstring)."""

@@ -28,6 +28,7 @@ from cord_ops.calibrators._base import (
     PROB_FLOOR,
     Calibrator,
     ConvergenceWarning,
+    check_option,
     softmax,
     warn_not_converged,
 )
@@ -98,7 +99,7 @@ class TemperatureScaling(Calibrator):
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 100):
         super().__init__(input_kind, prob_floor)
-        self.max_iter = max_iter
+        self.max_iter = check_option("max_iter", max_iter, integer=True)
 
     def _fit(self, x, y):
         self.beta_ = fit_inverse_temperature(self._logits(x), y, max_iter=self.max_iter,

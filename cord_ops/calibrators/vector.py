@@ -14,7 +14,7 @@ writes ``z / t + b``; ``w = 1 / t`` is the same map.
 from __future__ import annotations
 
 from cord_ops.calibrators._affine import affine_logits, fit_affine
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, check_option, softmax
 
 
 class VectorScaling(Calibrator):
@@ -27,9 +27,9 @@ class VectorScaling(Calibrator):
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 1000, gtol: float = 1e-6, ftol: float = 1e-12):
         super().__init__(input_kind, prob_floor)
-        self.max_iter = max_iter
-        self.gtol = gtol
-        self.ftol = ftol
+        self.max_iter = check_option("max_iter", max_iter, integer=True)
+        self.gtol = check_option("gtol", gtol)
+        self.ftol = check_option("ftol", ftol, allow_zero=True)
 
     def _fit(self, x, y):
         fit = fit_affine(self._logits(x), y, full=False, max_iter=self.max_iter,

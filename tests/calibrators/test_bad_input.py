@@ -35,6 +35,17 @@ def test_unknown_option_and_bad_input_kind_are_rejected():
         make_calibrator("ts", prob_floor=0.0)
 
 
+@pytest.mark.parametrize(("name", "option", "value"), [
+    ("ts", "max_iter", 0), ("vs", "max_iter", 2.5), ("ms", "gtol", -1e-6),
+    ("svs", "reg_lambda_bias", -1.0), ("sms", "rho", float("nan")),
+    ("dir-odir", "n_folds", 1), ("dir-odir", "reg_lambdas", []),
+    ("dir-odir", "cv_max_iter", 0), ("irova", "tie_eps", -1e-9), ("irm", "tie_eps", "1e-9"),
+])
+def test_bad_options_are_rejected(name, option, value):
+    with pytest.raises(ValueError, match=option):
+        make_calibrator(name, **{option: value})
+
+
 def _nan(z):
     z = z.copy()
     z[7, 1] = np.nan
