@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
@@ -179,8 +179,9 @@ def cmd_ui(args) -> int:
                "--host", "127.0.0.1", "--port", str(args.port)]
     if tracking.is_embedded(uri):
         command += ["--default-artifact-root", str(Path.cwd() / tracking.STORE_DIR)]
-    print(f"MLflow UI on http://127.0.0.1:{args.port} ({uri}); Ctrl-C stops it")
-    return subprocess.call(command)
+    print(f"MLflow UI on http://127.0.0.1:{args.port} ({uri}); Ctrl-C stops it", flush=True)
+    # Become the server (no parent left behind), so a signal to this PID stops the UI.
+    os.execv(sys.executable, command)
 
 
 # ---------------------------------------------------------------- parser

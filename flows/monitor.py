@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from prefect import flow, get_run_logger, task
@@ -112,7 +113,7 @@ def log_monitoring(model_name: str, batch: data.Dataset, scored: ChampionOnBatch
 
 
 @flow(name="monitor", persist_result=False)
-def monitor(data: str, model_name: str = "cord-ops", max_ece_increase: float = 0.02,
+def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: float = 0.02,
             max_nll_increase: float = 0.05, input_kind: str = "auto",
             recalibrate_on_drift: bool = True, calibrator: str = "vs", fraction: float = 0.5,
             seed: int = 0, dtype: str = "float32") -> MonitorResult:
@@ -123,7 +124,7 @@ def monitor(data: str, model_name: str = "cord-ops", max_ece_increase: float = 0
     whether the new version takes ``@champion``).
     """
     tracking.configure_tracking()
-    batch = load_dataset(data, input_kind)
+    batch = load_dataset(str(data), input_kind)
     scored = score_champion_on_batch(model_name, batch)
     drift, reasons = find_drift(scored, max_ece_increase, max_nll_increase)
     thresholds = {"max_ece_increase": max_ece_increase, "max_nll_increase": max_nll_increase}
@@ -132,7 +133,7 @@ def monitor(data: str, model_name: str = "cord-ops", max_ece_increase: float = 0
     if reasons:
         get_run_logger().warning("champion v%s drifted: %s", scored.version, "; ".join(reasons))
         if recalibrate_on_drift:
-            recalibration = recalibrate(data=data, calibrator=calibrator, fraction=fraction,
+            recalibration = recalibrate(data=str(data), calibrator=calibrator, fraction=fraction,
                                         seed=seed, model_name=model_name,
                                         input_kind=batch.input_kind, dtype=dtype)
     return MonitorResult(run_id, scored.version, scored.metrics, scored.baseline, drift,

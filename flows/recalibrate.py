@@ -341,7 +341,7 @@ def finish_run(run_id: str) -> None:
 
 # ---------------------------------------------------------------- the flow
 @flow(name="recalibrate", persist_result=False)
-def recalibrate(data: str, eval_data: str | None = None, calibrator: str = "vs",
+def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrator: str = "vs",
                 fraction: float = 0.5, seed: int = 0, model_name: str = "cord-ops",
                 input_kind: str = "auto", dtype: str = "float32",
                 promote: bool = True) -> RecalibrationResult:
@@ -355,8 +355,9 @@ def recalibrate(data: str, eval_data: str | None = None, calibrator: str = "vs",
     uri = tracking.configure_tracking()
     steps = Steps()
     try:
-        dataset = steps(load_dataset, data, input_kind)
-        eval_dataset = steps(load_dataset, eval_data, dataset.input_kind) if eval_data else None
+        dataset = steps(load_dataset, str(data), input_kind)
+        eval_dataset = (steps(load_dataset, str(eval_data), dataset.input_kind)
+                        if eval_data is not None else None)
         steps(check_options, calibrator, dtype, fraction, dataset, eval_dataset)
     except Exception as exc:
         raise RecalibrationError(steps.current, exc) from exc

@@ -56,7 +56,7 @@ def _champion(client, name):
 def test_flow_logs_the_contract_registers_and_serves(store, digits_file, digits):
     import mlflow.pyfunc
 
-    result = recalibrate(data=str(digits_file), model_name="m")
+    result = recalibrate(data=digits_file, model_name="m")  # a Path is accepted too
 
     client = _client()
     run = client.get_run(result.run_id)
