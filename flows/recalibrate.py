@@ -119,14 +119,15 @@ def load_dataset(path: str, input_kind: str) -> data.Dataset:
 
 
 @compute_task
-def check_options(calibrator: str, dtype: str, fraction: float, dataset: data.Dataset,
-                  eval_dataset: data.Dataset | None) -> None:
-    """Reject a bad option before a run exists: unknown calibrator or dtype, mismatched files."""
+def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
+                  dataset: data.Dataset, eval_dataset: data.Dataset | None) -> None:
+    """Reject a bad option before a run exists: unknown calibrator or dtype, a seed or
+    fraction the split refuses, an evaluation file that does not match ``dataset``."""
     make_calibrator(calibrator, input_kind=dataset.input_kind)
     if dtype not in PARITY_TOLERANCE:
         raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
     if eval_dataset is None:
-        data.split_indices(dataset.n, 0, fraction)
+        data.split_indices(dataset.n, seed, fraction)
         return
     if eval_dataset.n_classes != dataset.n_classes:
         raise ValueError(f"{eval_dataset.path}: has {eval_dataset.n_classes} classes but "
@@ -347,7 +348,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 promote: bool = True) -> RecalibrationResult:
     """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
 
-    ``eval_data`` given: calibrate on all of ``data`` and evaluate on it; otherwise split
+    ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
     ``data`` with ``fraction`` for calibration (seeded). ``dtype`` is the ONNX graph's
     float type. With ``promote=False`` the gate is evaluated and recorded but the alias
     never moves. Raises :class:`RecalibrationError` naming the failed step.
@@ -358,13 +359,13 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         dataset = steps(load_dataset, str(data), input_kind)
         eval_dataset = (steps(load_dataset, str(eval_data), dataset.input_kind)
                         if eval_data is not None else None)
-        steps(check_options, calibrator, dtype, fraction, dataset, eval_dataset)
+        steps(check_options, calibrator, dtype, seed, fraction, dataset, eval_dataset)
+        options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
+                   "dtype": dtype, "promote": str(promote)}
+        run_id, experiment = steps(start_run, model_name, dataset, eval_dataset, options)
     except Exception as exc:
         raise RecalibrationError(steps.current, exc) from exc
 
-    options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
-               "dtype": dtype, "promote": str(promote)}
-    run_id, experiment = steps(start_run, model_name, dataset, eval_dataset, options)
     version = previous_champion = None
     try:
         calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed, fraction)

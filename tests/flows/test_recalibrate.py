@@ -155,6 +155,8 @@ def test_bad_data_fails_before_any_run_exists(store, tmp_path, digits):
     good = data.save_npz(tmp_path / "good.npz", digits.scores, digits.labels, "logits")
     with pytest.raises(RecalibrationError, match="check_options.*no-such-calibrator"):
         recalibrate(data=str(good), calibrator="no-such-calibrator", model_name="m")
+    with pytest.raises(RecalibrationError, match="check_options.*seed"):
+        recalibrate(data=str(good), seed=-1, model_name="m")
 
     client = _client()
     assert client.get_experiment_by_name("m") is None
