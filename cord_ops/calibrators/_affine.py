@@ -67,9 +67,9 @@ class AffineFit:
 
 def affine_logits(x: np.ndarray, weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """``x * w + b`` (diagonal, weights of shape (K,)) or ``x @ W.T + b`` (full)."""
-    if weights.ndim == 1:
-        return x * weights + bias
-    return x @ weights.T + bias
+    s = x * weights if weights.ndim == 1 else x @ weights.T
+    s += bias
+    return s
 
 
 class _Problem:

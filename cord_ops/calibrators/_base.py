@@ -66,12 +66,12 @@ def mean_nll_and_grad(s: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndar
     n = s.shape[0]
     rows = np.arange(n)
     m = s.max(axis=1)
-    e = np.exp(s - m[:, None])
+    e = s - m[:, None]
+    np.exp(e, out=e)
     total = e.sum(axis=1)
     nll = float(np.mean(np.log(total) + m - s[rows, labels]))
-    e /= total[:, None]
-    e[rows, labels] -= 1.0
-    e /= n
+    e *= (1.0 / (n * total))[:, None]
+    e[rows, labels] -= 1.0 / n
     return nll, e
 
 

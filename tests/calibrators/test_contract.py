@@ -117,8 +117,12 @@ def test_capped_matrix_scaling_warns_instead_of_returning_silently(synthetic):
 
 def test_separable_labels_warn_that_the_temperature_hit_its_bound():
     z = np.array([[3.0, 0.0], [0.0, 2.0], [4.0, 1.0], [1.0, 5.0]])
-    with pytest.warns(ConvergenceWarning, match="bound"):
-        make_calibrator("ts").fit(z, np.array([0, 1, 0, 1]))
+    with pytest.warns(ConvergenceWarning, match="at or beyond"):
+        separable = make_calibrator("ts").fit(z, np.array([0, 1, 0, 1]))
+    assert separable.beta_ > 10
+    with pytest.warns(ConvergenceWarning, match="at or beyond"):
+        unrelated = make_calibrator("ts").fit(z, np.array([1, 0, 1, 0]))
+    assert unrelated.beta_ < 1e-6
 
 
 def test_dirichlet_search_reports_capped_fits(synthetic):
