@@ -6,17 +6,37 @@ in the export dtype, symbolic N); outputs ``repaired``, ``calibrated``, ``origin
 (= repaired[label]). Model metadata: ``cord.eta_star`` (repr), ``cord.calibrator``,
 ``cord.n_classes``, ``cord.version``, plus ``cord.input_kind`` and ``cord.dtype``.
 
-float64 graphs repeat the numpy operations of cord_ops and agree with it to rounding.
-float32 graphs run in float32 where that keeps parity within 1e-5 and in float64 where it
-does not (see ``onnx_export.calibrators.Family``), with two order guarantees:
+float64 graphs repeat the numpy operations of cord_ops in the same order and agree with it
+to rounding (onnxruntime's double Exp differs from numpy's by up to 2 ulps, which isotonic
+maps on logits amplify by their slope; everything else stays within a few ulps).
 
-- ``label`` is the argmax of the float32 input itself. For probabilities that is exactly
-  cord_ops' label on the same inputs; for logits it is argmax softmax(z) in float64 except
-  when the top two logits differ by less than about 2**-52 (only possible for |z| < 2e-9).
+float32 graphs take float32 scores and return float32 outputs. Which arithmetic runs in
+float32 is chosen per pipeline so that every output stays within 1e-5 of cord_ops run on the
+same inputs upcast to float64:
+
+- TS, VS and SVS run in float32 (TS and the ts-mix of SVS subtract the row max of the
+  logits first, so logits of magnitude 1e4 lose nothing);
+- MS, SMS, Dir-ODIR and the isotonic maps run in float64 and cast q down (float32 matrix
+  products accumulate K roundings; isotonic maps need float64 to resolve their 1e-9 * p
+  tie-breaker);
+- when eta* <= ``WIDE_REPAIR_BELOW_ETA`` (-1/2) q and the repair run in float64 too. For
+  eta* < -1, H(g, eta*) tends to -1/eta* (not to 1) as g -> 1, so rows whose tail mass is
+  below float32 resolution (1e-38) reach the output with weight 1 - s = O(1), and only
+  float64 resolves that tail as cord_ops does; below -1/2 the margin is kept.
+
+Order guarantees of float32 graphs (SPEC.md: argmax(repaired) == label == argmax(original)):
+
+- ``label`` is the argmax of the float32 input itself, smallest index on ties (TopK puts the
+  lower index first). For probabilities that is exactly cord_ops' label on the same inputs;
+  for logits it is argmax softmax(z) in float64 except when the top two logits differ by
+  less than about 2**-52 (only possible for |z| < 2e-9).
 - float32 softmax can round two distinct logits to the same probability, so ``original``
-  has its ``label`` entry raised to just above the runner-up on the rows where rounding
-  tied them (a few ulps; other rows are the plain softmax). ``repaired`` gets the same kind
-  of fix-up inside the repair (``onnx_export.repair``).
+  has its ``label`` entry raised to just above the runner-up logit's probability on the rows
+  where rounding tied them (a few ulps; other rows are the plain softmax).
+- ``repaired`` keeps the label strictly on top by the fix-up in ``onnx_export.repair``.
+- whether q keeps the original top-1 (eq. 5) is decided exactly where it matters: not at
+  all for TS (it provably does), by float64 argmax where q is computed in float64, and by
+  q_a < max_{j != a} q_j for VS/SVS in float32 (``repair.CHANGED_FROM_RUNNER_UP``).
 """
 
 from __future__ import annotations
@@ -84,7 +104,8 @@ def _label_and_original_float32(gb: GraphBuilder, input_kind: str) -> tuple[str,
     return label, gb.put(p, label, top, out="original")
 
 
-#: Below this eta*, a float32 graph computes q and the repair in float64 (module docstring).
+#: At or below this eta*, a float32 graph computes q and the repair in float64 (module
+#: docstring).
 WIDE_REPAIR_BELOW_ETA = -0.5
 
 
