@@ -1,0 +1,74 @@
+"""The isotonic lookup graph equals np.interp bit for bit: linear between knots (not the
+nearest knot), y_0 / y_last outside the knot range, exact y at the knots."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from onnx_export import open_session
+from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder
+from onnx_export.calibrators import interpolate
+
+
+def interp_graph(knots: list, k: int):
+    gb = GraphBuilder("float64")
+    gb.fresh("t")
+    out = interpolate(gb, "t", knots)
+    gb.op("Identity", out, out="r")
+    graph = helper.make_graph(
+        gb.nodes, "interp",
+        [helper.make_tensor_value_info("t", TensorProto.DOUBLE, ["N", k])],
+        [helper.make_tensor_value_info("r", TensorProto.DOUBLE, ["N", k])],
+        initializer=gb.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              ir_version=IR_VERSION)
+    return open_session(model, provider="cpu")
+
+
+def knot_set(draw_sizes, rng):
+    x = np.unique(rng.uniform(0.0, 1.0, draw_sizes))
+    y = np.sort(rng.uniform(0.0, 1.0, len(x)))
+    y[len(y) // 2:] = y[len(y) // 2]  # a flat block, as PAV produces
+    return x, y
+
+
+def queries(knots, k, rng, n=64):
+    t = rng.uniform(-0.1, 1.1, (n, k))
+    for col in range(k):
+        kx = knots[col % len(knots)][0]
+        t[: len(kx), col] = kx[: n]  # exactly at the knots
+        t[-2:, col] = kx[0] - 1e-3, kx[-1] + 1e-3
+    return t
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=5), seed=st.integers(0, 10**6),
+       shared=st.booleans())
+def test_matches_np_interp(sizes, seed, shared):
+    """One knot set shared by all columns (irm) or one per column (irova), of different
+    lengths (so the padded tables are exercised)."""
+    rng = np.random.default_rng(seed)
+    knots = [knot_set(size, rng) for size in (sizes[:1] if shared else sizes)]
+    k = len(sizes)
+    t = queries(knots, k, rng)
+    expected = np.stack([np.interp(t[:, c], *knots[c % len(knots)]) for c in range(k)],
+                        axis=1)
+    got = interp_graph(knots, k).run(None, {"t": t})[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_is_not_a_nearest_knot_lookup():
+    knots = [(np.array([0.0, 1.0]), np.array([0.0, 1.0]))]
+    got = interp_graph(knots, 1).run(None, {"t": np.array([[0.3], [0.75]])})[0]
+    np.testing.assert_array_equal(got[:, 0], [0.3, 0.75])
+
+
+@pytest.mark.parametrize("value", [-5.0, 0.0, 2.0, 9.0])
+def test_single_knot_map_is_constant(value):
+    knots = [(np.array([2.0]), np.array([0.25]))]
+    got = interp_graph(knots, 1).run(None, {"t": np.array([[value]])})[0]
+    assert got[0, 0] == np.interp(value, [2.0], [0.25]) == 0.25
