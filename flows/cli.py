@@ -2,8 +2,8 @@
 reproduce / bench from :mod:`flows.reproduce`).
 
 Every command exits 0 on success and non-zero on failure with a one-line ``error:`` on
-stderr that names the cause. Heavy imports (Prefect, MLflow, onnxruntime) happen inside
-the command that needs them, so ``cord-ops --help`` is instant.
+stderr that names the cause. Prefect, MLflow and onnxruntime are imported inside the
+command that needs them, not when the parser is built.
 """
 
 from __future__ import annotations
@@ -277,7 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _error("interrupted")
     except Exception as exc:  # the CLI's contract: one line naming the cause, exit 1
-        return _error(f"{exc}" if "failed" in str(exc) else f"{type(exc).__name__}: {exc}")
+        from flows.recalibrate import RecalibrationError
+
+        # A RecalibrationError already names the step and the underlying error type.
+        named = isinstance(exc, RecalibrationError)
+        return _error(str(exc) if named else f"{type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":
