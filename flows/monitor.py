@@ -63,7 +63,8 @@ def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnB
     if current is None:
         raise LookupError(f"model '{model_name}' has no @{registry.CHAMPION} to monitor; "
                           "run `cord-ops recalibrate` first")
-    outputs = registry.run_registered_model(f"models:/{model_name}@{registry.CHAMPION}",
+    # The version the alias named a moment ago, so metrics and baseline describe one model.
+    outputs = registry.run_registered_model(f"models:/{model_name}/{current.version}",
                                             batch.scores)
     repaired = outputs["repaired"].astype(np.float64)
     original = outputs["original"].astype(np.float64)

@@ -81,7 +81,11 @@ class Parity:
 
 @dataclass
 class RecalibrationResult:
-    """What one recalibration produced and where to find it."""
+    """What one recalibration produced and where to find it.
+
+    ``timings``: seconds per task as the flow saw them (task body plus Prefect's per-task
+    overhead), summed over repeated calls.
+    """
 
     run_id: str
     experiment_id: str
@@ -107,7 +111,8 @@ class Steps:
         self.current = step.name
         start = time.perf_counter()
         result = step(*args, **kwargs)
-        self.timings[step.name] = time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.timings[step.name] = self.timings.get(step.name, 0.0) + elapsed
         return result
 
 
@@ -315,20 +320,20 @@ def register(run_id: str, model_name: str, model_info, parity: Parity, dataset: 
 
 
 @store_task
-def gate(model_name: str, version: str, evaluation: data.Dataset, report: Evaluation,
-         parity: Parity, promote: bool) -> registry.GateDecision:
-    """Score ``@champion`` on the same evaluation split and move the alias only to a winner."""
+def gate(model_name: str, version: str, previous_champion: str | None,
+         evaluation: data.Dataset, report: Evaluation, parity: Parity,
+         promote: bool) -> registry.GateDecision:
+    """Score the champion on the same evaluation split and move the alias only to a winner."""
     from mlflow import MlflowClient
 
-    client = MlflowClient()
-    champion = registry.score_champion(client, model_name, evaluation.scores,
-                                       evaluation.labels, candidate_version=version)
+    champion = registry.score_champion(model_name, previous_champion, evaluation.scores,
+                                       evaluation.labels)
     decision = registry.decide(
         candidate_nll=metrics.nll(parity.repaired, evaluation.labels),
         candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired),
         parity_ok=parity.ok, champion=champion, promote=promote,
     )
-    registry.apply_decision(client, model_name, version, decision)
+    registry.apply_decision(MlflowClient(), model_name, version, decision)
     get_run_logger().info("gate: %s v%s (%s)", decision.label, version, decision.reason)
     return decision
 
@@ -380,7 +385,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         model_info = steps(log_onnx_model, run_id, model, evaluation, dtype)
         version, previous_champion = steps(register, run_id, model_name, model_info, parity,
                                            dataset, repair, calibrator)
-        decision = steps(gate, model_name, version, evaluation, report, parity, promote)
+        decision = steps(gate, model_name, version, previous_champion, evaluation, report,
+                         parity, promote)
         steps(finish_run, run_id)
     except BaseException as exc:
         _fail_run(run_id, model_name, version, previous_champion, exc)

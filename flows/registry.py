@@ -6,7 +6,8 @@ Life of a version
 1. :func:`register_version` creates it with the tag ``cord.registration=pending``, in the
    same call that creates it, after every artifact of its run is logged and ONNX parity is
    verified. A retried call finds the version of its own run instead of adding a second.
-2. :func:`decide` compares it with the champion on the same evaluation split.
+2. :func:`score_champion` runs the champion on the same evaluation split and
+   :func:`decide` compares the two.
 3. :func:`apply_decision` records the decision and both NLLs as version tags, moves the
    ``champion`` alias only for a winner, and finally marks the version ``complete``.
 
@@ -175,23 +176,25 @@ def run_registered_model(model_uri: str, scores: np.ndarray) -> dict[str, np.nda
     return {name: np.asarray(value) for name, value in outputs.items()}
 
 
-def score_champion(client, name: str, scores: np.ndarray, labels: np.ndarray,
-                   candidate_version: str | None = None) -> ChampionScore | None:
-    """Run ``name@champion`` from the registry on ``scores`` and return its NLL.
+def score_champion(name: str, champion: str | None, scores: np.ndarray,
+                   labels: np.ndarray) -> ChampionScore | None:
+    """Run version ``champion`` of ``name`` (the ``@champion`` of the moment the candidate
+    was registered) from the registry on ``scores`` and return its NLL.
 
-    None when there is no champion or the champion is the candidate itself. A champion
-    that cannot run on the split (another K, a broken artifact) comes back with
-    ``problem`` set, which the gate treats as a rejection rather than a win.
+    Addressing the version rather than the alias keeps a retried gate idempotent: once the
+    alias has moved to the candidate, a retry still compares against the old champion.
+    None when there was no champion. A champion that cannot run on the split (another K,
+    a broken artifact) comes back with ``problem`` set, which the gate treats as a
+    rejection rather than a win.
     """
-    current = champion_version(client, name)
-    if current is None or str(current.version) == candidate_version:
+    if champion is None:
         return None
     try:
-        outputs = run_registered_model(f"models:/{name}@{CHAMPION}", scores)
+        outputs = run_registered_model(f"models:/{name}/{champion}", scores)
         nll = metrics.nll(outputs["repaired"].astype(np.float64), labels)
     except Exception as exc:  # any failure to score the champion is a reason to reject
-        return ChampionScore(str(current.version), None, f"{type(exc).__name__}: {exc}")
-    return ChampionScore(str(current.version), nll)
+        return ChampionScore(champion, None, f"{type(exc).__name__}: {exc}")
+    return ChampionScore(champion, nll)
 
 
 def apply_decision(client, name: str, version: str, decision: GateDecision) -> None:
