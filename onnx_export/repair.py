@@ -1,8 +1,8 @@
 """The CORD repair (Section 3, Appendix A) as an ONNX subgraph with eta* baked in.
 
 Per row, with ``a`` the original top-1 (computed by the caller with the smallest-index tie
-rule) and ``q`` the calibrated row, the graph computes exactly what
-``cord_ops.cord.CORD.transform`` computes:
+rule) and ``q`` the calibrated row, the graph computes what ``cord_ops.cord.CORD.transform``
+computes, in the same order up to the last step (so float64 agrees to rounding):
 
 - boundary stabilisation S(u) = (1 - delta) u + delta / K (eq. 11) of the rows of ``q``
   and of ``p0`` whose minimum is <= 0, independently; only ``p0_a`` is needed from p0.
