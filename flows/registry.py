@@ -114,8 +114,8 @@ def ensure_registered_model(client, name: str) -> None:
 def champion_version(client, name: str):
     """The ModelVersion behind ``name@champion``, or None when the alias is unset.
 
-    Stores differ in whether ``.version`` is an int or a str; this module compares and
-    returns versions as str.
+    Stores differ in whether ``ModelVersion.version`` is an int or a str, so callers
+    compare ``str(mv.version)``.
     """
     from mlflow.exceptions import MlflowException
 
@@ -133,6 +133,9 @@ def discard_orphans(client, name: str, current_run_id: str) -> list[str]:
     """Delete pending, alias-free versions of ``name`` left by other (crashed) runs.
 
     Their runs, still RUNNING after a kill, are marked FAILED. Returns the deleted versions.
+    This assumes one recalibration of a model at a time (the served deployments run with
+    a concurrency limit of 1): a concurrent run inside its register-to-gate window would
+    look orphaned.
     """
     deleted = []
     for mv in _versions(client, name):

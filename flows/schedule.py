@@ -32,16 +32,17 @@ def build_deployments(cron: str, recalibrate_parameters: dict,
     (default: the same cron) when ``monitor_parameters`` are given.
 
     Entrypoints are module paths (``flows.recalibrate.recalibrate``), so the run process
-    imports the installed package whatever its working directory.
+    imports the installed package whatever its working directory. Each deployment runs
+    one flow at a time (the registry's crash clean-up relies on it).
     """
     deployments = [recalibrate.to_deployment(
         name=RECALIBRATE_DEPLOYMENT, cron=_cron(cron), parameters=recalibrate_parameters,
-        entrypoint_type=EntrypointType.MODULE_PATH, tags=["cord-ops"])]
+        entrypoint_type=EntrypointType.MODULE_PATH, tags=["cord-ops"], concurrency_limit=1)]
     if monitor_parameters is not None:
         deployments.append(monitor.to_deployment(
             name=MONITOR_DEPLOYMENT, cron=_cron(monitor_cron or cron),
             parameters=monitor_parameters, entrypoint_type=EntrypointType.MODULE_PATH,
-            tags=["cord-ops"]))
+            tags=["cord-ops"], concurrency_limit=1))
     return deployments
 
 
@@ -72,5 +73,6 @@ def deploy_to_work_pool(work_pool: str, cron: str, recalibrate_parameters: dict,
         remote = Flow.from_source(source=str(REPO_ROOT), entrypoint=entrypoint)
         ids.append(str(remote.deploy(name=name, work_pool_name=work_pool, cron=_cron(when),
                                      parameters=parameters, tags=["cord-ops"],
+                                     concurrency_limit=1,
                                      print_next_steps=False, ignore_warnings=True)))
     return ids

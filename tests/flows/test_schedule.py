@@ -45,6 +45,7 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
         assert [s.schedule.cron for s in recal.schedules] == ["0 3 * * *"]
         assert [s.schedule.cron for s in watch.schedules] == ["0 3 * * *"]
         assert recal.parameters["model_name"] == "scheduled"
+        assert recal.global_concurrency_limit.limit == 1
 
         flow_run = run_deployment(f"recalibrate/{RECALIBRATE_DEPLOYMENT}", timeout=240,
                                   poll_interval=1)
@@ -80,4 +81,5 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
     assert [s.schedule.cron for s in recal.schedules] == ["15 2 * * 1"]
     assert [s.schedule.cron for s in watch.schedules] == ["0 * * * *"]
     assert recal.entrypoint == "flows/recalibrate.py:recalibrate"
+    assert recal.global_concurrency_limit.limit == watch.global_concurrency_limit.limit == 1
     assert recal.parameters == parameters
