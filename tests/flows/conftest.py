@@ -26,19 +26,29 @@ def mlflow_template_db(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture
-def store(mlflow_uri, mlflow_template_db):
-    """A fresh, already migrated embedded store; MLflow is pointed at it. Yields the URI.
+@pytest.fixture(autouse=True)
+def _forget_tracking_uri():
+    """The flows set MLflow's process-wide tracking URI; clear it after each test so no
+    later test (of any area) writes into this test's store. The environment variable,
+    which MLflow also sets, is left as the test's monkeypatching restored it."""
+    yield
+    if "mlflow" in sys.modules:
+        import mlflow
 
-    MLflow keeps the URI in process-wide state; it is cleared afterwards so no later test
-    (of any area) writes into this test's store.
-    """
+        restored = os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(None)
+        if restored is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = restored
+
+
+@pytest.fixture
+def store(mlflow_uri, mlflow_template_db) -> str:
+    """A fresh, already migrated embedded store; MLflow is pointed at it. Returns the URI."""
     import mlflow
 
     shutil.copyfile(mlflow_template_db, mlflow_uri.removeprefix("sqlite:///"))
     mlflow.set_tracking_uri(mlflow_uri)
-    yield mlflow_uri
-    mlflow.set_tracking_uri(None)
+    return mlflow_uri
 
 
 @pytest.fixture(scope="session")

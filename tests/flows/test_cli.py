@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cord_ops import data
 from flows import tracking
+from flows.cli import main
 
 
 def test_embedded_default_store_is_under_the_working_directory(tmp_path, monkeypatch):
@@ -55,16 +55,15 @@ def test_demo_registers_and_predict_serves_the_champion(tmp_path, cli_env, cord_
     assert np.array_equal(np.argmax(repaired, axis=1), label)
 
 
-def test_bad_data_exits_non_zero_naming_the_cause(tmp_path, cli_env, cord_ops_command, digits):
+@pytest.mark.usefixtures("prefect_harness")
+def test_bad_data_exits_non_zero_naming_the_cause(mlflow_uri, tmp_path, digits, capsys):
     scores = np.array(digits.scores)
     scores[7] = np.inf
     np.savez(tmp_path / "bad.npz", logits=scores, labels=digits.labels)
-    env = {**cli_env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns/mlflow.db"}
 
-    run = subprocess.run([*cord_ops_command, "recalibrate", "--data", "bad.npz"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
+    status = main(["recalibrate", "--data", "bad.npz"])  # in-process: same parser and exit
 
-    assert run.returncode == 1
-    last = run.stderr.strip().splitlines()[-1]
+    assert status == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: ") and "bad.npz" in last and "row 7" in last
-    assert not Path(tmp_path / "mlruns" / "mlflow.db").exists()  # no store, no run
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # no store, no run

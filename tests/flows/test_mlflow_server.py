@@ -45,8 +45,6 @@ def _wait_healthy(url: str, process: subprocess.Popen, log, timeout: float = 90.
 @pytest.fixture
 def mlflow_server(tmp_path, mlflow_template_db, monkeypatch):
     """URL of a fresh ``mlflow server``; MLFLOW_TRACKING_URI points at it for the test."""
-    import mlflow
-
     db = tmp_path / "server.db"
     shutil.copyfile(mlflow_template_db, db)  # already migrated: the server starts faster
     port = _free_port()
@@ -66,7 +64,6 @@ def mlflow_server(tmp_path, mlflow_template_db, monkeypatch):
             monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
             yield url
         finally:
-            mlflow.set_tracking_uri(None)
             os.killpg(process.pid, signal.SIGTERM)  # the server and its workers, by PID
             try:
                 process.wait(timeout=15)
