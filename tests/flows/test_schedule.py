@@ -7,18 +7,20 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from flows.schedule import MONITOR_DEPLOYMENT, RECALIBRATE_DEPLOYMENT
 
 
-def _wait_for_deployment(client, name: str, process: subprocess.Popen, timeout: float = 90):
+def _wait_for_deployment(client, name: str, process: subprocess.Popen, log: Path,
+                         timeout: float = 90):
     from prefect.exceptions import ObjectNotFound
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert process.poll() is None, process.stdout.read()[-3000:]
+        assert process.poll() is None, log.read_text()[-3000:]
         try:
             return client.read_deployment_by_name(name)
         except ObjectNotFound:
@@ -33,15 +35,18 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    process = subprocess.Popen(
-        [*cord_ops_command, "schedule", "--cron", "0 3 * * *", "--data", str(digits_file),
-         "--model-name", "scheduled"],
-        cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen(
+            [*cord_ops_command, "schedule", "--cron", "0 3 * * *", "--data", str(digits_file),
+             "--model-name", "scheduled"],
+            cwd=tmp_path, env={**cli_env, "PREFECT_RUNNER_POLL_FREQUENCY": "1"},  # default 10 s
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         with get_client(sync_client=True) as client:
-            recal = _wait_for_deployment(client, f"recalibrate/{RECALIBRATE_DEPLOYMENT}", process)
-            watch = _wait_for_deployment(client, f"monitor/{MONITOR_DEPLOYMENT}", process)
+            recal = _wait_for_deployment(client, f"recalibrate/{RECALIBRATE_DEPLOYMENT}",
+                                         process, log)
+            watch = _wait_for_deployment(client, f"monitor/{MONITOR_DEPLOYMENT}", process, log)
         assert [s.schedule.cron for s in recal.schedules] == ["0 3 * * *"]
         assert [s.schedule.cron for s in watch.schedules] == ["0 3 * * *"]
         assert recal.parameters["model_name"] == "scheduled"
@@ -49,7 +54,7 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
 
         flow_run = run_deployment(f"recalibrate/{RECALIBRATE_DEPLOYMENT}", timeout=240,
                                   poll_interval=1)
-        assert flow_run.state.is_completed(), flow_run.state
+        assert flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
