@@ -24,10 +24,15 @@ Solvers (the objective is convex, so both reach the same optimum):
   e.g. every CIFAR-10 map). dirichletcal does the same for K <= 36; it needs 3-20 iterations
   where L-BFGS needs hundreds on unregularised maps. Stops when the largest gradient entry is
   <= ``gtol`` or the objective stops decreasing at float64 resolution.
-* ``"lbfgs"``: scipy L-BFGS-B with the analytic gradient, on Jacobi-scaled variables
-  ``phi = theta * sqrt(diag H(theta_0))`` (an exact change of variables that cuts the
-  iterations of structured matrix scaling at K = 100 by 3x). Stops when the largest entry of
-  the scaled gradient is <= ``gtol`` or the relative decrease is <= ``ftol``.
+* ``"newton-cg"``: the same Newton iteration for diagonal maps above NEWTON_MAX_PARAMS, each
+  step solved inexactly by conjugate gradients preconditioned with the exact 2 x 2 per-class
+  Hessian blocks, using Hessian-vector products (``auto`` picks it there: VS at K = 1,000 on
+  25,000 rows converges in 11 steps, about 15 s, where L-BFGS-B needed 557 iterations).
+* ``"lbfgs"``: scipy L-BFGS-B with the analytic gradient, on preconditioned variables
+  ``theta = M phi`` with ``M^T H(theta_0) M ~ I`` (``_preconditioner``: Jacobi for full
+  maps, 2 x 2 block Jacobi for diagonal ones), an exact change of variables that cuts the
+  iterations of structured matrix scaling at K = 100 by 3x. Stops when the largest entry of
+  the gradient w.r.t. phi is <= ``gtol`` or the relative decrease is <= ``ftol``.
 
 Either reports hitting ``max_iter`` instead of converging (a ConvergenceWarning by default).
 """
@@ -144,16 +149,68 @@ class _Problem:
         return h
 
 
-def _newton(problem, theta, max_iter, gtol):
+def _dense_newton_step(problem, grad, d):
+    h = problem.hessian(d)
+    # Softmax's shift invariance leaves H singular for unpenalised maps; a tiny ridge keeps
+    # the Cholesky factorisation defined without changing the step elsewhere.
+    h[np.diag_indices_from(h)] += 1e-10 * (1.0 + np.max(np.diag(h)))
+    return -scipy.linalg.solve(h, grad.ravel(), assume_a="pos").reshape(grad.shape)
+
+
+def _cg_newton_step(problem, grad, d, max_cg=50):
+    """Newton step for a diagonal map by preconditioned conjugate gradients on
+    ``H p = -grad`` with Hessian-vector products (six passes over the n x K data, never
+    forming H) and the exact 2 x 2 per-class diagonal blocks of H as preconditioner."""
+    n, x = problem.x.shape[0], problem.x
+    q = d * n
+    q[np.arange(n), problem.y] += 1.0
+    qx = q * x
+    pen = 2.0 * problem.pen_weight
+    a = np.einsum("ik,ik->k", q * (1.0 - q), x * x) / n + pen[:, 0] + 1e-12
+    c = np.einsum("ik,ik->k", q * (1.0 - q), x) / n
+    b = (q * (1.0 - q)).sum(axis=0) / n + pen[:, 1] + 1e-12
+    det = a * b - c * c
+
+    def hess_vec(v):
+        qt = qx * v[:, 0] + q * v[:, 1]
+        r = qt.sum(axis=1)
+        out = np.column_stack([np.einsum("ik,ik->k", qt, x) - qx.T @ r,
+                               qt.sum(axis=0) - q.T @ r]) / n
+        return out + pen * v
+
+    def precondition(r):
+        inv = np.column_stack([b * r[:, 0] - c * r[:, 1], a * r[:, 1] - c * r[:, 0]])
+        return inv / det[:, None]
+
+    step = np.zeros_like(grad)
+    resid = -grad
+    z = precondition(resid)
+    direction = z.copy()
+    rz = float(np.sum(resid * z))
+    target = min(0.5, np.sqrt(np.linalg.norm(grad))) * np.linalg.norm(grad)
+    for _ in range(max_cg):
+        hd = hess_vec(direction)
+        curvature = float(np.sum(direction * hd))
+        if curvature <= 0.0:
+            break
+        alpha = rz / curvature
+        step += alpha * direction
+        resid -= alpha * hd
+        if np.linalg.norm(resid) <= target:
+            break
+        z = precondition(resid)
+        rz_new = float(np.sum(resid * z))
+        direction = z + (rz_new / rz) * direction
+        rz = rz_new
+    return step if np.any(step) else -precondition(grad)
+
+
+def _newton(problem, theta, max_iter, gtol, newton_step):
     loss, grad, d = problem.value_grad(theta)
     for it in range(1, max_iter + 1):
         if np.max(np.abs(grad)) <= gtol:
             return theta, loss, it - 1, True, "gradient below gtol"
-        h = problem.hessian(d)
-        # Softmax's shift invariance leaves H singular for unpenalised maps; a tiny ridge
-        # keeps the Cholesky factorisation defined without changing the step elsewhere.
-        h[np.diag_indices_from(h)] += 1e-10 * (1.0 + np.max(np.diag(h)))
-        step = -scipy.linalg.solve(h, grad.ravel(), assume_a="pos").reshape(theta.shape)
+        step = newton_step(problem, grad, d)
         slope = float(np.sum(grad * step))
         t = 1.0
         for _ in range(40):
@@ -173,19 +230,50 @@ def _newton(problem, theta, max_iter, gtol):
 
 
 def _lbfgs(problem, theta, max_iter, gtol, ftol):
-    shape = theta.shape
-    _, _, d = problem.value_grad(theta)
-    scale = 1.0 / np.sqrt(problem.hessian_diagonal(d) + 1e-12)
+    to_theta, to_phi, grad_phi = _preconditioner(problem, theta)
 
     def fun(phi):
-        loss, grad, _ = problem.value_grad(phi.reshape(shape) * scale)
-        return loss, (grad * scale).ravel()
+        loss, grad, _ = problem.value_grad(to_theta(phi.reshape(theta.shape)))
+        return loss, grad_phi(grad).ravel()
 
-    res = minimize(fun, (theta / scale).ravel(), jac=True, method="L-BFGS-B",
+    res = minimize(fun, to_phi(theta).ravel(), jac=True, method="L-BFGS-B",
                    options={"maxiter": max_iter, "maxfun": 2 * max_iter + 20,
                             "gtol": gtol, "ftol": ftol})
-    return (res.x.reshape(shape) * scale, float(res.fun), int(res.nit), res.status == 0,
-            str(res.message))
+    return (to_theta(res.x.reshape(theta.shape)), float(res.fun), int(res.nit),
+            res.status == 0, str(res.message))
+
+
+def _preconditioner(problem, theta):
+    """A linear change of variables theta = M phi with M^T H(theta_0) M ~ I.
+
+    Full maps: M = diag(H)^(-1/2) (Jacobi). Diagonal maps: per class, the inverse transposed
+    Cholesky factor of the exact 2 x 2 Hessian block of (w_k, b_k), which decorrelates each
+    weight from its bias (block Jacobi). Returns (phi -> theta, theta -> phi, the gradient
+    w.r.t. phi from the gradient w.r.t. theta)."""
+    _, _, d = problem.value_grad(theta)
+    diag = problem.hessian_diagonal(d) + 1e-12
+    if problem.full:
+        scale = 1.0 / np.sqrt(diag)
+        return (lambda phi: phi * scale), (lambda th: th / scale), (lambda g: g * scale)
+    n = problem.x.shape[0]
+    q = d * n
+    q[np.arange(n), problem.y] += 1.0
+    cross = np.einsum("ik,ik->k", q * (1.0 - q), problem.x) / n
+    l11 = np.sqrt(diag[:, 0])
+    l21 = cross / l11
+    l22 = np.sqrt(np.maximum(diag[:, 1] - l21 * l21, 1e-12))
+    m12 = -l21 / (l11 * l22)
+
+    def to_theta(phi):
+        return np.column_stack([phi[:, 0] / l11 + m12 * phi[:, 1], phi[:, 1] / l22])
+
+    def to_phi(th):
+        return np.column_stack([l11 * th[:, 0] + l21 * th[:, 1], l22 * th[:, 1]])
+
+    def grad_phi(g):
+        return np.column_stack([g[:, 0] / l11, m12 * g[:, 0] + g[:, 1] / l22])
+
+    return to_theta, to_phi, grad_phi
 
 
 def fit_affine(
@@ -218,8 +306,12 @@ def fit_affine(
         else:
             theta[:, 0] = w0
         theta[:, -1] = b0
-    if solver == "newton" or (solver == "auto" and theta.size <= NEWTON_MAX_PARAMS):
-        theta, loss, n_iter, converged, message = _newton(problem, theta, max_iter, gtol)
+    if solver == "auto":
+        solver = ("newton" if theta.size <= NEWTON_MAX_PARAMS
+                  else "lbfgs" if full else "newton-cg")
+    if solver in ("newton", "newton-cg"):
+        step = _dense_newton_step if solver == "newton" else _cg_newton_step
+        theta, loss, n_iter, converged, message = _newton(problem, theta, max_iter, gtol, step)
     else:
         theta, loss, n_iter, converged, message = _lbfgs(problem, theta, max_iter, gtol, ftol)
     if warn and not converged:

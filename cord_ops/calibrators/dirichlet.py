@@ -22,7 +22,7 @@ first in grid order), then refit on all rows. A class with fewer members than fo
 stratification impossible; KFold with the same seed is used then.
 
 Optimisation: identity start (W = I, b = 0) and the analytic gradient; Newton up to K = 21
-(dirichletcal uses Newton up to K = 36), Jacobi-scaled L-BFGS-B above (``_affine``; as
+(dirichletcal uses Newton up to K = 36), preconditioned L-BFGS-B above (``_affine``; as
 dirichletcal's K > 36 path). Warm starts: within each fold the grid is walked from the
 strongest to the weakest penalty (lambda descending, mu in snake order), each fit starting
 from the previous solution; the final refit starts from the mean of the selected pair's fold

@@ -4,7 +4,7 @@
 
 Fit: unregularised mean NLL from the identity (W = I, b = 0) with the analytic gradient
 ``dL/dW = D.T @ z`` and ``dL/db = sum_i D_i``, D = (q - onehot) / n (two BLAS matrix
-products per evaluation): Newton up to K = 21, Jacobi-scaled L-BFGS-B above (``_affine``).
+products per evaluation): Newton up to K = 21, preconditioned L-BFGS-B above (``_affine``).
 Unregularised MS with K^2 + K parameters has no finite optimum when the calibration set is
 (nearly) separable, the usual case at K = 100 and n = 5,000: probmetrics' L-BFGS (cap
 200 x #params iterations) then runs for minutes and ends with probabilities of exactly 0 on

@@ -16,7 +16,7 @@ Fit, on the same calibration split:
    ``L = NLL + lambda_b * rho_b * ||b||^2 + lambda_v * rho_v * ||diag Delta||^2
    + lambda_M * rho_M * ||offdiag Delta||^2`` with ``rho_b = rho_v = K^rho / n^tau`` and
    ``rho_M = (K (K - 1))^rho / n^tau``; defaults lambda = rho = tau = 1 (the reference's).
-3. Identity start (Delta = 0, b = 0) and the analytic gradient: L-BFGS-B (Jacobi-scaled, see
+3. Identity start (Delta = 0, b = 0) and the analytic gradient: L-BFGS-B (preconditioned, see
    ``_affine``) for SVS, whose ridge makes it converge in under 10 iterations, and for SMS
    above 500 parameters; Newton for SMS up to K = 21. ``gtol = 1e-6``, capped at
    ``max_iter`` (default 1000; ConvergenceWarning when reached).

@@ -4,11 +4,12 @@
 
 Fit: unregularised mean NLL from the identity (w = 1, b = 0) with the analytic gradient
 ``dL/dw_k = sum_i D_ik z_ik``, ``dL/db_k = sum_i D_ik``, D = (q - onehot) / n, and Hessian:
-Newton up to K = 250 (5 iterations on CIFAR-100), Jacobi-scaled L-BFGS-B above
-(``_affine``). The references use BFGS (probmetrics/torchmin, Kull's scipy port); the
-objective is convex in (w, b), so the optimum is the same. Stops at a gradient max-abs
-<= ``gtol``; ``max_iter`` (default 1000) caps it with a ConvergenceWarning. probmetrics
-writes ``z / t + b``; ``w = 1 / t`` is the same map.
+Newton up to K = 250 (5 iterations on CIFAR-100), Newton with conjugate-gradient steps
+above (``_affine``; 11 iterations at K = 1,000). The references use BFGS
+(probmetrics/torchmin, Kull's scipy port); the objective is convex in (w, b), so the
+optimum is the same. Stops at a gradient max-abs <= ``gtol``; ``max_iter`` (default 1000)
+caps it with a ConvergenceWarning. probmetrics writes ``z / t + b``; ``w = 1 / t`` is the
+same map.
 """
 
 from __future__ import annotations

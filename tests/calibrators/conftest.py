@@ -27,3 +27,9 @@ def synthetic():
     """(cal_logits, cal_labels, eval_logits, eval_labels), K = 4."""
     z, y = miscalibrated(0, 3000, 4)
     return z[:1500], y[:1500], z[1500:], y[1500:]
+
+
+@pytest.fixture(scope="session")
+def make_miscalibrated():
+    """The generator itself, for tests that need another size."""
+    return miscalibrated

@@ -3,11 +3,13 @@ the contract the ONNX exporter rebuilds; and the fitted maps match their referen
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.isotonic import IsotonicRegression
 
-from cord_ops.calibrators import CALIBRATOR_NAMES, make_calibrator
+from cord_ops.calibrators import CALIBRATOR_NAMES, ConvergenceWarning, make_calibrator
 from cord_ops.calibrators._base import softmax
 from cord_ops.calibrators.isotonic import normalise
 
@@ -138,3 +140,13 @@ def test_temperature_solves_the_first_order_condition(synthetic):
     slope = np.mean(np.sum(q * zc, axis=1) - zc[np.arange(zc.shape[0]), yc])
     assert abs(slope) < 1e-10
     assert 0.2 < cal.beta_ < 0.5  # the synthetic model is 3x overconfident
+
+
+def test_vector_scaling_above_the_dense_newton_size_still_converges(make_miscalibrated):
+    z, y = make_miscalibrated(5, 4000, 300)  # 600 parameters: the conjugate-gradient Newton path
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        cal = make_calibrator("vs").fit(z, y)
+    d = (cal.predict_proba(z) - np.eye(300)[y]) / z.shape[0]
+    assert np.max(np.abs(np.einsum("ik,ik->k", d, z))) < 1e-6
+    assert np.max(np.abs(d.sum(axis=0))) < 1e-6
