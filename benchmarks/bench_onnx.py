@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import resource
 import sys
 import tempfile
 import time
@@ -80,20 +79,26 @@ def time_onnx(model_bytes: bytes, scores: np.ndarray, threads: int, batch_size: 
                    len(scores))
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * resource.getpagesize() // 1024
+def _status_kib(field: str) -> int:
+    """A memory field of /proc/self/status (VmRSS, VmHWM) in KiB. VmHWM is the peak RSS of
+    this address space; ru_maxrss is not used because Linux carries it over from the parent
+    across fork + exec."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _session_peak(model_path: str, scores_path: str, threads: int, batch_size: int, queue):
     scores = np.load(scores_path)
-    before = _rss_kib()
+    before = _status_kib("VmRSS")
     session = open_session(model_path, provider="cpu", threads=threads)
     # Outputs of each batch are dropped: what is measured is the session (model, arena,
     # one batch of intermediates and outputs), not the caller's result arrays.
     for rows in batches(len(scores), batch_size):
         session.run(None, {"scores": scores[rows]})
-    queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+    queue.put((_status_kib("VmHWM") - before) / 1024)
 
 
 def session_peak_mib(model, scores: np.ndarray, threads: int, batch_size: int) -> float:
