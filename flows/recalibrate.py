@@ -314,7 +314,7 @@ def register(run_id: str, model_name: str, model_info, parity: Parity, dataset: 
     version = registry.register_version(
         client, model_name, run_id, model_info.model_uri, model_info.model_id,
         tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
-              "data.sha256": dataset.sha256},
+              registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256},
     )
     return str(version.version), None if previous is None else str(previous.version)
 
@@ -326,14 +326,16 @@ def gate(model_name: str, version: str, previous_champion: str | None,
     """Score the champion on the same evaluation split and move the alias only to a winner."""
     from mlflow import MlflowClient
 
-    champion = registry.score_champion(model_name, previous_champion, evaluation.scores,
-                                       evaluation.labels)
+    client = MlflowClient()
+    champion = registry.score_champion(client, model_name, previous_champion,
+                                       evaluation.scores, evaluation.labels,
+                                       evaluation.input_kind)
     decision = registry.decide(
         candidate_nll=metrics.nll(parity.repaired, evaluation.labels),
         candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired),
         parity_ok=parity.ok, champion=champion, promote=promote,
     )
-    registry.apply_decision(MlflowClient(), model_name, version, decision)
+    registry.apply_decision(client, model_name, version, decision)
     get_run_logger().info("gate: %s v%s (%s)", decision.label, version, decision.reason)
     return decision
 

@@ -35,6 +35,8 @@ REASON_TAG = "cord.gate.reason"
 CANDIDATE_NLL_TAG = "cord.gate.candidate_nll"
 CHAMPION_NLL_TAG = "cord.gate.champion_nll"
 CHAMPION_VERSION_TAG = "cord.gate.champion_version"
+#: Version tag saying what the graph's ``scores`` input holds ("logits" or "probs").
+INPUT_KIND_TAG = "cord.input_kind"
 
 
 @dataclass(frozen=True)
@@ -179,19 +181,23 @@ def run_registered_model(model_uri: str, scores: np.ndarray) -> dict[str, np.nda
     return {name: np.asarray(value) for name, value in outputs.items()}
 
 
-def score_champion(name: str, champion: str | None, scores: np.ndarray,
-                   labels: np.ndarray) -> ChampionScore | None:
+def score_champion(client, name: str, champion: str | None, scores: np.ndarray,
+                   labels: np.ndarray, input_kind: str) -> ChampionScore | None:
     """Run version ``champion`` of ``name`` (the ``@champion`` of the moment the candidate
     was registered) from the registry on ``scores`` and return its NLL.
 
     Addressing the version rather than the alias keeps a retried gate idempotent: once the
     alias has moved to the candidate, a retry still compares against the old champion.
-    None when there was no champion. A champion that cannot run on the split (another K,
-    a broken artifact) comes back with ``problem`` set, which the gate treats as a
-    rejection rather than a win.
+    None when there was no champion. A champion that cannot run on the split (it reads
+    another ``input_kind`` or K, a broken artifact) comes back with ``problem`` set, which
+    the gate treats as a rejection rather than a win.
     """
     if champion is None:
         return None
+    expected = client.get_model_version(name, champion).tags.get(INPUT_KIND_TAG)
+    if expected != input_kind:
+        return ChampionScore(champion, None, f"it reads {expected}, this split holds "
+                                             f"{input_kind}")
     try:
         outputs = run_registered_model(f"models:/{name}/{champion}", scores)
         nll = metrics.nll(outputs["repaired"].astype(np.float64), labels)

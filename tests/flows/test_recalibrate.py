@@ -127,6 +127,16 @@ def test_gate_keeps_the_champion_against_a_loser_and_a_failed_run(store, tmp_pat
     assert float(tags[registry.CHAMPION_NLL_TAG]) == pytest.approx(
         client.get_run(first.run_id).data.metrics["cord.nll"], rel=1e-4)
 
+    # The same classifier's outputs as probabilities: the logits champion cannot be scored
+    # on them, which is a reason to keep it, never a free win for the candidate.
+    as_probs = {name: data.save_npz(tmp_path / f"{name}_probs.npz", d.probabilities(),
+                                    d.labels, "probs")
+                for name, d in (("cal", data.load_npz(good)), ("eval", data.load_npz(held_out)))}
+    other_kind = recalibrate(data=str(as_probs["cal"]), eval_data=str(as_probs["eval"]),
+                             model_name="m")
+    assert not other_kind.decision.promote and "reads logits" in other_kind.decision.reason
+    assert _champion(client, "m") == "1"
+
     # A task that raises: the experiment's artifact folder is blocked by a plain file.
     experiment = client.get_experiment_by_name("m")
     folder = Path(experiment.artifact_location.removeprefix("file://"))
@@ -139,7 +149,7 @@ def test_gate_keeps_the_champion_against_a_loser_and_a_failed_run(store, tmp_pat
     failed = client.search_runs([experiment.experiment_id], order_by=["start_time DESC"])[0]
     assert failed.info.status == "FAILED"
     assert "cord.error" in failed.data.tags
-    assert _versions(client, "m") == ["1", "2"] and _champion(client, "m") == "1"
+    assert _versions(client, "m") == ["1", "2", "3"] and _champion(client, "m") == "1"
 
 
 def test_bad_data_fails_before_any_run_exists(store, tmp_path, digits):
