@@ -17,7 +17,7 @@ shared gradient) and the Hessian of the mean NLL is
 
 assembled as a block diagonal minus ``U.T @ U / n`` with ``U[i, (k, a)] = q_ik xbar_ika``.
 
-Solvers (the objective is convex, so both reach the same optimum):
+Solvers (the objective is convex, so all three reach the same optimum):
 
 * ``"newton"``: damped Newton with Armijo backtracking, used by ``"auto"`` for at most
   ``NEWTON_MAX_PARAMS`` parameters (diagonal maps up to K = 250, full maps up to K = 21,
@@ -82,7 +82,7 @@ class _Problem:
 
     def __init__(self, x, y, full, penalty):
         self.x, self.y, self.full = x, y, full
-        n, k = x.shape
+        k = x.shape[1]
         self.k, self.m = k, (k + 1 if full else 2)
         weight = np.zeros((k, self.m))
         centre = np.zeros((k, self.m))
@@ -112,11 +112,17 @@ class _Problem:
         grad += 2.0 * self.pen_weight * dev
         return loss, grad, d
 
-    def hessian_diagonal(self, d):
-        """Diagonal of the Hessian: (1/n) sum_i q_ik (1 - q_ik) xbar_ika^2 plus 2 * ridge."""
+    def probabilities(self, d):
+        """softmax(s) recovered from D = (softmax(s) - onehot) / n."""
         n = self.x.shape[0]
         q = d * n
         q[np.arange(n), self.y] += 1.0
+        return q
+
+    def hessian_diagonal(self, d):
+        """Diagonal of the Hessian: (1/n) sum_i q_ik (1 - q_ik) xbar_ika^2 plus 2 * ridge."""
+        n = self.x.shape[0]
+        q = self.probabilities(d)
         w = q * (1.0 - q)
         diag = np.empty((self.k, self.m))
         if self.full:
@@ -128,8 +134,7 @@ class _Problem:
 
     def hessian(self, d):
         n, k, m = self.x.shape[0], self.k, self.m
-        q = d * n
-        q[np.arange(n), self.y] += 1.0
+        q = self.probabilities(d)
         if self.full:
             xbar = np.hstack([self.x, np.ones((n, 1))])
             u = (q[:, :, None] * xbar[:, None, :]).reshape(n, k * m)
@@ -162,8 +167,7 @@ def _cg_newton_step(problem, grad, d, max_cg=50):
     ``H p = -grad`` with Hessian-vector products (six passes over the n x K data, never
     forming H) and the exact 2 x 2 per-class diagonal blocks of H as preconditioner."""
     n, x = problem.x.shape[0], problem.x
-    q = d * n
-    q[np.arange(n), problem.y] += 1.0
+    q = problem.probabilities(d)
     qx = q * x
     pen = 2.0 * problem.pen_weight
     a = np.einsum("ik,ik->k", q * (1.0 - q), x * x) / n + pen[:, 0] + 1e-12
@@ -256,8 +260,7 @@ def _preconditioner(problem, theta):
         scale = 1.0 / np.sqrt(diag)
         return (lambda phi: phi * scale), (lambda th: th / scale), (lambda g: g * scale)
     n = problem.x.shape[0]
-    q = d * n
-    q[np.arange(n), problem.y] += 1.0
+    q = problem.probabilities(d)
     cross = np.einsum("ik,ik->k", q * (1.0 - q), problem.x) / n
     l11 = np.sqrt(diag[:, 0])
     l21 = cross / l11
@@ -292,10 +295,11 @@ def fit_affine(
 ) -> AffineFit:
     """Minimise L (module docstring) from ``init`` (identity and zero bias when None).
 
-    ``solver="auto"``: Newton for at most NEWTON_MAX_PARAMS parameters, else L-BFGS-B
-    (``"newton"`` / ``"lbfgs"`` force one); ``max_iter`` caps the
-    iterations of either, and stopping there raises a ConvergenceWarning naming ``name``
-    (unless ``warn`` is False; the result still says ``converged=False``).
+    ``solver="auto"``: dense Newton for at most NEWTON_MAX_PARAMS parameters, else
+    Newton-CG (diagonal maps) or L-BFGS-B (full maps); ``"newton"``, ``"newton-cg"``
+    (diagonal maps only) and ``"lbfgs"`` force one. ``max_iter`` caps the iterations, and
+    stopping there raises a ConvergenceWarning naming ``name`` (unless ``warn`` is False;
+    the result still says ``converged=False``).
     """
     problem = _Problem(x, y, full, penalty)
     theta = problem.pen_centre.copy()
