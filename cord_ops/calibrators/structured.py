@@ -18,8 +18,10 @@ Fit, on the same calibration split:
    ``rho_M = (K (K - 1))^rho / n^tau``; defaults lambda = rho = tau = 1 (the reference's).
 3. Identity start (Delta = 0, b = 0) and the analytic gradient: L-BFGS-B (preconditioned, see
    ``_affine``) for SVS, whose ridge makes it converge in under 10 iterations, and for SMS
-   above 500 parameters; Newton for SMS up to K = 21. ``gtol = 1e-6``, capped at
-   ``max_iter`` (default 1000; ConvergenceWarning when reached).
+   above 500 parameters; Newton for SMS up to K = 21. ``gtol = 1e-5`` on the
+   preconditioned gradient (at K = 100 the objective then agrees with gtol = 1e-6 to 1e-10
+   and the evaluation NLL to 1e-6, in 19 instead of 24 iterations), capped at ``max_iter``
+   (default 1000; ConvergenceWarning when reached).
 
 Deviations from probmetrics: float64 throughout (it casts the features to float32 and
 optimises in float32 with torchmin BFGS/L-BFGS), and no clip of the features at
@@ -48,7 +50,7 @@ class _StructuredScaling(Calibrator):
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  reg_lambda_bias: float = 1.0, reg_lambda_diag: float = 1.0,
                  reg_lambda_offdiag: float = 1.0, rho: float = 1.0, tau: float = 1.0,
-                 max_iter: int = 1000, gtol: float = 1e-6, ftol: float = 1e-12):
+                 max_iter: int = 1000, gtol: float = 1e-5, ftol: float = 1e-12):
         super().__init__(input_kind, prob_floor)
         self.reg_lambda_bias = check_option("reg_lambda_bias", reg_lambda_bias, allow_zero=True)
         self.reg_lambda_diag = check_option("reg_lambda_diag", reg_lambda_diag, allow_zero=True)
