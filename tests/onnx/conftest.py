@@ -167,7 +167,7 @@ def run_model():
     """run_model(model, scores, provider="cpu") -> {output name: array}."""
 
     def run(model, scores, provider="cpu"):
-        session = open_session(model, provider=provider, threads=2)
+        session = open_session(model, provider=provider, threads=1)
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(names, {"scores": scores}), strict=True))
 
