@@ -85,3 +85,33 @@ def test_ts_and_irm_keep_every_top1_on_cifar100(stem):
     for name in ("ts", "irm"):
         q = make_calibrator(name).fit(zc, yc).predict_proba(ze)
         assert np.array_equal(top1(q), top1(ze))
+
+
+# probmetrics 1.3.0 five-seed mean evaluation NLL on CIFAR-10 (anchors table, 4 decimals),
+# same protocol: seeds 0-4, calibrators fed p0 = softmax(logits) as probabilities.
+PEER_NLL_CIFAR10 = {
+    "cifar10_vgg16_bn": dict(ts=0.2245, vs=0.2190, ms=0.2255, svs=0.2191, sms=0.2133),
+    "cifar10_resnet56": dict(ts=0.1893, vs=0.1883, ms=0.1903, svs=0.1874, sms=0.1838),
+    "cifar10_mobilenetv2_x1_4": dict(ts=0.2024, vs=0.1998, ms=0.2049, svs=0.1991, sms=0.1952),
+    "cifar10_shufflenetv2_x1_0": dict(ts=0.2261, vs=0.2245, ms=0.2291, svs=0.2239,
+                                      sms=0.2215),
+    "cifar10_repvgg_a1": dict(ts=0.1760, vs=0.1749, ms=0.1760, svs=0.1740, sms=0.1703),
+}
+
+
+@pytest.mark.parametrize("stem", sorted(PEER_NLL_CIFAR10))
+def test_five_seed_nll_matches_probmetrics_within_1e4(stem):
+    if stem not in CIFAR10:
+        pytest.skip(f"{stem} not in ../shared/data")
+    logits, labels = load_shared(stem)
+    p0 = softmax(logits)
+    ours = {name: [] for name in PEER_NLL_CIFAR10[stem]}
+    for seed in range(5):
+        perm = np.random.default_rng(seed).permutation(labels.shape[0])
+        cal, ev = perm[:5000], perm[5000:]
+        for name in ours:
+            fitted = make_calibrator(name, input_kind="probs").fit(p0[cal], labels[cal])
+            ours[name].append(nll(fitted.predict_proba(p0[ev]), labels[ev]))
+    for name, values in ours.items():
+        # 1e-4 target plus half a unit of the anchors' fourth decimal.
+        assert abs(np.mean(values) - PEER_NLL_CIFAR10[stem][name]) <= 1.5e-4, name
