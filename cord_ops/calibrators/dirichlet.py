@@ -63,7 +63,8 @@ class DirichletODIR(Calibrator):
     """``dir-odir``: q = softmax(log-prob features @ weights.T + bias), ODIR-penalised.
 
     Fitted state: ``weights`` (K, K), ``bias`` (K,), ``reg_lambda``, ``reg_mu`` (the selected
-    pair) and ``cv_nll`` (len(reg_lambdas) x len(reg_mus) mean held-out NLL).
+    pair) and ``cv_nll`` (len(reg_lambdas) x len(reg_mus) mean held-out NLL; all zeros when
+    the grid is a single pair, which is then fitted without a search).
     """
 
     name = "dir-odir"
