@@ -6,8 +6,9 @@ probabilities. In a float64 graph the operations are those of the numpy code, in
 order, so the outputs agree to rounding. ``Family`` also records two facts the export needs:
 
 - ``keeps_top1``: the map provably keeps the original top-1 (argmax q == argmax p0 on every
-  row, ties included), so the local reference is g = b everywhere and a float32 graph needs
-  no argmax of q, whose float32 rounding could otherwise disagree with the float64 decision;
+  row, ties included, in exact arithmetic), so the local reference is g = b everywhere and
+  a float32 graph computing q in float32 needs no argmax of q, whose float32 rounding could
+  otherwise disagree with the float64 decision (used by TS; IRM runs in float64 anyway);
 - ``float64_inside``: a float32 graph still runs this family in float64 and casts q down,
   because float32 rounding would break parity (matrix products accumulate K rounding errors;
   isotonic maps need their 1e-9 * p tie-breaker, which float32 cannot resolve).
@@ -148,6 +149,8 @@ def _isotonic(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class Family:
+    """How to build one calibrator family's graph (see the module docstring)."""
+
     #: build(gb, scores, calibrator, out=None) -> name of q (``out`` when given)
     build: Callable[..., str]
     keeps_top1: bool
