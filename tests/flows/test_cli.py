@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ def test_embedded_default_store_is_under_the_working_directory(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_demo_registers_and_predict_serves_the_champion(tmp_path, cli_env, cord_ops_command,
-                                                         mlflow_template_db):
+                                                         mlflow_template_db, monkeypatch):
     from mlflow import MlflowClient
 
     env = {**cli_env}
@@ -53,6 +54,17 @@ def test_demo_registers_and_predict_serves_the_champion(tmp_path, cli_env, cord_
     assert repaired.shape == (batch.n, batch.n_classes)
     assert np.array_equal(label, np.argmax(batch.scores, axis=1))
     assert np.array_equal(np.argmax(repaired, axis=1), label)
+
+    # The same graph from a local file (in-process: same parser, no second interpreter).
+    import mlflow.artifacts
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    local = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri="models:/cord-ops-demo@champion", dst_path=str(tmp_path / "dl")))
+    assert main(["predict", "--model", str(local / "model.onnx"), "--input", str(batch.path),
+                 "--output", str(tmp_path / "local.npz"), "--provider", "cpu"]) == 0
+    with np.load(tmp_path / "local.npz", allow_pickle=False) as out:
+        assert np.array_equal(out["repaired"], repaired)
 
 
 @pytest.mark.usefixtures("prefect_harness")
