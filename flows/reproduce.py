@@ -275,7 +275,7 @@ def _collect(futures: dict) -> tuple[list[dict], list[dict]]:
         try:
             future.result()
             error = f"task ended in state {state.type.value}"
-        except BaseException as exc:  # the failure is recorded, then the sweep goes on
+        except Exception as exc:  # the failure is recorded, then the sweep goes on
             error = f"{type(exc).__name__}: {exc}"
         failures.append({"file": Path(path).stem, "calibrator": calibrator, "seed": seed,
                          "error": error})

@@ -98,3 +98,23 @@ def test_add_cli_wires_reproduce_and_bench(synthetic_dir):
     assert parser.parse_args(["bench"]).func.__name__ == "run_bench"
     with pytest.raises(SystemExit):
         parser.parse_args(["reproduce", "--calibrators", "platt"])
+
+
+def test_a_failed_task_is_recorded_and_the_others_are_kept(prefect_harness):
+    from prefect import flow, task
+
+    @task
+    def cell(calibrator: str) -> dict:
+        if calibrator == "ms":
+            raise RuntimeError("diverged")
+        return {"calibrator": calibrator}
+
+    @flow
+    def sweep():
+        futures = {("/data/toya_net1.npz", name, 0): cell.submit(name) for name in ("vs", "ms")}
+        return reproduce._collect(futures)
+
+    results, failures = sweep()
+    assert results == [{"calibrator": "vs"}]
+    assert failures == [{"file": "toya_net1", "calibrator": "ms", "seed": 0,
+                         "error": "RuntimeError: diverged"}]
