@@ -181,8 +181,15 @@ def reconstruct(terms: RepairTerms, s: np.ndarray) -> np.ndarray:
     """
     out = terms.rest
     same = s == terms.b
-    kept = out[same]  # fancy indexing copies: the rows before rescaling
-    out *= ((1.0 - s) / terms.tail)[:, None]
+    with np.errstate(over="ignore"):
+        factor = (1.0 - s) / terms.tail
+    # A subnormal tail can push (1 - s) / tail past the float range; those rows divide by
+    # tail / (1 - s) instead, which is finite whenever the tail is positive.
+    overflow = np.isinf(factor)
+    kept, tiny = out[same], out[overflow]  # fancy indexing copies the rows before rescaling
+    factor[overflow] = 0.0
+    out *= factor[:, None]
+    out[overflow] = tiny / (terms.tail[overflow] / (1.0 - s[overflow]))[:, None]
     out[same] = kept
     out[np.arange(out.shape[0]), terms.label] = s
     return out

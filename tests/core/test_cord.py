@@ -431,3 +431,18 @@ def test_transform_with_other_class_count():
 def test_bad_options(options, message):
     with pytest.raises(ValueError, match=message):
         CORD(**options).fit(GOOD, GOOD)
+
+
+def test_subnormal_tail_with_negative_multiplier_stays_finite():
+    # eta* = -2 sends a row with b = 1 to s = 1/2; (1 - s) / tail overflows for a
+    # subnormal tail, yet the repair is simply (s, 1 - s).
+    state = CORD().fit(GOOD, GOOD).to_dict()
+    state.update(eta_star=-2.0, eta_star_repr="-2.0", n_classes=2)
+    model = CORD.from_dict(state)
+    p0 = np.array([[0.6, 0.4], [0.7, 0.3]])
+    q = np.array([[1.0, 1e-310], [0.6, 0.4]])
+    out = model.transform(p0, q)
+    assert np.isfinite(out).all()
+    s = 0.5 + EPS_NUM
+    np.testing.assert_allclose(out[0], [s, 1 - s], rtol=0, atol=1e-15)
+    assert (out.argmax(axis=1) == 0).all()
