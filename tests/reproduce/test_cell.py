@@ -118,3 +118,13 @@ def test_a_failed_task_is_recorded_and_the_others_are_kept(prefect_harness):
     assert results == [{"calibrator": "vs"}]
     assert failures == [{"file": "toya_net1", "calibrator": "ms", "seed": 0,
                          "error": "RuntimeError: diverged"}]
+
+
+def test_quick_falls_back_to_two_bundled_digits_classifiers(tmp_path):
+    folder = reproduce.write_digits_data(tmp_path / "digits")
+    plan = reproduce.plan_sweep(folder, quick=True)
+    assert [reproduce.dataset_and_classifier(f) for f in plan.files] == \
+        [("digits", "a"), ("digits", "b")]
+    first, second = (data.load_npz(f) for f in plan.files)
+    assert first.n_classes == second.n_classes == 10
+    assert not np.array_equal(first.labels, second.labels)  # different held-out rows
