@@ -63,8 +63,8 @@ def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnB
     if current is None:
         raise LookupError(f"model '{model_name}' has no @{registry.CHAMPION} to monitor; "
                           "run `cord-ops recalibrate` first")
-    reads = current.tags.get(registry.INPUT_KIND_TAG)
-    if reads != batch.input_kind:
+    reads = current.tags.get(registry.INPUT_KIND_TAG)  # None: registered without the tag
+    if reads not in (None, batch.input_kind):
         raise ValueError(f"{batch.path}: holds {batch.input_kind} but {model_name} "
                          f"v{current.version} reads {reads}")
     # The version the alias named a moment ago, so metrics and baseline describe one model.

@@ -195,7 +195,7 @@ def score_champion(client, name: str, champion: str | None, scores: np.ndarray,
     if champion is None:
         return None
     expected = client.get_model_version(name, champion).tags.get(INPUT_KIND_TAG)
-    if expected != input_kind:
+    if expected not in (None, input_kind):  # None: registered without the tag; try it
         return ChampionScore(champion, None, f"it reads {expected}, this split holds "
                                              f"{input_kind}")
     try:
