@@ -32,10 +32,11 @@ def test_monitor_logs_steady_batches_and_recalibrates_on_drift(store, tmp_path, 
     # Sharper logits: the same classifier grown overconfident, so its NLL and ECE rise.
     drifted = data.save_npz(tmp_path / "drifted.npz", 4.0 * digits.scores, digits.labels,
                             "logits")
-    alarm = monitor(data=str(drifted), model_name="m")
+    alarm = monitor(data=str(drifted), model_name="m", dtype="float64")
     assert alarm.degraded and alarm.drift["nll"] > 0.05
     assert alarm.recalibration is not None
     assert alarm.recalibration.version == "2"
+    assert alarm.recalibration.onnx_max_abs_diff <= 1e-12  # the float64 graph's tolerance
     assert client.get_run(alarm.recalibration.run_id).info.status == "FINISHED"
     tags = client.get_model_version("m", "2").tags
     assert tags[registry.DECISION_TAG] == alarm.recalibration.decision.label
