@@ -126,9 +126,11 @@ def cmd_monitor(args) -> int:
 def cmd_schedule(args) -> int:
     from flows import schedule
 
-    recal = {"data": str(args.data), "eval_data": args.eval_data and str(args.eval_data),
+    # Absolute paths: runs start later, from the runner's or the worker's directory.
+    recal = {"data": str(args.data.resolve()),
+             "eval_data": args.eval_data and str(args.eval_data.resolve()),
              **_flow_options(args)}
-    mon = {"data": str(args.monitor_data or args.data), "model_name": args.model_name,
+    mon = {"data": str((args.monitor_data or args.data).resolve()), "model_name": args.model_name,
            "max_ece_increase": args.max_ece_increase, "max_nll_increase": args.max_nll_increase,
            "calibrator": args.calibrator, "fraction": args.fraction, "seed": args.seed,
            "dtype": args.dtype}
