@@ -198,6 +198,7 @@ def run_bench(args: argparse.Namespace) -> int:
         fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
         with os.fdopen(fd, "w") as handle:
             handle.write(payload)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the table is an ordinary file
         os.replace(tmp, out / name)
     _log(table, out, time.perf_counter() - started)
     return 0
