@@ -282,7 +282,7 @@ def _collect(futures: dict) -> tuple[list[dict], list[dict]]:
     return results, failures
 
 
-@flow(name="cord-ops-reproduce", log_prints=True)
+@flow(name="cord-ops-reproduce", persist_result=False)
 def reproduce(data_dir: str, out_dir: str = str(DEFAULT_OUT), seeds: int = DEFAULT_SEEDS,
               calibrators: list[str] | None = None, quick: bool = False,
               experiment: str = EXPERIMENT, task_timeout: float | None = None,

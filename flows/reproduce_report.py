@@ -36,7 +36,6 @@ import pandas as pd
 from flows import reproduce_paper as paper
 from flows import reproduce_stats as rs
 
-METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
 PERCENT = ("ece", "ece_em", "smece", "accuracy", "tpcr")
 N_BOOTSTRAP = rs.N_RESAMPLES
 CONFIDENCE = 0.95
