@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from sklearn.exceptions import NotFittedError
 
+from cord_ops.atomic import write_json_atomic
 from cord_ops.validation import check_pair, check_probabilities, top1
 
 EPS_NUM = 1e-12
@@ -362,18 +361,3 @@ def minimal_repair(original, calibrated) -> np.ndarray:
     kept = top1(q) == terms.label
     out[kept] = q[kept]
     return out
-
-
-def write_json_atomic(path, payload: dict) -> None:
-    """Write JSON next to ``path`` and rename it into place, so no half file survives."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from scipy.special import softmax
 
+from cord_ops.atomic import atomic_path
 from cord_ops.validation import (
     PROBABILITY_SUM_ATOL,
     check_labels,
@@ -156,16 +155,8 @@ def save_npz(path, scores, labels, input_kind: str) -> Path:
     _check_input_kind(input_kind, INPUT_KINDS)
     target = Path(path)
     scores, labels = _validated_arrays(scores, labels, input_kind, "")
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **{input_kind: scores, "labels": labels})
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(target) as tmp, open(tmp, "wb") as handle:
+        np.savez(handle, **{input_kind: scores, "labels": labels})
     return target
 
 

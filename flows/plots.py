@@ -6,13 +6,12 @@ probability), so the drawn gaps are exactly the terms the logged ECE sums.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from cord_ops import metrics
+from cord_ops.atomic import atomic_path
 
 
 def reliability_png(probs, labels, path, title: str) -> Path:
@@ -54,13 +53,6 @@ def reliability_png(probs, labels, path, title: str) -> Path:
     bottom.set_ylabel("share")
     fig.tight_layout()
 
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return Path(path)

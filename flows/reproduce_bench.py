@@ -15,9 +15,7 @@ of ``cord-ops reproduce`` is); onnxruntime and the flow use the machine's defaul
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from cord_ops import CORD, data
+from cord_ops.atomic import atomic_path
 from flows import reproduce_paper as paper
 from flows import tracking
 from flows.reproduce_report import markdown
@@ -195,11 +194,8 @@ def run_bench(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name, payload in (("bench.md", f"# cord-ops bench\n\n{text}"),
                           ("bench.csv", table.to_csv(index=False))):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(payload)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the table is an ordinary file
-        os.replace(tmp, out / name)
+        with atomic_path(out / name) as tmp:
+            tmp.write_text(payload)
     _log(table, out, time.perf_counter() - started)
     return 0
 

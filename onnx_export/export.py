@@ -41,8 +41,6 @@ Order guarantees of float32 graphs (SPEC.md: argmax(repaired) == label == argmax
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +49,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 import cord_ops
+from cord_ops.atomic import write_bytes_atomic
 from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder, tensor_info
 from onnx_export.calibrators import family_of
 from onnx_export.repair import CHANGED_FROM_RUNNER_UP, build_repair, on_boundary
@@ -184,17 +183,7 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
 
 def save_model(model: onnx.ModelProto, path) -> Path:
     """Write ``model`` to ``path`` atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(model.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_bytes_atomic(path, model.SerializeToString())
 
 
 def load_model(path) -> onnx.ModelProto:

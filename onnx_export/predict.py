@@ -8,14 +8,13 @@ output file (and an existing one untouched).
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from cord_ops.atomic import atomic_path
 from cord_ops.validation import check_probabilities, check_scores
 from onnx_export.export import load_model, model_metadata
 from onnx_export.runtime import input_dtype, open_session, run_batched
@@ -93,17 +92,9 @@ def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype) -> np.nda
 
 def write_npz_atomic(path, arrays: dict[str, np.ndarray]) -> Path:
     """Write ``arrays`` to ``path`` via a temp file in the same folder and os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        np.savez(handle, **arrays)
+    return Path(path)
 
 
 def predict_file(model_path, input_path, output_path, batch_size: int = 4096,
