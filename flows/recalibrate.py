@@ -287,6 +287,9 @@ def log_onnx_model(run_id: str, model, evaluation: data.Dataset, dtype: str):
     """
     import mlflow.onnx
 
+    # Without an active run MLflow files the logged model under the process's active
+    # experiment (Default, id 0), not the run's; make the run's experiment the active one.
+    mlflow.set_experiment(experiment_id=mlflow.MlflowClient().get_run(run_id).info.experiment_id)
     example = {"scores": np.asarray(evaluation.scores[:INPUT_EXAMPLE_ROWS], dtype=dtype)}
     return mlflow.onnx.log_model(
         model, name=MODEL_ARTIFACT, run_id=run_id, signature=model_signature(model),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -46,7 +47,14 @@ def store(mlflow_uri, mlflow_template_db) -> str:
     """A fresh, already migrated embedded store; MLflow is pointed at it. Returns the URI."""
     import mlflow
 
-    shutil.copyfile(mlflow_template_db, mlflow_uri.removeprefix("sqlite:///"))
+    db = Path(mlflow_uri.removeprefix("sqlite:///"))
+    shutil.copyfile(mlflow_template_db, db)
+    # The template's Default experiment keeps the artifact folder of the directory it was
+    # created in; point it at this test's store so no artifact lands outside tmp_path.
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                           (str(db.parent / "0"),))
+    connection.close()
     mlflow.set_tracking_uri(mlflow_uri)
     return mlflow_uri
 
