@@ -5,7 +5,7 @@ float32 at K = 1,000 and K = 100 (targets: <= 5 and <= 1 us/example, and >= 2x f
 cord_ops' numpy path ``predict_proba`` then ``transform``), the same graphs in float64,
 the isotonic graphs (irova, irm), and the peak memory a session adds to its process.
 
-    python benchmarks/bench_onnx.py [--threads 2] [--rows 25000] [--batch-size 2048]
+    python benchmarks/bench_onnx.py [--threads 2] [--rows 25000] [--batch-size N]
 
 Each configuration is timed as the best of ``--repeats`` full passes over the N rows in
 batches of ``--batch-size`` (after one warm-up pass), as wall time and as process CPU time
@@ -32,7 +32,7 @@ from cord_ops import CORD  # noqa: E402
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator  # noqa: E402
 from cord_ops.calibrators._base import softmax  # noqa: E402
 from onnx_export import export_onnx, open_session, run_batched  # noqa: E402
-from onnx_export.runtime import batches  # noqa: E402
+from onnx_export.runtime import batches, default_batch_size  # noqa: E402
 
 
 def synthetic_logits(n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -96,7 +96,7 @@ def _session_peak(model_path: str, scores_path: str, threads: int, batch_size: i
     session = open_session(model_path, provider="cpu", threads=threads)
     # Outputs of each batch are dropped: what is measured is the session (model, arena,
     # one batch of intermediates and outputs), not the caller's result arrays.
-    for rows in batches(len(scores), batch_size):
+    for rows in batches(len(scores), batch_size or default_batch_size(scores.shape[1])):
         session.run(None, {"scores": scores[rows]})
     queue.put((_status_kib("VmHWM") - before) / 1024)
 
@@ -121,13 +121,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=25_000)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="rows per batch (default: onnx_export.runtime.default_batch_size)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
 
     load = Path("/proc/loadavg").read_text().split()[0]
+    rows_per_batch = args.batch_size or "2^20 / K (256..4096)"
     print(f"onnxruntime CPU, {args.threads} threads, N = {args.rows}, batches of "
-          f"{args.batch_size}; us/example = best of {args.repeats} passes / N; wall and "
+          f"{rows_per_batch} rows; us/example = best of {args.repeats} passes / N; wall and "
           f"process CPU time; load average {load} on {multiprocessing.cpu_count()} cores")
     header = (f"{'graph':<24}{'K':>6}{'onnx wall':>11}{'onnx cpu':>10}{'numpy wall':>12}"
               f"{'numpy cpu':>11}{'speed-up':>10}{'session MiB':>13}")

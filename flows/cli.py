@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="PATH.onnx or models:/NAME@ALIAS")
     p.add_argument("--input", required=True, type=Path, help=".npz with logits or probs")
     p.add_argument("--output", required=True, type=Path, help="output .npz (written atomically)")
-    p.add_argument("--batch-size", type=int, default=4096, help="rows per batch (default: 4096)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="rows per batch (default: about 2^20 scores, 256..4096 rows)")
     p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
                    help="onnxruntime execution provider (default: cuda when available)")
     p.set_defaults(func=cmd_predict)

@@ -97,7 +97,7 @@ def write_npz_atomic(path, arrays: dict[str, np.ndarray]) -> Path:
     return Path(path)
 
 
-def predict_file(model_path, input_path, output_path, batch_size: int = 4096,
+def predict_file(model_path, input_path, output_path, batch_size: int | None = None,
                  provider: str = "auto", progress: bool = True,
                  threads: int | None = None) -> dict:
     """Run a saved pipeline model on an input .npz and write the outputs .npz.
@@ -112,7 +112,7 @@ def predict_file(model_path, input_path, output_path, batch_size: int = 4096,
         n_classes, input_kind = int(meta["cord.n_classes"]), meta["cord.input_kind"]
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{model_path}: not a cord-ops pipeline model (metadata {exc})") from exc
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
     session = open_session(model, provider=provider, threads=threads)
     scores = read_input(input_path, n_classes, input_kind, input_dtype(session))
