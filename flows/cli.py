@@ -1,5 +1,5 @@
 """The ``cord-ops`` command line: recalibrate, monitor, schedule, predict, demo, ui (and
-reproduce / bench from :mod:`flows.reproduce`).
+reproduce / bench from :mod:`flows.reproduce_cli`).
 
 Every command exits 0 on success and non-zero on failure with a one-line ``error:`` on
 stderr that names the cause. Prefect, MLflow and onnxruntime are imported inside the
@@ -9,13 +9,12 @@ command that needs them, not when the parser is built.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
 
-from flows import tracking
+from flows import reproduce_cli, tracking
 
 CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm")
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
@@ -262,11 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=UI_PORT, help=f"port (default: {UI_PORT})")
     p.set_defaults(func=cmd_ui)
 
-    if importlib.util.find_spec("flows.reproduce") is not None:
-        from flows import reproduce
-
-        if hasattr(reproduce, "add_cli"):
-            reproduce.add_cli(sub)
+    reproduce_cli.add_cli(sub)
     return parser
 
 

@@ -40,22 +40,23 @@ from prefect.cache_policies import NO_CACHE
 from cord_ops import CORD, data, metrics, minimal_repair
 from cord_ops.validation import top1
 from flows import reproduce_report, tracking
+from flows.reproduce_cli import (
+    CALIBRATORS,
+    DEFAULT_OUT,
+    DEFAULT_SEEDS,
+    DEFAULT_WORKERS,
+    EXPERIMENT,
+    default_data_dir,
+)
 from flows.reproduce_paper import (
-    FIT_TIME_BASELINES,
     LOCAL_WEIGHTS,
     MEAN_TARGET_VARIANTS,
-    NON_PRESERVING,
     SIZE_CALIBRATORS,
     SIZE_FRACTIONS,
 )
 
-CALIBRATORS = NON_PRESERVING + FIT_TIME_BASELINES
 QUICK_CALIBRATORS = ("vs", "svs", "irova")
 QUICK_FILES = 2
-DEFAULT_SEEDS = 5
-DEFAULT_WORKERS = 2
-DEFAULT_OUT = Path("out") / "reproduce"
-EXPERIMENT = "cord-ops-reproduce"
 SERVER_STARTUP_SECONDS = 120
 #: Cost order of one task, most expensive first (measured single-threaded on 5000 CIFAR-100
 #: rows: Dir-ODIR ~90 s, MS ~5 s, VS ~1 s x 10 fits of the size study, ...). Submitting the
@@ -63,16 +64,6 @@ SERVER_STARTUP_SECONDS = 120
 FIT_COST_ORDER = ("dir-odir", "ms", "vs", "sms", "irova-ts", "irova", "svs", "irm", "ts")
 
 compute_task = task(cache_policy=NO_CACHE, persist_result=False)
-
-
-def default_data_dir() -> Path | None:
-    """../shared/data beside the working directory or beside the repository, if present."""
-    candidates = (Path.cwd().parent / "shared" / "data",
-                  Path(__file__).resolve().parents[2] / "shared" / "data")
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    return None
 
 
 def dataset_and_classifier(path: str | os.PathLike) -> tuple[str, str]:
@@ -505,37 +496,3 @@ def run_reproduce(args: argparse.Namespace) -> int:
     return 1 if summary["failures"] else 0
 
 
-def add_cli(subparsers) -> None:
-    """Add ``reproduce`` and ``bench`` to the ``cord-ops`` argparse subparsers.
-
-    Each subcommand sets ``func``: the CLI calls ``args.func(args)`` and exits with the
-    integer it returns.
-    """
-    found = default_data_dir()
-    p = subparsers.add_parser(
-        "reproduce", help="run the paper's protocol over a folder of .npz logits on Dask",
-        description=__doc__.split("\n\n")[1])
-    p.add_argument("--data", type=Path, default=found,
-                   help=f"folder of .npz files (default: {found or '../shared/data'}; "
-                        "--quick without it uses the bundled digits classifier)")
-    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
-                   help="number of seeded 50/50 splits (seeds 0..N-1; default 5)")
-    p.add_argument("--calibrators", nargs="+", choices=CALIBRATORS, default=None,
-                   help="calibrators to evaluate (default: all nine; --quick: vs svs irova)")
-    p.add_argument("--quick", action="store_true",
-                   help="1 seed, 2 files, 3 calibrators (the CI smoke run)")
-    p.add_argument("--dask-address", default=None,
-                   help="existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: local "
-                        "cluster)")
-    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
-                   help="worker processes of the local cluster (default 2)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help=f"where tables and figures go (default {DEFAULT_OUT})")
-    p.add_argument("--experiment", default=EXPERIMENT, help="MLflow experiment name")
-    p.add_argument("--task-timeout", type=float, default=None,
-                   help="seconds after which one (file, calibrator, seed) task is failed")
-    p.set_defaults(func=run_reproduce)
-
-    from flows import reproduce_bench
-
-    reproduce_bench.add_cli(subparsers, found)

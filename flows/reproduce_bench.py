@@ -215,20 +215,3 @@ def _log(table: pd.DataFrame, out: Path, seconds: float) -> None:
         mlflow.log_metric("bench_seconds", seconds)
         mlflow.log_artifact(str(out / "bench.md"))
         mlflow.log_artifact(str(out / "bench.csv"))
-
-
-def add_cli(subparsers, default_data: Path | None) -> None:
-    """The ``bench`` subcommand (sets ``func``)."""
-    from flows.reproduce import CALIBRATORS
-
-    p = subparsers.add_parser("bench", help="calibrator / CORD / ONNX / flow timings table",
-                              description=__doc__.split("\n\n")[1])
-    p.add_argument("--data", type=Path, default=default_data,
-                   help=f"folder of .npz files (default: {default_data or '../shared/data'})")
-    p.add_argument("--calibrators", nargs="+", choices=CALIBRATORS, default=list(CALIBRATORS),
-                   help="calibrators whose fit time is measured (default: all nine)")
-    p.add_argument("--onnx-calibrator", default="vs",
-                   help="calibrator of the exported graph and of the flow run (default vs)")
-    p.add_argument("--out", type=Path, default=Path("out") / "bench",
-                   help="where bench.md / bench.csv go (default out/bench)")
-    p.set_defaults(func=run_bench)

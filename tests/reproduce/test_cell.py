@@ -10,7 +10,7 @@ import pytest
 
 from cord_ops import data, metrics
 from cord_ops.calibrators import make_calibrator
-from flows import reproduce
+from flows import reproduce, reproduce_cli
 from flows.reproduce_paper import LOCAL_WEIGHTS, MEAN_TARGET_VARIANTS
 
 
@@ -88,11 +88,11 @@ def test_plan_rejects_bad_input_before_anything_runs(synthetic_dir, tmp_path):
 
 def test_add_cli_wires_reproduce_and_bench(synthetic_dir):
     parser = argparse.ArgumentParser()
-    reproduce.add_cli(parser.add_subparsers(dest="command"))
+    reproduce_cli.add_cli(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["reproduce", "--data", str(synthetic_dir), "--quick",
                               "--dask-address", "tcp://127.0.0.1:8786", "--calibrators",
                               "vs", "ts"])
-    assert args.func is reproduce.run_reproduce
+    assert args.func is reproduce_cli.run_reproduce
     assert (args.quick, args.dask_address, args.calibrators, args.seeds) == \
         (True, "tcp://127.0.0.1:8786", ["vs", "ts"], 5)
     assert parser.parse_args(["bench"]).func.__name__ == "run_bench"
