@@ -45,7 +45,13 @@ import numpy as np
 import scipy.linalg
 from scipy.optimize import minimize
 
-from cord_ops.calibrators._base import mean_nll_and_grad, warn_not_converged
+from cord_ops.calibrators._base import (
+    Calibrator,
+    check_option,
+    mean_nll_and_grad,
+    softmax,
+    warn_not_converged,
+)
 
 #: Largest parameter count K * m solved by Newton's method (the Hessian is (K m)^2).
 NEWTON_MAX_PARAMS = 500
@@ -323,3 +329,29 @@ def fit_affine(
     w, b = problem.split(theta)
     return AffineFit(weights=w.copy(), bias=b.copy(), objective=loss, n_iter=n_iter,
                      converged=converged, message=message)
+
+
+class UnregularisedAffine(Calibrator):
+    """Shared fit/predict of VS and MS: q = softmax(z @ W.T + b) by unregularised NLL.
+
+    Subclasses set ``full`` (a K x K matrix, or a diagonal stored as a vector) and own the
+    constructor, whose defaults are each method's.
+    """
+
+    full: bool
+    _options = ("max_iter", "gtol", "ftol")
+
+    def __init__(self, input_kind: str, prob_floor: float, max_iter: int, gtol: float,
+                 ftol: float):
+        super().__init__(input_kind, prob_floor)
+        self.max_iter = check_option("max_iter", max_iter, integer=True)
+        self.gtol = check_option("gtol", gtol)
+        self.ftol = check_option("ftol", ftol, allow_zero=True)
+
+    def _fit(self, x, y):
+        fit = fit_affine(self._logits(x), y, full=self.full, max_iter=self.max_iter,
+                         gtol=self.gtol, ftol=self.ftol, name=self.name)
+        self.weights_, self.bias_ = fit.weights, fit.bias
+
+    def _predict(self, x):
+        return softmax(affine_logits(self._logits(x), self.weights_, self.bias_))

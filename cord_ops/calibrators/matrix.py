@@ -16,28 +16,17 @@ iterate. Stops earlier at a scaled-gradient max-abs <= ``gtol`` or a relative de
 
 from __future__ import annotations
 
-from cord_ops.calibrators._affine import affine_logits, fit_affine
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, check_option, softmax
+from cord_ops.calibrators._affine import UnregularisedAffine
+from cord_ops.calibrators._base import PROB_FLOOR
 
 
-class MatrixScaling(Calibrator):
+class MatrixScaling(UnregularisedAffine):
     """``ms``: q = softmax(z @ weights.T + bias); fitted ``weights`` (K, K), ``bias`` (K,)."""
 
     name = "ms"
-    _options = ("max_iter", "gtol", "ftol")
+    full = True
     _param_shapes = {"weights": ("K", "K"), "bias": ("K",)}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 300, gtol: float = 1e-6, ftol: float = 1e-12):
-        super().__init__(input_kind, prob_floor)
-        self.max_iter = check_option("max_iter", max_iter, integer=True)
-        self.gtol = check_option("gtol", gtol)
-        self.ftol = check_option("ftol", ftol, allow_zero=True)
-
-    def _fit(self, x, y):
-        fit = fit_affine(self._logits(x), y, full=True, max_iter=self.max_iter,
-                         gtol=self.gtol, ftol=self.ftol, name=self.name)
-        self.weights_, self.bias_ = fit.weights, fit.bias
-
-    def _predict(self, x):
-        return softmax(affine_logits(self._logits(x), self.weights_, self.bias_))
+        super().__init__(input_kind, prob_floor, max_iter, gtol, ftol)

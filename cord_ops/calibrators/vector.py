@@ -14,28 +14,17 @@ same map.
 
 from __future__ import annotations
 
-from cord_ops.calibrators._affine import affine_logits, fit_affine
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, check_option, softmax
+from cord_ops.calibrators._affine import UnregularisedAffine
+from cord_ops.calibrators._base import PROB_FLOOR
 
 
-class VectorScaling(Calibrator):
+class VectorScaling(UnregularisedAffine):
     """``vs``: q = softmax(weights * z + bias); fitted ``weights`` (K,), ``bias`` (K,)."""
 
     name = "vs"
-    _options = ("max_iter", "gtol", "ftol")
+    full = False
     _param_shapes = {"weights": ("K",), "bias": ("K",)}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 1000, gtol: float = 1e-6, ftol: float = 1e-12):
-        super().__init__(input_kind, prob_floor)
-        self.max_iter = check_option("max_iter", max_iter, integer=True)
-        self.gtol = check_option("gtol", gtol)
-        self.ftol = check_option("ftol", ftol, allow_zero=True)
-
-    def _fit(self, x, y):
-        fit = fit_affine(self._logits(x), y, full=False, max_iter=self.max_iter,
-                         gtol=self.gtol, ftol=self.ftol, name=self.name)
-        self.weights_, self.bias_ = fit.weights, fit.bias
-
-    def _predict(self, x):
-        return softmax(affine_logits(self._logits(x), self.weights_, self.bias_))
+        super().__init__(input_kind, prob_floor, max_iter, gtol, ftol)
