@@ -54,8 +54,14 @@ def _lookup(name) -> type[Calibrator]:
 
 def make_calibrator(name: str, **options) -> Calibrator:
     """A fresh, unfitted calibrator; ``options`` go to its constructor (``input_kind``,
-    ``prob_floor`` and the family's own options, e.g. ``max_iter``)."""
-    return _lookup(name)(**options)
+    ``prob_floor`` and the family's own options, e.g. ``max_iter``).
+
+    Unlike the constructor (which stores its arguments verbatim, as scikit-learn requires),
+    the factory validates the options at once, so a bad one fails before any data is read.
+    """
+    calibrator = _lookup(name)(**options)
+    calibrator._validate_options()
+    return calibrator
 
 
 def calibrator_from_dict(d: dict) -> Calibrator:
