@@ -195,7 +195,7 @@ def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-o
     parser.add_argument("--model-name", default=model_name,
                         help=f"registered model name (default: {model_name})")
     parser.add_argument("--input-kind", default="auto", choices=("auto", "logits", "probs"),
-                        help="what the .npz holds (default: whichever array is present)")
+                        help="what the data file holds (default: whichever is present)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                         help="float type of the exported ONNX graph (default: float32)")
 
@@ -214,16 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("recalibrate", help="fit calibrator + CORD, export ONNX, register, gate")
-    p.add_argument("--data", required=True, type=Path, help=".npz with logits|probs and labels")
+    p.add_argument("--data", required=True, type=Path, help=".npz or .parquet with logits|probs and labels")
     p.add_argument("--eval-data", type=Path,
-                   help="separate evaluation .npz (then all of --data calibrates)")
+                   help="separate evaluation .npz/.parquet (then all of --data calibrates)")
     _add_flow_options(p)
     p.add_argument("--no-promote", action="store_true",
                    help="record the gate decision but never move @champion")
     p.set_defaults(func=cmd_recalibrate)
 
     p = sub.add_parser("monitor", help="score @champion on a labelled batch; recalibrate on drift")
-    p.add_argument("--data", required=True, type=Path, help="labelled batch (.npz)")
+    p.add_argument("--data", required=True, type=Path, help="labelled batch (.npz or .parquet)")
     _add_thresholds(p)
     p.add_argument("--no-recalibrate", action="store_true",
                    help="only report drift, never start a recalibration")
@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schedule", help="serve cron deployments of recalibrate and monitor")
     p.add_argument("--cron", required=True, help='recalibration schedule, e.g. "0 3 * * *"')
     p.add_argument("--monitor-cron", help="monitoring schedule (default: --cron)")
-    p.add_argument("--data", required=True, type=Path, help=".npz re-read on every run")
+    p.add_argument("--data", required=True, type=Path, help=".npz/.parquet re-read on every run")
     p.add_argument("--eval-data", type=Path, help="separate evaluation .npz")
     p.add_argument("--monitor-data", type=Path, help="labelled batch to monitor (default: --data)")
     p.add_argument("--work-pool", help="register with this work pool of the server "

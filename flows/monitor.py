@@ -122,7 +122,7 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
             max_nll_increase: float = 0.05, input_kind: str = "auto",
             recalibrate_on_drift: bool = True, calibrator: str = "vs", fraction: float = 0.5,
             seed: int = 0, dtype: str = "float32") -> MonitorResult:
-    """Score ``model_name@champion`` on the labelled batch ``data`` (.npz) and log it.
+    """Score ``model_name@champion`` on the labelled batch ``data`` (.npz or Parquet) and log it.
 
     When ECE or NLL rose past its threshold and ``recalibrate_on_drift`` is set, runs
     :func:`flows.recalibrate.recalibrate` on the batch as a subflow (its gate still decides

@@ -119,8 +119,9 @@ class Steps:
 # ---------------------------------------------------------------- compute tasks
 @compute_task
 def load_dataset(path: str, input_kind: str) -> data.Dataset:
-    """Load and validate an .npz file of classifier outputs (errors name file, array, row)."""
-    return data.load_npz(path, input_kind=input_kind)
+    """Load and validate an .npz or Parquet file of classifier outputs (errors name the file,
+    the array or column, and the row)."""
+    return data.load(path, input_kind=input_kind)
 
 
 @compute_task
@@ -356,7 +357,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 fraction: float = 0.5, seed: int = 0, model_name: str = "cord-ops",
                 input_kind: str = "auto", dtype: str = "float32",
                 promote: bool = True) -> RecalibrationResult:
-    """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
+    """Recalibrate the classifier outputs in ``data`` (.npz or Parquet) and register the result.
 
     ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
     ``data`` with ``fraction`` for calibration (seeded). ``dtype`` is the ONNX graph's
