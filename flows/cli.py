@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("recalibrate", help="fit calibrator + CORD, export ONNX, register, gate")
-    p.add_argument("--data", required=True, type=Path, help=".npz or .parquet with logits|probs and labels")
+    p.add_argument("--data", required=True, type=Path,
+                   help=".npz or .parquet with logits|probs and labels")
     p.add_argument("--eval-data", type=Path,
                    help="separate evaluation .npz/.parquet (then all of --data calibrates)")
     _add_flow_options(p)

@@ -156,8 +156,8 @@ def predict_file(model_path, input_path, output_path, batch_size: int | None = N
 
     An .npz input holds one [N, K] float array (or several, one named ``scores``,
     ``logits`` or ``probs``); a Parquet input has the layout of the module docstring. The
-    output is Parquet when its name ends in .parquet/.pq, else .npz. Returns a summary: rows, n_classes, the session's providers
-    and the output path.
+    output is Parquet when its name ends in .parquet/.pq, else .npz. Returns a summary:
+    rows, n_classes, the session's providers and the output path.
     """
     model = load_model(model_path)
     meta = model_metadata(model)
