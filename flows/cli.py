@@ -165,12 +165,38 @@ def cmd_predict(args) -> int:
 
     from onnx_export.predict import predict_file
 
+    if _batch_predict_requested(args):
+        return cmd_predict_batch(args)
     with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as folder:
         path = local_model_path(args.model, Path(folder))
         summary = predict_file(path, args.input, args.output, batch_size=args.batch_size,
                                provider=args.provider, progress=True)
     print(f"wrote {summary['rows']} rows x {summary['n_classes']} classes to "
           f"{summary['output']} (providers: {', '.join(summary['providers'])})")
+    return 0
+
+
+def _batch_predict_requested(args) -> bool:
+    """A folder or glob --input, or any Dask option, selects batch scoring on Dask."""
+    from flows.batch_predict import is_batch_input
+
+    return (is_batch_input(args.input) or args.dask_address is not None
+            or args.dask_workers is not None)
+
+
+def cmd_predict_batch(args) -> int:
+    """``predict`` over many Parquet files on a Dask cluster (:mod:`flows.batch_predict`)."""
+    import tempfile
+
+    from flows.batch_predict import predict_batch
+
+    with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as folder:
+        path = local_model_path(args.model, Path(folder))
+        result = predict_batch(path, args.input, args.output, dask_address=args.dask_address,
+                               n_workers=args.dask_workers or 2, batch_size=args.batch_size)
+    print(f"wrote {result.rows} rows from {result.files} files to {result.output} on "
+          f"{len(result.workers)} Dask workers in {result.seconds:.1f} s "
+          f"({result.rows / max(result.seconds, 1e-9):,.0f} rows/s)")
     return 0
 
 
@@ -243,10 +269,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flow_options(p)
     p.set_defaults(func=cmd_schedule)
 
-    p = sub.add_parser("predict", help="run an exported graph on an .npz file, in batches")
+    p = sub.add_parser("predict", help="run an exported graph on a file, or on a folder of "
+                                       "Parquet files with Dask")
     p.add_argument("--model", required=True, help="PATH.onnx or models:/NAME@ALIAS")
-    p.add_argument("--input", required=True, type=Path, help=".npz with logits or probs")
-    p.add_argument("--output", required=True, type=Path, help="output .npz (written atomically)")
+    p.add_argument("--input", required=True, type=Path,
+                   help=".npz or .parquet with logits or probs; a folder or glob of .parquet "
+                        "files scores them on Dask")
+    p.add_argument("--output", required=True, type=Path,
+                   help="output .npz or .parquet (written atomically); for a folder or glob "
+                        "input, a new folder mirroring the input's layout")
+    p.add_argument("--dask-address", help="scheduler of an existing Dask cluster "
+                                          "(default: start a local one)")
+    p.add_argument("--dask-workers", type=int,
+                   help="worker processes of the local cluster (default: 2)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="rows per batch (default: about 2^20 scores, 256..4096 rows)")
     p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
