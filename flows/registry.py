@@ -226,11 +226,14 @@ def clean_up(client, name: str, experiment_id: str | None) -> list[str]:
 
 
 def _pending_logged_models(client, experiment_id: str) -> list:
+    """PENDING logged models of the experiment. Filtered here: the stores' search does not
+    filter on status (``status = 'PENDING'`` matches nothing on MLflow 3.17)."""
+    from mlflow.entities import LoggedModelStatus
+
     found, token = [], None
     while True:
-        page = client.search_logged_models([experiment_id], filter_string="status = 'PENDING'",
-                                           page_token=token)
-        found += list(page)
+        page = client.search_logged_models([experiment_id], page_token=token)
+        found += [m for m in page if m.status == LoggedModelStatus.PENDING]
         token = page.token
         if not token:
             return found
