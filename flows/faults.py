@@ -48,6 +48,11 @@ def checkpoint(step: str) -> None:
 
 
 def _inject(action: str) -> None:
+    import sys
+    import time
+
+    # The tests time the failure from here.
+    print(f"test fault injected: {action} at {time.time()!r}", file=sys.stderr, flush=True)
     kind, _, argument = action.partition(":")
     if kind == "killpg":
         os.killpg(int(argument), signal.SIGKILL)

@@ -144,6 +144,9 @@ def prepare_store(uri: str, timeout: float = DEFAULT_STORE_TIMEOUT) -> None:
 def _prepare_sqlite(uri: str, db: Path, timeout: float) -> None:
     from filelock import FileLock, Timeout
 
+    _check_sqlite_file(uri, db)
+    if _sqlite_ready(db):  # the common case: read-only checks, no lock
+        return
     try:
         (db.parent / STORE_LOCK).parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(db.parent / STORE_LOCK, thread_local=False)
@@ -156,9 +159,32 @@ def _prepare_sqlite(uri: str, db: Path, timeout: float) -> None:
                          f"({exc.strerror or exc}: {exc.filename or db.parent})") from exc
     try:
         _check_sqlite_file(uri, db)
-        _create_or_upgrade(uri, db)
+        if not _sqlite_ready(db):  # the process that held the lock may have done it
+            _create_or_upgrade(uri, db)
     finally:
         lock.release()
+
+
+def _sqlite_ready(db: Path) -> bool:
+    """True when ``db`` is an MLflow store at the schema this MLflow expects, with its
+    Default experiment: nothing to create or upgrade. Read-only."""
+    import sqlite3
+
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    if not db.is_file() or db.stat().st_size == 0:
+        return False
+    try:
+        connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        try:
+            (revision,) = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+            default = connection.execute(
+                "SELECT 1 FROM experiments WHERE experiment_id = 0").fetchone()
+        finally:
+            connection.close()
+    except (sqlite3.Error, TypeError, ValueError):
+        return False
+    return revision == _get_latest_schema_revision() and default is not None
 
 
 def _check_sqlite_file(uri: str, db: Path) -> None:

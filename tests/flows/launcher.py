@@ -10,7 +10,8 @@ connection or starts a thread runs before the fork.
 Usage: ``python launcher.py PHASES.json`` where the file holds a list of phases; each phase
 is a list of ``{"argv": [...], "cwd": ..., "log": ..., "env": {...}, "finalize_kill":
 bool}``. The phases run one after another, the processes of a phase concurrently. Prints
-``[[exit code, ...], ...]`` as JSON (a signal is a negative code, as ``subprocess`` has it).
+``[[[exit code, ended], ...], ...]`` as JSON: a signal is a negative code, as
+``subprocess`` has it; ``ended`` is the wall-clock time the process was reaped.
 ``finalize_kill`` kills the child the moment MLflow would mark its logged model READY:
 the one window of the flow inside MLflow, which ``CORD_OPS_TEST_KILL_AT`` cannot reach.
 """
@@ -19,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import mlflow  # noqa: F401 - imported before the fork, on purpose
 import mlflow.onnx  # noqa: F401
@@ -63,7 +65,7 @@ def main() -> None:
         codes = [None] * len(phase)
         for _ in phase:
             pid, status = os.wait()
-            codes[children[pid]] = os.waitstatus_to_exitcode(status)
+            codes[children[pid]] = [os.waitstatus_to_exitcode(status), time.time()]
         results.append(codes)
     print(json.dumps(results))
 
