@@ -19,6 +19,11 @@ Order of events, so that a failure leaves nothing behind:
    file, the column and the row;
 4. rename the folder to ``output`` only when every file is written; on any failure it is
    removed. ``output`` must not exist beforehand.
+
+A client killed with ``kill -9`` cannot remove its partial folder. Each one therefore holds
+its owner (host, pid, process start time; ``flows.owner``) in ``OWNER_FILE``, and the next
+batch job for the same output removes the partial folders whose owner is dead, never one
+whose owner still runs.
 """
 
 from __future__ import annotations
@@ -35,10 +40,31 @@ from pathlib import Path
 from distributed import Client, LocalCluster, WorkerPlugin, get_worker
 
 from cord_ops import data
+from cord_ops.atomic import write_json_atomic
+from flows.owner import Owner, alive
 
 GLOB_CHARS = "*?["
 #: Name under which the session plugin is registered on the workers, per model digest.
 PLUGIN_PREFIX = "cord-ops-session-"
+#: The owner record inside a partial output folder (removed before the final rename).
+OWNER_FILE = ".cord-ops-owner.json"
+
+
+def sweep_dead_partials(output: Path) -> list[Path]:
+    """Remove the ``<output>.partial-*`` folders whose owner process is dead; returns them.
+    A folder without a readable owner record is left alone (it may be being created)."""
+    import json
+
+    removed = []
+    for folder in output.parent.glob(f"{glob.escape(output.name)}.partial-*"):
+        try:
+            record = json.loads((folder / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and not alive(record):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def is_batch_input(spec) -> bool:
@@ -153,10 +179,13 @@ def predict_batch(model_path, input_spec, output, *, dask_address: str | None = 
 
     model_bytes = model.SerializeToString()
     plugin_name = PLUGIN_PREFIX + hashlib.sha256(model_bytes).hexdigest()[:16]
+    sweep_dead_partials(output)
     partial = output.with_name(f"{output.name}.partial-{uuid.uuid4().hex[:8]}")
     started = time.perf_counter()
     cluster = None
     try:
+        partial.mkdir(parents=True)
+        write_json_atomic(partial / OWNER_FILE, Owner.current().record())
         if dask_address is None:
             cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                    dashboard_address=None)
@@ -168,6 +197,7 @@ def predict_batch(model_path, input_spec, output, *, dask_address: str | None = 
                        for src in files]
             tasks = client.gather(futures)
             client.unregister_worker_plugin(plugin_name)
+        (partial / OWNER_FILE).unlink()
         os.replace(partial, output)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

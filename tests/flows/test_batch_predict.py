@@ -174,6 +174,34 @@ def test_schema_problems_are_refused_before_the_cluster_is_contacted(model_path,
         predict_batch(model_path, tmp_path / "in", tmp_path / "out")
 
 
+def test_partial_folders_of_dead_clients_are_swept_and_live_ones_kept(cluster, model_path,
+                                                                      tmp_path):
+    """A client killed with kill -9 leaves its partial folder; the next job removes it (its
+    owner is dead) but never the folder of a client that still runs."""
+    import json
+
+    import psutil
+
+    from flows.batch_predict import OWNER_FILE
+    from flows.owner import Owner
+
+    address, _ = cluster
+    write_partitions(tmp_path / "in", n_files=2, rows=50, seed=5)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = Owner(Owner.current().host, sleeper.pid, psutil.Process(sleeper.pid).create_time())
+    sleeper.kill()
+    sleeper.wait()
+    for name, owner in (("dead", dead), ("live", Owner.current())):
+        folder = tmp_path / f"out.partial-{name}"
+        (folder / "day=0").mkdir(parents=True)
+        (folder / "day=0" / "part-0.parquet").write_bytes(b"half-written")
+        (folder / OWNER_FILE).write_text(json.dumps(owner.record()))
+    predict_batch(model_path, tmp_path / "in", tmp_path / "out", dask_address=address)
+    assert not (tmp_path / "out.partial-dead").exists()
+    assert (tmp_path / "out.partial-live" / "day=0" / "part-0.parquet").exists()
+    assert not (tmp_path / "out" / OWNER_FILE).exists()
+
+
 def test_a_worker_killed_mid_job_does_not_lose_a_partition(cluster, model_path, tmp_path):
     """kill -9 one of the two workers while files are being scored: the scheduler moves its
     tasks to the survivor, and every partition is written once, correctly. (Runs last in
