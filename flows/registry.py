@@ -6,8 +6,8 @@ Life of a version
 1. :func:`register_version` creates it with the tag ``cord.registration=pending``, in the
    same call that creates it, after every artifact of its run is logged and ONNX parity is
    verified. A retried call finds the version of its own run instead of adding a second.
-2. :func:`score_champion` runs the champion on the same evaluation split and
-   :func:`decide` compares the two.
+2. :func:`flows.gate.score_champion` runs the champion on the same evaluation split and
+   :func:`flows.gate.decide` compares the two (the gate's rules live in :mod:`flows.gate`).
 3. :func:`apply_decision` records the decision and both NLLs as version tags, moves the
    ``champion`` alias only for a winner, and finally marks the version ``complete``.
 
@@ -20,11 +20,7 @@ and deletes the version.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
-
-from cord_ops import metrics
 
 CHAMPION = "champion"
 REGISTRATION_TAG = "cord.registration"
@@ -37,67 +33,8 @@ CHAMPION_NLL_TAG = "cord.gate.champion_nll"
 CHAMPION_VERSION_TAG = "cord.gate.champion_version"
 #: Version tag saying what the graph's ``scores`` input holds ("logits" or "probs").
 INPUT_KIND_TAG = "cord.input_kind"
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """Outcome of the champion gate.
-
-    ``promote`` is True only when the candidate changes no top-1 decision (TPCR 0), its
-    ONNX parity check passed and its NLL is no worse than the champion's on the same
-    evaluation split (or there is no champion). ``champion_nll`` is None without a
-    champion; ``reason`` says in words why.
-    """
-
-    promote: bool
-    reason: str
-    candidate_nll: float
-    champion_nll: float | None
-    champion_version: str | None
-
-    @property
-    def label(self) -> str:
-        return "promoted" if self.promote else "rejected"
-
-
-@dataclass(frozen=True)
-class ChampionScore:
-    """The current champion's version and its NLL on the candidate's evaluation split."""
-
-    version: str
-    nll: float | None
-    problem: str | None = None
-
-
-def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
-           champion: ChampionScore | None, promote: bool = True) -> GateDecision:
-    """The champion gate as a pure function of the measured numbers.
-
-    Rejects (never promotes) on a top-1 change, a failed parity check, a champion that could
-    not be scored on the split, an NLL above the champion's, or ``promote=False``.
-    """
-    champion_nll = None if champion is None else champion.nll
-    champion_version = None if champion is None else champion.version
-
-    def verdict(ok: bool, reason: str) -> GateDecision:
-        return GateDecision(ok, reason, float(candidate_nll), champion_nll, champion_version)
-
-    if candidate_tpcr != 0.0:
-        return verdict(False, f"repaired output changes top-1 decisions (TPCR {candidate_tpcr!r})")
-    if not parity_ok:
-        return verdict(False, "ONNX parity check failed")
-    if champion is not None and champion.problem is not None:
-        return verdict(False, f"champion v{champion.version} could not be scored on this "
-                              f"evaluation split ({champion.problem})")
-    if champion is not None and not candidate_nll <= champion.nll:
-        return verdict(False, f"NLL {candidate_nll:.6g} is worse than champion "
-                              f"v{champion.version}'s {champion.nll:.6g}")
-    if not promote:
-        return verdict(False, "gates passed but promotion is switched off (promote=False)")
-    if champion is None:
-        return verdict(True, "no champion yet; TPCR 0 and parity verified")
-    return verdict(True, f"NLL {candidate_nll:.6g} <= champion v{champion.version}'s "
-                         f"{champion.nll:.6g}; TPCR 0 and parity verified")
+#: Version tag with the number of classes K the graph reads.
+N_CLASSES_TAG = "cord.n_classes"
 
 
 def ensure_registered_model(client, name: str) -> None:
@@ -181,33 +118,9 @@ def run_registered_model(model_uri: str, scores: np.ndarray) -> dict[str, np.nda
     return {name: np.asarray(value) for name, value in outputs.items()}
 
 
-def score_champion(client, name: str, champion: str | None, scores: np.ndarray,
-                   labels: np.ndarray, input_kind: str) -> ChampionScore | None:
-    """Run version ``champion`` of ``name`` (the ``@champion`` of the moment the candidate
-    was registered) from the registry on ``scores`` and return its NLL.
-
-    Addressing the version rather than the alias keeps a retried gate idempotent: once the
-    alias has moved to the candidate, a retry still compares against the old champion.
-    None when there was no champion. A champion that cannot run on the split (it reads
-    another ``input_kind`` or K, a broken artifact) comes back with ``problem`` set, which
-    the gate treats as a rejection rather than a win.
-    """
-    if champion is None:
-        return None
-    expected = client.get_model_version(name, champion).tags.get(INPUT_KIND_TAG)
-    if expected not in (None, input_kind):  # None: registered without the tag; try it
-        return ChampionScore(champion, None, f"it reads {expected}, this split holds "
-                                             f"{input_kind}")
-    try:
-        outputs = run_registered_model(f"models:/{name}/{champion}", scores)
-        nll = metrics.nll(outputs["repaired"].astype(np.float64), labels)
-    except Exception as exc:  # any failure to score the champion is a reason to reject
-        return ChampionScore(champion, None, f"{type(exc).__name__}: {exc}")
-    return ChampionScore(champion, nll)
-
-
-def apply_decision(client, name: str, version: str, decision: GateDecision) -> None:
-    """Record ``decision`` on ``version``; move ``@champion`` there only if it was promoted.
+def apply_decision(client, name: str, version: str, decision) -> None:
+    """Record ``decision`` (a :class:`flows.gate.GateDecision`) on ``version``; move
+    ``@champion`` there only if it was promoted.
 
     The alias moves before the version is marked complete, so a crash in between leaves
     a champion that :func:`discard_orphans` will not touch (it holds an alias).
