@@ -151,7 +151,7 @@ def test_gate_keeps_the_champion_against_a_loser_and_a_failed_run(store, tmp_pat
     failed = client.search_runs([experiment.experiment_id], order_by=["start_time DESC"])[0]
     assert failed.info.status == "FAILED"
     assert "cord.error" in failed.data.tags
-    assert _versions(client, "m") == ["1", "2", "3", "4"] and _champion(client, "m") == "1"
+    assert _versions(client, "m") == ["1", "2", "3"] and _champion(client, "m") == "1"
 
 
 def test_bad_data_fails_before_any_run_exists(store, tmp_path, digits):
