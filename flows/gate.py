@@ -274,7 +274,8 @@ def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
     if not parity_ok:
         failed.append("ONNX parity check failed")
     problems = evidence_problems(evidence, policy)
-    failed.extend(f"not enough evidence: {p}" for p in problems)
+    if problems:
+        failed.append(f"not enough evidence ({'; '.join(problems)})")
     champion_problem = None
     if champion is not None and champion.problem is not None:
         champion_problem = champion.problem
