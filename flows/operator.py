@@ -22,6 +22,7 @@ from __future__ import annotations
 import getpass
 import math
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,15 +47,29 @@ class PromotionRefused(RuntimeError):
     """A version cannot take ``@champion``; the message says why, in one line."""
 
 
-@contextmanager
-def registry_section(client, name: str) -> Iterator[None]:
-    """The per-model registry lock around an operator's alias move.
+class _StderrLog:
+    """The lock's waiting messages, for a command line (no Prefect logger here)."""
 
-    REGISTRY LOCK CALL SITE: the lock of the registry-integrity work (``flows.lock``) is
-    not in this branch yet; when it lands, acquire it here. Until then operator moves are
-    not serialised against a concurrent recalibration's gate.
-    """
-    yield
+    def info(self, message: str, *args) -> None:
+        print(message % args, file=sys.stderr, flush=True)
+
+    warning = info
+
+
+@contextmanager
+def registry_section(client, uri: str, name: str,
+                     timeout: float | None = None) -> Iterator[None]:
+    """Hold the model's registry lock (:mod:`flows.lock`, the one recalibrations take from
+    registration to the alias move) around an operator's alias move, so a promote or
+    rollback never interleaves with a gate reading and moving ``@champion``."""
+    from flows import lock, owner, prefect_server, tracking
+
+    folder = tracking.local_store_folder(uri)
+    kind = lock.choose(folder, prefect_server.configured_api_url())
+    holder = {"run_id": None, "operator": who(), **owner.Owner.current().record()}
+    with lock.registry_lock(kind, name, lock.DEFAULT_TIMEOUT if timeout is None else timeout,
+                            _StderrLog(), holder, client=client, store_folder=folder):
+        yield
 
 
 def who() -> str:
@@ -237,7 +252,8 @@ def _move(client, name: str, version: str, reason: str, how: str) -> None:
     gate.record_health(client, name, version, None)
 
 
-def promote(client, name: str, version: str, reason: str) -> str | None:
+def promote(client, uri: str, name: str, version: str, reason: str,
+            lock_timeout: float | None = None) -> str | None:
     """Move ``@champion`` of ``name`` to ``version``; returns the previous champion.
 
     Raises :class:`PromotionRefused` when a check fails or ``reason`` is empty.
@@ -245,7 +261,7 @@ def promote(client, name: str, version: str, reason: str) -> str | None:
     version = str(version)
     if not reason or not reason.strip():
         raise PromotionRefused("--reason: say why this version should serve")
-    with registry_section(client, name):
+    with registry_section(client, uri, name, lock_timeout):
         holder = registry.champion_version(client, name)
         previous = None if holder is None else str(holder.version)
         if previous == version:
@@ -261,13 +277,14 @@ def promote(client, name: str, version: str, reason: str) -> str | None:
     return previous
 
 
-def rollback(client, name: str, reason: str = "rollback") -> tuple[str | None, str]:
+def rollback(client, uri: str, name: str, reason: str = "rollback",
+             lock_timeout: float | None = None) -> tuple[str | None, str]:
     """Return ``@champion`` of ``name`` to the champion before the current one in the
     history; returns (from, to). Versions deleted since are skipped; a target that fails
     :func:`check_promotable` refuses the rollback (say which, fix by ``promote``)."""
     from mlflow.exceptions import MlflowException
 
-    with registry_section(client, name):
+    with registry_section(client, uri, name, lock_timeout):
         holder = registry.champion_version(client, name)
         current = None if holder is None else str(holder.version)
         history = gate.read_history(client, name)

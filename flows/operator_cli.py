@@ -8,25 +8,31 @@ import argparse
 
 
 def _client():
+    """(client, uri) of the configured store, checked (and created) first."""
     from mlflow import MlflowClient
 
     from flows import tracking
 
     # The registry's pyfunc loader follows MLflow's process-wide URI; set it to the same.
-    return MlflowClient(tracking.configure_tracking())
+    uri = tracking.configure_tracking()
+    tracking.prepare_store(uri)
+    return MlflowClient(uri), uri
 
 
 def cmd_status(args) -> int:
     from flows import operator
 
-    print(operator.format_status(operator.status(_client(), args.model_name, args.limit)))
+    client, _ = _client()
+    print(operator.format_status(operator.status(client, args.model_name, args.limit)))
     return 0
 
 
 def cmd_promote(args) -> int:
     from flows import operator
 
-    previous = operator.promote(_client(), args.model_name, str(args.version), args.reason)
+    client, uri = _client()
+    previous = operator.promote(client, uri, args.model_name, str(args.version), args.reason,
+                                args.lock_timeout)
     before = "none" if previous is None else f"v{previous}"
     print(f"{args.model_name}@champion: {before} -> v{args.version} ({args.reason}); "
           f"undo with `cord-ops rollback --model-name {args.model_name}`")
@@ -36,7 +42,9 @@ def cmd_promote(args) -> int:
 def cmd_rollback(args) -> int:
     from flows import operator
 
-    current, target = operator.rollback(_client(), args.model_name, args.reason)
+    client, uri = _client()
+    current, target = operator.rollback(client, uri, args.model_name, args.reason,
+                                        args.lock_timeout)
     print(f"{args.model_name}@champion: v{current} -> v{target} (rollback: {args.reason})")
     return 0
 
@@ -52,12 +60,20 @@ def add_cli(sub) -> None:
     p.add_argument("--model-name", required=True, help="registered model name")
     p.add_argument("--version", required=True, type=_positive, help="version to promote")
     p.add_argument("--reason", required=True, help="why (recorded as a version tag)")
+    _add_lock_timeout(p)
     p.set_defaults(func=cmd_promote)
 
     p = sub.add_parser("rollback", help="return @champion to the previous champion")
     p.add_argument("--model-name", required=True, help="registered model name")
     p.add_argument("--reason", default="rollback", help="why (recorded as a version tag)")
+    _add_lock_timeout(p)
     p.set_defaults(func=cmd_rollback)
+
+
+def _add_lock_timeout(parser) -> None:
+    parser.add_argument("--lock-timeout", type=float, default=None, metavar="SECONDS",
+                        help="wait at most this long for a recalibration of the model to "
+                             "leave the registry (default: the recalibration's)")
 
 
 def _positive(text: str) -> int:
