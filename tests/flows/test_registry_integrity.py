@@ -346,6 +346,8 @@ def test_disk_full_mid_run_records_the_failure_and_registers_nothing(
     (line,) = _error_lines(text)
     assert "No space left on device" in line or "disk is full" in line, line
     uri = f"sqlite:///{store / 'mlflow.db'}"
+    if "journaled to" in line:  # the store could not take the record: the journal did
+        assert len(list((cache / "cord-ops").rglob("*.json"))) == 1
     filler.unlink()  # the operator frees space; the next command replays any journal
 
     (codes,) = launch([[_spec(_recalibrate(digits_file, "ts"), tmpfs,
@@ -360,7 +362,6 @@ def test_disk_full_mid_run_records_the_failure_and_registers_nothing(
     (failed,) = client.search_runs([experiment], "attributes.status = 'FAILED'")
     error = failed.data.tags[registry.ERROR_TAG]
     assert "No space left" in error or "disk is full" in error, error
-    assert "journaled to" in line or "No space left" not in error  # recorded now, or later
     assert not list((cache / "cord-ops").rglob("*.json"))  # any journal was replayed
     assert not list(store.glob(".cord-journal/*.json"))
 
