@@ -181,7 +181,7 @@ from flows.recalibrate import recalibrate
 def killed(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
-registry.apply_decision = killed  # the version exists; the gate never finishes
+registry.record_decision = killed  # the version exists; the gate never finishes
 recalibrate(data=sys.argv[1], model_name="m")
 """
 
