@@ -335,13 +335,13 @@ def log_params_and_metrics(run_id: str, params: dict[str, str], evaluation: Eval
 
 
 @store_task
-def log_reference(run_id: str, evaluation: data.Dataset) -> dict[str, str]:
+def log_reference(uri: str, run_id: str, evaluation: data.Dataset) -> dict[str, str]:
     """Pin the evaluation split: artifact ``reference/evaluation.npz`` and the run's
     evaluation dataset input (digest and source), so later gates can score on it.
     Returns its digest by artifact path, for :func:`verify_artifacts`."""
     from mlflow import MlflowClient
 
-    sha256 = reference.log_reference_split(MlflowClient(), run_id, evaluation)
+    sha256 = reference.log_reference_split(MlflowClient(uri), run_id, evaluation)
     return {f"{reference.ARTIFACT_DIR}/{reference.ARTIFACT_NAME}": sha256}
 
 
@@ -645,7 +645,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                   policy)
             faults.checkpoint("log_params")
             digests = steps(log_report_artifacts, run_id, report, fitted, repair)
-            digests.update(steps(log_reference, run_id, evaluation))
+            digests.update(steps(log_reference, uri, run_id, evaluation))
             faults.checkpoint("log_artifacts")
             model_info = steps(log_onnx_model, run_id, model, evaluation, dtype)
             faults.checkpoint("log_model")
