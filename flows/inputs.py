@@ -81,22 +81,23 @@ def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
     that cannot read the file's input kind, a seed or fraction the split rejects, an
     evaluation file with other classes or another input kind."""
     from cord_ops import data
-    from cord_ops.calibrators import make_calibrator
 
+    if eval_dataset is not None:
+        if eval_dataset.n_classes != dataset.n_classes:
+            raise InputError(f"{eval_dataset.path}: has {eval_dataset.n_classes} classes but "
+                             f"{dataset.path} has {dataset.n_classes}")
+        if eval_dataset.input_kind != dataset.input_kind:
+            raise InputError(f"{eval_dataset.path}: holds {eval_dataset.input_kind} but "
+                             f"{dataset.path} holds {dataset.input_kind}")
     try:
-        make_calibrator(calibrator, input_kind=dataset.input_kind)
         if eval_dataset is None:
             data.split_indices(dataset.n, seed, fraction)
+        # last: it imports scikit-learn
+        from cord_ops.calibrators import make_calibrator
+
+        make_calibrator(calibrator, input_kind=dataset.input_kind)
     except ValueError as exc:
         raise InputError(f"{dataset.path}: {exc}") from exc
-    if eval_dataset is None:
-        return
-    if eval_dataset.n_classes != dataset.n_classes:
-        raise InputError(f"{eval_dataset.path}: has {eval_dataset.n_classes} classes but "
-                         f"{dataset.path} has {dataset.n_classes}")
-    if eval_dataset.input_kind != dataset.input_kind:
-        raise InputError(f"{eval_dataset.path}: holds {eval_dataset.input_kind} but "
-                         f"{dataset.path} holds {dataset.input_kind}")
 
 
 def non_negative(value: float, option: str) -> float:
@@ -125,12 +126,12 @@ def writable_output(path: Path, option: str, *inputs: Path | None) -> Path:
 
 
 # ---------------------------------------------------------------- cron
-def _cron_value(token: str, field: str, low: int, high: int, cron: str) -> int:
+def _cron_value(token: str, field: str, low: int, high: int, where: str) -> int:
     names = CRON_NAMES.get(field)
     if names and token.lower() in names:
         return names.index(token.lower()) + (1 if field == "month" else 0)
     if not token.isdigit() or not low <= int(token) <= high:
-        raise InputError(f"cron {cron!r}: {field} {token!r} is not in {low}-{high}; expected "
+        raise InputError(f"{where}: {field} {token!r} is not in {low}-{high}; expected "
                          f"{CRON_EXAMPLE}")
     return int(token)
 
@@ -158,8 +159,9 @@ def check_cron(cron: str, option: str = "--cron") -> str:
             if base in ("*", "?") and (base == "*" or field in ("day of month", "day of week")):
                 continue
             first, dash, last = base.partition("-")
-            start = _cron_value(first, field, low, high, f"{option} {cron}")
-            if dash and _cron_value(last, field, low, high, f"{option} {cron}") < start:
+            where = f"{option} {cron!r}"
+            start = _cron_value(first, field, low, high, where)
+            if dash and _cron_value(last, field, low, high, where) < start:
                 raise InputError(f"{option} {cron!r}: {field} range {base!r} runs backwards")
     return text
 
@@ -252,8 +254,8 @@ def registered_model(uri: str, name: str, alias: str | None = None) -> None:
     if name not in names:
         held = ", ".join(names) if names else "none"
         raise InputError(f"model '{name}' is not registered in {uri} (registered: {held})")
-    raise InputError(f"model '{name}' has no @{alias} in {uri}; run `cord-ops recalibrate` "
-                     f"--model-name {name} first")
+    raise InputError(f"model '{name}' has no @{alias} in {uri}; run `cord-ops recalibrate "
+                     f"--model-name {name}` first")
 
 
 def model_reference(uri: str, model: str) -> None:

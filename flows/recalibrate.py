@@ -355,7 +355,7 @@ def finish_run(run_id: str) -> None:
 def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrator: str = "vs",
                 fraction: float = 0.5, seed: int = 0, model_name: str = "cord-ops",
                 input_kind: str = "auto", dtype: str = "float32",
-                promote: bool = True) -> RecalibrationResult:
+                promote: bool = True, tracking_uri: str | None = None) -> RecalibrationResult:
     """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
 
     ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
@@ -363,7 +363,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     float type. With ``promote=False`` the gate is evaluated and recorded but the alias
     never moves. Raises :class:`RecalibrationError` naming the failed step.
     """
-    uri = tracking.configure_tracking()
+    uri = tracking.configure_tracking(tracking_uri)
     steps = Steps()
     try:
         dataset = steps(load_dataset, str(data), input_kind)

@@ -88,10 +88,15 @@ def _state_file(folder: Path) -> Path:
 
 
 def _process_start_time(pid: int) -> float | None:
+    """When process ``pid`` started; None when there is no such live process (an exited
+    one nobody has reaped yet, a zombie, counts as gone)."""
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
 
@@ -214,25 +219,19 @@ def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _process_start_time(pid) is None or _reaped(pid):
+        _reap(pid)
+        if _process_start_time(pid) is None:
             return
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
+    _reap(pid)
 
 
-def _reaped(pid: int) -> bool:
-    """Reap ``pid`` if it is our exited child (a zombie still has a start time)."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # not our child: its own parent or init reaps it
-        import psutil
-
-        try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-    return done == pid
+def _reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is this process's child (started here)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 def stop(folder: Path, timeout: float = STOP_TIMEOUT_S) -> int | None:

@@ -48,7 +48,7 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
                                          process, log)
             watch = _wait_for_deployment(client, f"monitor/{MONITOR_DEPLOYMENT}", process, log)
         assert [s.schedule.cron for s in recal.schedules] == ["0 3 * * *"]
-        assert [s.schedule.cron for s in watch.schedules] == ["0 3 * * *"]
+        assert [s.schedule.cron for s in watch.schedules] == ["30 3 * * *"]  # offset
         assert recal.parameters["model_name"] == "scheduled"
         assert recal.global_concurrency_limit.limit == 1
 
