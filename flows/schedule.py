@@ -1,8 +1,9 @@
 """Cron deployments of the recalibration and monitoring flows.
 
-``serve`` runs them from this process (Prefect's embedded server, or the server
-PREFECT_API_URL names); ``deploy_to_work_pool`` registers them with a work pool of a real
-``prefect server`` instead, for a ``prefect worker`` on this host to run.
+:func:`serve_deployments` runs them from this process against the Prefect server the
+caller chose (``cord-ops schedule`` uses PREFECT_API_URL's, else its managed local server,
+:mod:`flows.server`: a server whose scheduler creates the runs); ``deploy_to_work_pool``
+registers them with a work pool instead, for a ``prefect worker`` on this host to run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 #: A SIGTERM stops serving within this many seconds (the signal reaches the handler late
 #: on a busy machine, and an operator expects the service gone within 5 s).
 STOP_WITHIN_S = 3.0
+#: How often the runner asks the server for due runs (Prefect's default, 10 s, delays a
+#: run by up to that much; a query of a local server costs milliseconds).
+POLL_S = 2.0
 
 
 def prefect_cron(cron: str) -> str:
@@ -80,7 +84,8 @@ def serve_deployments(deployments, limit: int | None = None,
     ``stop_within`` seconds kills what is still running: such a run is left RUNNING in
     MLflow for the registry's clean-up of runs whose owner died.
     """
-    runner = _BoundedStopRunner(stop_within, pause_on_shutdown=True, limit=limit)
+    runner = _BoundedStopRunner(stop_within, pause_on_shutdown=True, limit=limit,
+                                query_seconds=POLL_S)
     runner.deployment_ids = [runner.add_deployment(deployment) for deployment in deployments]
     try:
         asyncio.run(runner.start())
