@@ -108,6 +108,8 @@ def prefect_api(args, start_managed: bool = False):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if PREFECT_API_URL.value():
+        inputs.answering(f"{PREFECT_API_URL.value().rstrip('/')}/health",
+                         f"the Prefect server PREFECT_API_URL={PREFECT_API_URL.value()}")
         yield None
         return
     folder = server.state_folder(args.tracking_uri)

@@ -151,3 +151,14 @@ def test_verbose_shows_the_traceback_and_still_ends_with_the_error(folder, cord_
     assert "Traceback (most recent call last)" in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         "error: missing.npz: no such file (given as --data)")
+
+
+def test_a_tracking_server_that_is_down_is_named_at_once(folder, cord_ops_command):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    done, wall = run_cli(cord_ops_command, ["monitor", "--data", "ok.npz", "--tracking-uri", uri],
+                         folder, folder.parent / "prefect-home")
+    assert_fails_fast(done, wall, folder, 1, f"the MLflow tracking server {uri} does not answer")
