@@ -39,6 +39,8 @@ DEMO_MODEL = "cord-ops-demo"
 UI_PORT = 5000
 #: Exit status of ``server status`` when no managed server runs (as ``systemctl status``).
 NOT_RUNNING = 3
+#: Seconds Prefect's temporary server may take to start (Prefect's default: 20).
+TEMPORARY_SERVER_TIMEOUT_S = 90
 #: Packages whose exceptions mean the tracking store failed (their errors name the URI).
 STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "alembic")
 
@@ -105,7 +107,11 @@ def prefect_api(args, start_managed: bool = False):
     body through Prefect's settings context (this process's environment is untouched) and
     is inherited by the flow-run processes Prefect starts.
     """
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     if PREFECT_API_URL.value():
         inputs.answering(f"{PREFECT_API_URL.value().rstrip('/')}/health",
@@ -118,7 +124,10 @@ def prefect_api(args, start_managed: bool = False):
         managed, started = server.start(folder)
         print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
     if managed is None:
-        yield None
+        # Prefect's temporary server; its 20 s start-up limit is too tight on a busy machine.
+        with temporary_settings(updates={
+                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: TEMPORARY_SERVER_TIMEOUT_S}):
+            yield None
         return
     with temporary_settings(updates={PREFECT_API_URL: managed.api_url}):
         yield managed
@@ -145,7 +154,9 @@ def console_tracebacks(verbose: bool):
     """Without ``verbose``, Prefect's console log lines keep their message but drop the
     traceback (the log sent to the Prefect API keeps it); restored afterwards."""
     swapped = []
-    if not verbose and "prefect" in sys.modules:
+    if not verbose:
+        import prefect.main  # noqa: F401  (sets up Prefect's log handlers, as any flow import does)
+
         loggers = [logging.getLogger()] + [
             logger for name, logger in logging.Logger.manager.loggerDict.items()
             if name.startswith("prefect") and isinstance(logger, logging.Logger)]
@@ -233,11 +244,10 @@ def _flow_options(args) -> dict:
 def cmd_recalibrate(args) -> int:
     from flows.recalibrate import recalibrate
 
-    with prefect_api(args), console_tracebacks(args.verbose):
-        result = recalibrate(data=str(args.data),
-                             eval_data=None if args.eval_data is None else str(args.eval_data),
-                             promote=not args.no_promote, tracking_uri=args.tracking_uri,
-                             **_flow_options(args))
+    result = recalibrate(data=str(args.data),
+                         eval_data=None if args.eval_data is None else str(args.eval_data),
+                         promote=not args.no_promote, tracking_uri=args.tracking_uri,
+                         **_flow_options(args))
     _print_result(result, args.started)
     return 0
 
@@ -257,9 +267,8 @@ def cmd_demo(args) -> int:
               f"({digits.n} x {digits.n_classes}) -> {path}")
     else:
         path = args.data
-    with prefect_api(args), console_tracebacks(args.verbose):
-        result = recalibrate(data=str(path), promote=True, tracking_uri=args.tracking_uri,
-                             **_flow_options(args))
+    result = recalibrate(data=str(path), promote=True, tracking_uri=args.tracking_uri,
+                         **_flow_options(args))
     _print_result(result, args.started)
     return 0
 
@@ -267,13 +276,12 @@ def cmd_demo(args) -> int:
 def cmd_monitor(args) -> int:
     from flows.monitor import monitor
 
-    with prefect_api(args), console_tracebacks(args.verbose):
-        result = monitor(data=str(args.data), model_name=args.model_name,
-                         max_ece_increase=args.max_ece_increase,
-                         max_nll_increase=args.max_nll_increase, input_kind=args.input_kind,
-                         recalibrate_on_drift=not args.no_recalibrate,
-                         calibrator=args.calibrator, fraction=args.fraction, seed=args.seed,
-                         dtype=args.dtype, tracking_uri=args.tracking_uri)
+    result = monitor(data=str(args.data), model_name=args.model_name,
+                     max_ece_increase=args.max_ece_increase,
+                     max_nll_increase=args.max_nll_increase, input_kind=args.input_kind,
+                     recalibrate_on_drift=not args.no_recalibrate, calibrator=args.calibrator,
+                     fraction=args.fraction, seed=args.seed, dtype=args.dtype,
+                     tracking_uri=args.tracking_uri)
     if result is None:  # the champion went away between the check and the run
         return _error(f"model '{args.model_name}' has no @champion in {args.tracking_uri}")
     print(f"champion v{result.champion_version} on {args.data}:")
@@ -448,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flow_options(p)
     p.add_argument("--no-promote", action="store_true",
                    help="record the gate decision but never move @champion")
-    p.set_defaults(func=cmd_recalibrate, validate=validate_recalibrate)
+    p.set_defaults(func=cmd_recalibrate, validate=validate_recalibrate, prefect=True)
 
     p = sub.add_parser("monitor", help="score @champion on a labelled batch; recalibrate on drift")
     p.add_argument("--data", required=True, type=Path, help="labelled batch (.npz)")
@@ -456,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-recalibrate", action="store_true",
                    help="only report drift, never start a recalibration")
     _add_flow_options(p)
-    p.set_defaults(func=cmd_monitor, validate=validate_monitor)
+    p.set_defaults(func=cmd_monitor, validate=validate_monitor, prefect=True)
 
     p = sub.add_parser(
         "schedule", help="serve cron deployments of recalibrate and monitor",
@@ -490,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="no-argument demo: digits classifier -> full flow")
     p.add_argument("--data", type=Path, help="use this .npz instead of the digits classifier")
     _add_flow_options(p, model_name=DEMO_MODEL)
-    p.set_defaults(func=cmd_demo, validate=validate_demo)
+    p.set_defaults(func=cmd_demo, validate=validate_demo, prefect=True)
 
     p = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 over the tracking store")
     p.add_argument("--port", type=int, default=UI_PORT, help=f"port (default: {UI_PORT})")
@@ -505,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_server)
 
     reproduce_cli.add_cli(sub)
+    for name in ("reproduce", "bench"):
+        sub.choices[name].set_defaults(prefect=True)
     for command in sub.choices.values():
         _add_common(command, top=False)
     return parser
@@ -545,7 +555,11 @@ def run(args: argparse.Namespace) -> int:
         validate = getattr(args, "validate", None)
         if validate is not None:
             validate(args)
-        return args.func(args) or 0
+        with contextlib.ExitStack() as stack:
+            if getattr(args, "prefect", False):  # the command runs Prefect flows
+                stack.enter_context(prefect_api(args))
+                stack.enter_context(console_tracebacks(args.verbose))
+            return args.func(args) or 0
     except KeyboardInterrupt:
         return _error("interrupted")
     except Exception as exc:  # the CLI's contract: one line naming the cause, exit 1
