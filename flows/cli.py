@@ -39,10 +39,10 @@ DEMO_MODEL = "cord-ops-demo"
 UI_PORT = 5000
 #: Exit status of ``server status`` when no managed server runs (as ``systemctl status``).
 NOT_RUNNING = 3
-#: Seconds Prefect's temporary server may take to start (Prefect's default: 20).
-TEMPORARY_SERVER_TIMEOUT_S = 90
 #: Packages whose exceptions mean the tracking store failed (their errors name the URI).
 STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "alembic")
+#: flows.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
+DEFAULT_LOCK_TIMEOUT = 600.0
 
 
 def _error(message: str) -> int:
@@ -101,21 +101,22 @@ def _server_hint(args) -> str:
 def prefect_api(args, start_managed: bool = False):
     """Run the body against one Prefect API; yields the managed server in use, or None.
 
-    ``PREFECT_API_URL`` (environment or Prefect profile) wins. Otherwise the managed
-    server of this store is used when it is running, or started when ``start_managed``;
-    failing both, Prefect starts its temporary server as usual. The URL is set for the
-    body through Prefect's settings context (this process's environment is untouched) and
-    is inherited by the flow-run processes Prefect starts.
+    ``PREFECT_API_URL`` (environment or Prefect profile) wins, and must answer. Otherwise
+    the managed server of this store is used when it is running, or started when
+    ``start_managed``; failing both, a temporary server that dies with this process
+    (:func:`flows.prefect_server.temporary_api`). The managed server's URL is set for the
+    body through Prefect's settings context (this process's environment is untouched)
+    and is inherited by the flow-run processes Prefect starts.
     """
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        temporary_settings,
-    )
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    if PREFECT_API_URL.value():
-        inputs.answering(f"{PREFECT_API_URL.value().rstrip('/')}/health",
-                         f"the Prefect server PREFECT_API_URL={PREFECT_API_URL.value()}")
+    from flows import prefect_server
+
+    configured = prefect_server.configured_api_url()
+    if configured:
+        if not server.healthy(configured):
+            raise server.ServerError(f"the Prefect server PREFECT_API_URL={configured} does "
+                                     "not answer")
         yield None
         return
     folder = server.state_folder(args.tracking_uri)
@@ -124,13 +125,30 @@ def prefect_api(args, start_managed: bool = False):
         managed, started = server.start(folder)
         print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
     if managed is None:
-        # Prefect's temporary server; its 20 s start-up limit is too tight on a busy machine.
-        with temporary_settings(updates={
-                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: TEMPORARY_SERVER_TIMEOUT_S}):
+        with prefect_server.temporary_api():
             yield None
         return
     with temporary_settings(updates={PREFECT_API_URL: managed.api_url}):
         yield managed
+
+
+@contextlib.contextmanager
+def flow_context(args, start_managed: bool = False):
+    """What a command that runs flows needs, after its inputs passed: the store made ready
+    (created or upgraded once, under a lock: :func:`flows.tracking.prepare_store`), a
+    Prefect API (:func:`prefect_api`), the registry lock's kind for it (``args.lock``) and
+    Prefect's console log without tracebacks unless ``--verbose``. Yields the managed
+    server in use, or None."""
+    from flows import lock, prefect_server
+
+    timeout = getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT)
+    tracking.prepare_store(args.tracking_uri, timeout)
+    with prefect_api(args, start_managed) as managed:
+        # A temporary server serves this process only, so it cannot serialise anything.
+        api = prefect_server.configured_api_url() or (managed and managed.api_url)
+        args.lock = lock.choose(tracking.local_store_folder(args.tracking_uri), api)
+        with console_tracebacks(args.verbose):
+            yield managed
 
 
 class _WithoutTraceback(logging.Formatter):
@@ -238,7 +256,8 @@ def validate_ui(args) -> None:
 # ---------------------------------------------------------------- commands
 def _flow_options(args) -> dict:
     return {"calibrator": args.calibrator, "fraction": args.fraction, "seed": args.seed,
-            "model_name": args.model_name, "input_kind": args.input_kind, "dtype": args.dtype}
+            "model_name": args.model_name, "input_kind": args.input_kind, "dtype": args.dtype,
+            "lock_timeout": args.lock_timeout, "store_timeout": args.store_timeout}
 
 
 def cmd_recalibrate(args) -> int:
@@ -247,7 +266,7 @@ def cmd_recalibrate(args) -> int:
     result = recalibrate(data=str(args.data),
                          eval_data=None if args.eval_data is None else str(args.eval_data),
                          promote=not args.no_promote, tracking_uri=args.tracking_uri,
-                         **_flow_options(args))
+                         lock=args.lock, **_flow_options(args))
     _print_result(result, args.started)
     return 0
 
@@ -268,7 +287,7 @@ def cmd_demo(args) -> int:
     else:
         path = args.data
     result = recalibrate(data=str(path), promote=True, tracking_uri=args.tracking_uri,
-                         **_flow_options(args))
+                         lock=args.lock, **_flow_options(args))
     _print_result(result, args.started)
     return 0
 
@@ -316,7 +335,7 @@ def cmd_schedule(args) -> int:
     # Prefect's own cron parser has the last word, still before any server is involved.
     schedule.prefect_cron(args.cron)
     schedule.prefect_cron(args.monitor_cron)
-    with prefect_api(args, start_managed=True) as managed, console_tracebacks(args.verbose):
+    with flow_context(args, start_managed=True) as managed:
         print(f"recalibrate: cron {args.cron!r}; monitor: cron {args.monitor_cron!r}; "
               f"tracking {args.tracking_uri}", flush=True)
         if args.work_pool:
@@ -433,6 +452,14 @@ def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-o
                         help="what the .npz holds (default: whichever array is present)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                         help="float type of the exported ONNX graph (default: float32)")
+    parser.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT,
+                        metavar="SECONDS",
+                        help="wait at most this long for another recalibration of the same "
+                             f"model to leave the registry (default: {DEFAULT_LOCK_TIMEOUT:g})")
+    parser.add_argument("--store-timeout", type=float,
+                        default=tracking.DEFAULT_STORE_TIMEOUT, metavar="SECONDS",
+                        help="fail within about this long when the tracking store is down "
+                             f"(default: {tracking.DEFAULT_STORE_TIMEOUT:g})")
 
 
 def _add_thresholds(parser: argparse.ArgumentParser) -> None:
@@ -535,8 +562,8 @@ def _store_involved(exc: BaseException) -> bool:
 def describe_error(exc: BaseException, tracking_uri: str) -> str:
     """One line for ``exc``: its own message for the errors cord-ops raises on purpose,
     ``Type: message`` otherwise, the tracking URI added when the store is involved."""
-    from_cord_ops = isinstance(exc, inputs.InputError | server.ServerError) or (
-        type(exc).__name__ == "RecalibrationError")
+    from_cord_ops = isinstance(exc, inputs.InputError | server.ServerError
+                               | tracking.StoreError) or type(exc).__name__ == "RecalibrationError"
     message = str(exc) if from_cord_ops else f"{type(exc).__name__}: {exc}"
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     message = lines[0] if lines else type(exc).__name__
@@ -557,8 +584,7 @@ def run(args: argparse.Namespace) -> int:
             validate(args)
         with contextlib.ExitStack() as stack:
             if getattr(args, "prefect", False):  # the command runs Prefect flows
-                stack.enter_context(prefect_api(args))
-                stack.enter_context(console_tracebacks(args.verbose))
+                stack.enter_context(flow_context(args))
             return args.func(args) or 0
     except KeyboardInterrupt:
         return _error("interrupted")
@@ -575,6 +601,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = build_parser().parse_args(argv)
     args.started = started
+    # The process entry point: bound MLflow's HTTP retries here (MLflow reads them only
+    # from the environment); a value the user set wins.
+    for key, value in tracking.http_environment(
+            getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT)).items():
+        os.environ.setdefault(key, value)
     return run(args)
 
 

@@ -31,7 +31,8 @@ CRON_EXAMPLE = '"0 3 * * *" (minute hour day-of-month month day-of-week)'
 #: Seconds or minutes by which the default monitoring schedule follows recalibration.
 MONITOR_OFFSET_MINUTES = 30
 MONITOR_OFFSET_SECONDS = 30
-STORE_PROBE_TIMEOUT_S = 5.0
+#: Seconds a remote store's /health may take to answer during validation.
+STORE_PROBE_TIMEOUT_S = 3.0
 
 
 class InputError(ValueError):
@@ -203,24 +204,14 @@ def existing_store(uri: str) -> str:
             "working folder; run from the folder that holds it, or pass --tracking-uri "
             "(or set MLFLOW_TRACKING_URI)")
     if uri.startswith(("http://", "https://")):
-        answering(f"{uri.rstrip('/')}/health", f"the MLflow tracking server {uri}")
+        from flows import tracking
+
+        # A server that is down fails here in seconds, not after a client's retries.
+        try:
+            tracking.prepare_store(uri, STORE_PROBE_TIMEOUT_S)
+        except tracking.StoreError as exc:
+            raise InputError(str(exc)) from None
     return uri
-
-
-def answering(url: str, what: str, timeout: float = STORE_PROBE_TIMEOUT_S) -> None:
-    """One GET of ``url`` with a short timeout: a server that is down fails here in
-    seconds, not after a client library's minutes of retries."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=timeout):
-            return
-    except urllib.error.HTTPError:
-        return  # it answered
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise InputError(f"{what} does not answer ({reason})") from None
 
 
 def _sqlite_versions(database: Path, name: str, alias: str | None) -> tuple[list[str], bool]:

@@ -49,17 +49,16 @@ class ServerError(RuntimeError):
 def state_folder(tracking_uri: str, cwd: str | os.PathLike | None = None) -> Path:
     """Where the managed server of the MLflow store ``tracking_uri`` keeps its state.
 
-    A local store (``sqlite:///DIR/mlflow.db``, ``file:///DIR`` or a plain path) keeps it
-    in ``DIR/prefect``; a remote store (``http://...``, a database server) has no folder
-    of its own, so the state goes to ``<cwd>/mlruns/prefect``.
+    A local store keeps it in its own folder (:func:`flows.tracking.local_store_folder`,
+    e.g. ``DIR/prefect`` for ``sqlite:///DIR/mlflow.db``); a remote store (``http://...``,
+    a database server) has no folder here, so the state goes to ``<cwd>/mlruns/prefect``.
     """
-    if tracking_uri.startswith("sqlite:///"):
-        return Path(tracking_uri.removeprefix("sqlite:///")).resolve().parent / STATE_DIR
-    if tracking_uri.startswith("file://"):
-        return Path(tracking_uri.removeprefix("file://")).resolve() / STATE_DIR
-    if ":" not in tracking_uri.split("/")[0]:  # a plain path, MLflow's file store
-        return Path(tracking_uri).resolve() / STATE_DIR
-    return Path(cwd or os.getcwd()).resolve() / "mlruns" / STATE_DIR
+    from flows import tracking
+
+    folder = tracking.local_store_folder(tracking_uri)
+    if folder is None:
+        folder = Path(cwd or os.getcwd()) / tracking.STORE_DIR
+    return folder.resolve() / STATE_DIR
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,8 @@ def _process_start_time(pid: int) -> float | None:
         return None
 
 
-def _healthy(api_url: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:
+def healthy(api_url: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:
+    """Whether the Prefect API at ``api_url`` answers its health check within ``timeout``."""
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as response:
             return response.status == 200
@@ -129,7 +129,7 @@ def running(folder: Path) -> RunningServer | None:
     if record is None or not _alive(record):
         return None
     server = RunningServer(int(record["pid"]), int(record["port"]), folder)
-    return server if _healthy(server.api_url) else None
+    return server if healthy(server.api_url) else None
 
 
 @contextlib.contextmanager
@@ -200,7 +200,7 @@ def start(folder: Path, timeout: float = START_TIMEOUT_S) -> tuple[RunningServer
             _state_file(folder).write_text(json.dumps(record, indent=2) + "\n")
         server = RunningServer(int(record["pid"]), int(record["port"]), folder)
         deadline = time.monotonic() + timeout
-        while not _healthy(server.api_url, timeout=1.0):
+        while not healthy(server.api_url, timeout=1.0):
             if not _alive(record) or (started and process.poll() is not None):
                 _state_file(folder).unlink(missing_ok=True)
                 raise ServerError(f"the Prefect server exited while starting; see {server.log}")

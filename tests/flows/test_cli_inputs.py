@@ -161,4 +161,4 @@ def test_a_tracking_server_that_is_down_is_named_at_once(folder, cord_ops_comman
         uri = f"http://127.0.0.1:{sock.getsockname()[1]}"
     done, wall = run_cli(cord_ops_command, ["monitor", "--data", "ok.npz", "--tracking-uri", uri],
                          folder, folder.parent / "prefect-home")
-    assert_fails_fast(done, wall, folder, 1, f"the MLflow tracking server {uri} does not answer")
+    assert_fails_fast(done, wall, folder, 1, f"tracking store {uri} is unreachable")
