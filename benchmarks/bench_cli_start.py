@@ -22,8 +22,10 @@ Prints figures only; nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,35 +37,35 @@ TIME_LINE = re.compile(r"time:\s+([\d.]+) s total, ([\d.]+) s in flow tasks")
 
 INSTRUMENTED = r"""
 import json, sys, time
-t0 = time.perf_counter()
-import numpy, scipy.special, sklearn.base                     # numerics
-t1 = time.perf_counter()
-import prefect.flows, prefect.settings                        # Prefect
-t2 = time.perf_counter()
-import mlflow                                                 # MLflow
-t3 = time.perf_counter()
-import onnx, onnxruntime                                      # ONNX
-t4 = time.perf_counter()
-from flows.recalibrate import recalibrate                     # the rest of cord-ops
-t5 = time.perf_counter()
+marks = [("start", time.perf_counter(), time.process_time())]
+def mark(name):
+    marks.append((name, time.perf_counter(), time.process_time()))
+import numpy, scipy.special, sklearn.base
+mark("import numerics (numpy, scipy, sklearn)")
+import prefect.flows, prefect.settings
+mark("import prefect")
+import mlflow
+mark("import mlflow")
+import onnx, onnxruntime
+mark("import onnx, onnxruntime")
+from flows.recalibrate import recalibrate
+mark("import the rest of cord-ops flows")
 from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL, temporary_settings
 with temporary_settings(updates={PREFECT_API_URL: sys.argv[2]}):
     with get_client(sync_client=True) as client:
         client.api_healthcheck()
-    t6 = time.perf_counter()
+    mark("prefect client + health check")
     from mlflow import MlflowClient
     MlflowClient(sys.argv[3]).search_experiments(max_results=1)
-    t7 = time.perf_counter()
+    mark("mlflow store open (sqlalchemy engine)")
     result = recalibrate(data=sys.argv[1], model_name="bench-instrumented",
                          tracking_uri=sys.argv[3])
-    t8 = time.perf_counter()
-print("BENCH " + json.dumps({
-    "import numerics": t1 - t0, "import prefect": t2 - t1, "import mlflow": t3 - t2,
-    "import onnx": t4 - t3, "import cord-ops flows": t5 - t4,
-    "prefect client + health check": t6 - t5, "mlflow store open": t7 - t6,
-    "flow wall": t8 - t7, "flow tasks": sum(result.timings.values()),
-    "steps": result.timings}))
+    mark("flow run")
+rows = [(name, wall - marks[i][1], cpu - marks[i][2])
+        for i, (name, wall, cpu) in enumerate(marks[1:])]
+print("BENCH " + json.dumps({"rows": rows, "tasks": sum(result.timings.values()),
+                             "steps": result.timings}))
 """
 
 
@@ -75,13 +77,17 @@ def _environment(home: Path) -> dict[str, str]:
     return env
 
 
-def _run(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
+def _run(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, str]:
+    """Run ``command``; (wall seconds, CPU seconds of it and its children, stdout)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return wall, done.stdout
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, done.stdout
 
 
 def _task_seconds(stdout: str) -> float:
@@ -107,43 +113,40 @@ def main() -> None:
         path = data.save_npz(cwd / "digits.npz", digits.scores, digits.labels, "logits")
         recal = [cli, "recalibrate", "--data", str(path)]
 
-        cold_wall, out = _run(recal, cwd, env)
+        cold_wall, cold_cpu, out = _run(recal, cwd, env)
         cold_tasks = _task_seconds(out)
-        start_wall, out = _run([cli, "server", "start"], cwd, env)
+        start_wall, _, out = _run([cli, "server", "start"], cwd, env)
         api_url = re.search(r"(http://127\.0\.0\.1:\d+/api)", out).group(1)
         try:
             warm = [_run(recal, cwd, env) for _ in range(args.repeats)]
-            warm_walls = [wall for wall, _ in warm]
-            warm_tasks = [_task_seconds(out) for _, out in warm]
             uri = f"sqlite:///{cwd / 'mlruns' / 'mlflow.db'}"
-            _, out = _run([sys.executable, "-c", INSTRUMENTED, str(path), api_url, uri],
-                          cwd, env)
+            _, _, out = _run([sys.executable, "-c", INSTRUMENTED, str(path), api_url, uri],
+                             cwd, env)
         finally:
             _run([cli, "server", "stop"], cwd, env)
 
-    import json
-
     parts = json.loads(next(line for line in out.splitlines()
                             if line.startswith("BENCH "))[len("BENCH "):])
-    wall = statistics.median(warm_walls)
-    tasks = statistics.median(warm_tasks)
+    walls = [wall for wall, _, _ in warm]
+    cpus = [cpu for _, cpu, _ in warm]
+    tasks = [_task_seconds(text) for _, _, text in warm]
+    wall, cpu, task = (statistics.median(v) for v in (walls, cpus, tasks))
     print(f"digits demo data ({digits.n} x {digits.n_classes}), calibrator vs, "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
-    print(f"cold  cord-ops recalibrate (temporary Prefect server, new store): {cold_wall:6.2f} s "
-          f"(flow tasks {cold_tasks:.2f} s)")
-    print(f"      cord-ops server start (once):                              {start_wall:6.2f} s")
-    print(f"warm  cord-ops recalibrate, median of {len(warm_walls)} "
-          f"({', '.join(f'{w:.2f}' for w in warm_walls)}): {wall:6.2f} s "
-          f"(flow tasks {tasks:.2f} s)")
-    print(f"      target <= 5 s: {'met' if wall <= 5 else 'NOT met'}; "
-          f"target <= 2x tasks ({2 * tasks:.2f} s): {'met' if wall <= 2 * tasks else 'NOT met'}"
-          f" (ratio {wall / tasks:.2f})")
-    print("where a warm run's time goes (one instrumented interpreter):")
-    for key, value in parts.items():
-        if key != "steps":
-            print(f"  {key:<32} {value:6.2f} s")
-    print("  engine overhead (flow wall - tasks) "
-          f"{parts['flow wall'] - parts['flow tasks']:6.2f} s")
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+          "(wall times grow with the load; CPU times much less)")
+    print(f"cold  recalibrate (temporary Prefect server, new store): wall {cold_wall:6.2f} s, "
+          f"CPU {cold_cpu:6.2f} s, flow tasks {cold_tasks:.2f} s")
+    print(f"      cord-ops server start (once):                      wall {start_wall:6.2f} s")
+    print(f"warm  recalibrate, median of {len(walls)}:                   wall {wall:6.2f} s, "
+          f"CPU {cpu:6.2f} s, flow tasks {task:.2f} s")
+    print(f"      all warm walls: {', '.join(f'{w:.2f}' for w in walls)} s")
+    print(f"      target wall <= 5 s: {'met' if wall <= 5 else 'NOT met'}; "
+          f"target wall <= 2x tasks ({2 * task:.2f} s): "
+          f"{'met' if wall <= 2 * task else 'NOT met'} (ratio {wall / task:.2f})")
+    print("where a warm run's time goes (one instrumented interpreter, wall / CPU):")
+    for name, part_wall, part_cpu in parts["rows"]:
+        print(f"  {name:<40} {part_wall:6.2f} s / {part_cpu:6.2f} s")
+    print(f"  {'of the flow run: its tasks':<40} {parts['tasks']:6.2f} s")
     print("  per task: " + ", ".join(f"{k} {v:.2f}" for k, v in parts["steps"].items()))
 
 
