@@ -161,6 +161,9 @@ def check_cron(cron: str, option: str = "--cron") -> str:
             if base in ("*", "?") and (base == "*" or field in ("day of month", "day of week")):
                 continue
             first, dash, last = base.partition("-")
+            if step and not dash:
+                raise InputError(f"{option} {cron!r}: {field} step '{item}' needs * or a range "
+                                 f"before it (e.g. */15 or 0-30/15); expected {CRON_EXAMPLE}")
             where = f"{option} {cron!r}"
             start = _cron_value(first, field, low, high, where)
             if dash and _cron_value(last, field, low, high, where) < start:
@@ -185,7 +188,29 @@ def monitor_cron_for(cron: str) -> str:
     if re.fullmatch(r"\d+", fields[0]):
         fields[0] = str((int(fields[0]) + MONITOR_OFFSET_MINUTES) % 60)
         return " ".join(fields)
+    # Prefect's cron parser refuses a Sunday written as 7 once a seconds field follows
+    # ("* * * * 7 30"), so such a day-of-week field is spelled out with 0 instead.
+    fields[4] = _sunday_as_zero(fields[4])
     return " ".join([*fields, str(MONITOR_OFFSET_SECONDS)])
+
+
+def _sunday_as_zero(field: str) -> str:
+    """A day-of-week field with every item that reaches 7 replaced by its days as numbers
+    0-6 (``5-7`` -> ``5,6,0``, ``0-7/2`` -> ``0,2,4,6``); other items are kept as written."""
+    items = []
+    for item in field.split(","):
+        base, _, step = item.partition("/")
+        if base in ("*", "?"):
+            items.append(item)
+            continue
+        first, _, last = base.partition("-")
+        low = _cron_value(first, "day of week", 0, 7, "day of week")
+        high = _cron_value(last, "day of week", 0, 7, "day of week") if last else low
+        if high == 7:
+            items.extend(str(day % 7) for day in range(low, 8, int(step) if step else 1))
+        else:
+            items.append(item)
+    return ",".join(dict.fromkeys(items))
 
 
 # ---------------------------------------------------------------- the tracking store
