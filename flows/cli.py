@@ -1,5 +1,6 @@
 """The ``cord-ops`` command line: recalibrate, monitor, schedule, predict, demo, ui, server
-(and reproduce / bench from :mod:`flows.reproduce_cli`).
+(and reproduce / bench from :mod:`flows.reproduce_cli`, status / promote / rollback from
+:mod:`flows.operator_cli`).
 
 How every command runs (:func:`run`):
 
@@ -30,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-from flows import inputs, reproduce_cli, server, tracking
+from flows import inputs, operator_cli, reproduce_cli, server, tracking
 
 CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm")
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
@@ -39,6 +40,9 @@ DEMO_MODEL = "cord-ops-demo"
 UI_PORT = 5000
 #: Exit status of ``server status`` when no managed server runs (as ``systemctl status``).
 NOT_RUNNING = 3
+#: Errors of the flows whose message already names the step, store or version and the
+#: cause (by name: importing their modules would import Prefect).
+NAMED_ERRORS = ("RecalibrationError", "ChampionUnhealthyError", "PromotionRefused")
 #: Packages whose exceptions mean the tracking store failed (their errors name the URI).
 STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "alembic")
 #: flows.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
@@ -73,6 +77,8 @@ def next_steps(result, total_seconds: float) -> str:
         f"gate:     v{result.version} {decision.label} {alias}",
         f"          candidate NLL {decision.candidate_nll:.6g}, champion NLL "
         f"{'-' if decision.champion_nll is None else f'{decision.champion_nll:.6g}'}",
+        *_reference_line(decision),
+        *_warning_lines(result),
         f"onnx:     max |onnx - cord_ops| = {result.onnx_max_abs_diff:.3g}",
         f"time:     {total_seconds:.1f} s total, {compute:.1f} s in flow tasks, "
         f"{total_seconds - compute:.1f} s start-up and orchestration",
@@ -81,6 +87,21 @@ def next_steps(result, total_seconds: float) -> str:
         f"          cord-ops predict --model models:/{result.model_name}@champion "
         "--input FILE.npz --output OUT.npz",
     ])
+
+
+def _reference_line(decision) -> list[str]:
+    ref = decision.reference
+    if ref is None:
+        return []
+    if ref.problem:
+        return [f"          champion v{ref.version}'s reference split not used: {ref.problem}"]
+    return [f"          on champion v{ref.version}'s reference split: candidate NLL "
+            f"{ref.candidate_nll:.6g}, champion NLL {ref.champion_nll:.6g}"]
+
+
+def _warning_lines(result) -> list[str]:
+    found = getattr(result, "warnings", None) or []
+    return [f"{'warnings:' if i == 0 else '':<10}{text}" for i, text in enumerate(found)]
 
 
 def _print_result(result, started: float) -> None:
@@ -248,6 +269,11 @@ def validate_predict(args) -> None:
                                 f"{args.batch_size}")
 
 
+def validate_model_command(args) -> None:
+    """status / promote / rollback: the model must be registered in an existing store."""
+    inputs.registered_model(args.tracking_uri, args.model_name)
+
+
 def validate_ui(args) -> None:
     if not 1 <= args.port <= 65535:
         raise inputs.InputError(f"--port: expected 1-65535, got {args.port}")
@@ -260,13 +286,18 @@ def _flow_options(args) -> dict:
             "lock_timeout": args.lock_timeout, "store_timeout": args.store_timeout}
 
 
+def _gate_options(args) -> dict:
+    return {"min_calibration": args.min_calibration, "min_evaluation": args.min_evaluation,
+            "max_class_share": args.max_class_share, "max_label_shift": args.max_label_shift}
+
+
 def cmd_recalibrate(args) -> int:
     from flows.recalibrate import recalibrate
 
     result = recalibrate(data=str(args.data),
                          eval_data=None if args.eval_data is None else str(args.eval_data),
                          promote=not args.no_promote, tracking_uri=args.tracking_uri,
-                         lock=args.lock, **_flow_options(args))
+                         lock=args.lock, **_flow_options(args), **_gate_options(args))
     _print_result(result, args.started)
     return 0
 
@@ -300,7 +331,7 @@ def cmd_monitor(args) -> int:
                      max_nll_increase=args.max_nll_increase, input_kind=args.input_kind,
                      recalibrate_on_drift=not args.no_recalibrate, calibrator=args.calibrator,
                      fraction=args.fraction, seed=args.seed, dtype=args.dtype,
-                     tracking_uri=args.tracking_uri)
+                     gate_options=_gate_options(args), tracking_uri=args.tracking_uri)
     if result is None:  # the champion went away between the check and the run
         return _error(f"model '{args.model_name}' has no @champion in {args.tracking_uri}")
     print(f"champion v{result.champion_version} on {args.data}:")
@@ -462,6 +493,21 @@ def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-o
                              f"(default: {tracking.DEFAULT_STORE_TIMEOUT:g})")
 
 
+def _add_gate_options(parser: argparse.ArgumentParser) -> None:
+    """Overrides of the champion gate's evidence rules (defaults depend on K; flows.gate)."""
+    parser.add_argument("--min-calibration", type=int, default=None,
+                        help="calibration rows needed to promote (default: max(100, 10 K))")
+    parser.add_argument("--min-evaluation", type=int, default=None,
+                        help="evaluation rows needed to promote (default: max(100, 10 K))")
+    parser.add_argument("--max-class-share", type=float, default=None,
+                        help="largest share one class may hold in a split "
+                             "(default: min(0.9, max(0.5, 5 / K)))")
+    parser.add_argument("--max-label-shift", type=float, default=None,
+                        help="total-variation distance allowed between the evaluation labels "
+                             "and the champion's reference split's, beyond sampling noise "
+                             "(default: 0.2)")
+
+
 def _add_thresholds(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-ece-increase", type=float, default=0.02,
                         help="recalibrate when ECE rises more than this over the champion's")
@@ -481,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data", type=Path,
                    help="separate evaluation .npz (then all of --data calibrates)")
     _add_flow_options(p)
+    _add_gate_options(p)
     p.add_argument("--no-promote", action="store_true",
                    help="record the gate decision but never move @champion")
     p.set_defaults(func=cmd_recalibrate, validate=validate_recalibrate, prefect=True)
@@ -491,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-recalibrate", action="store_true",
                    help="only report drift, never start a recalibration")
     _add_flow_options(p)
+    _add_gate_options(p)
     p.set_defaults(func=cmd_monitor, validate=validate_monitor, prefect=True)
 
     p = sub.add_parser(
@@ -540,6 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_server)
 
     reproduce_cli.add_cli(sub)
+    operator_cli.add_cli(sub)
+    for name in ("status", "promote", "rollback"):
+        sub.choices[name].set_defaults(validate=validate_model_command)
     for name in ("reproduce", "bench"):
         sub.choices[name].set_defaults(prefect=True)
     for command in sub.choices.values():
@@ -563,7 +614,7 @@ def describe_error(exc: BaseException, tracking_uri: str) -> str:
     """One line for ``exc``: its own message for the errors cord-ops raises on purpose,
     ``Type: message`` otherwise, the tracking URI added when the store is involved."""
     from_cord_ops = isinstance(exc, inputs.InputError | server.ServerError
-                               | tracking.StoreError) or type(exc).__name__ == "RecalibrationError"
+                               | tracking.StoreError) or type(exc).__name__ in NAMED_ERRORS
     message = str(exc) if from_cord_ops else f"{type(exc).__name__}: {exc}"
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     message = lines[0] if lines else type(exc).__name__
