@@ -168,6 +168,10 @@ def check_cron(cron: str, option: str = "--cron") -> str:
             start = _cron_value(first, field, low, high, where)
             if dash and _cron_value(last, field, low, high, where) < start:
                 raise InputError(f"{option} {cron!r}: {field} range {base!r} runs backwards")
+            if dash and field == "day of week" and start == 7:
+                # Prefect's parser reads 7-7 as every day; Sunday starts a range as 0.
+                raise InputError(f"{option} {cron!r}: day of week range {base!r} starts at 7; "
+                                 "write Sunday as 0 at the start of a range")
     return text
 
 

@@ -96,6 +96,7 @@ def test_default_monitoring_schedule(cron, monitor):
     ("*/0 * * * *", "minute step '0' is not a positive integer"),
     ("5-1 * * * *", "minute range '5-1' runs backwards"),
     ("* * * * 4/3", "day of week step '4/3' needs * or a range before it"),
+    ("* * * * 7-7", "day of week range '7-7' starts at 7"),
     ("* * * *", "has 4 fields"),
     ("", "has 0 fields"),
     ("@often", "has 1 fields"),
