@@ -177,20 +177,21 @@ def check_cron(cron: str, option: str = "--cron") -> str:
 
 def monitor_cron_for(cron: str) -> str:
     """The default monitoring schedule: ``cron`` shifted so monitoring never starts at
-    the same moment as the recalibration it watches.
+    the same moment as the recalibration it watches, and follows it within the hour.
 
-    A single-number minute field moves by :data:`MONITOR_OFFSET_MINUTES` (``0 3 * * *`` ->
-    ``30 3 * * *``); any other (``*``, ``*/5``, lists, an alias) keeps its minutes and
-    gains a seconds field (Prefect's cron accepts a sixth, seconds, field), so
-    ``* * * * *`` -> ``* * * * * 30``: every minute, 30 s after the recalibration.
+    A minute field that is one number below 30 moves :data:`MONITOR_OFFSET_MINUTES` later
+    (``0 3 * * *`` -> ``30 3 * * *``). Any other (``45``, ``*``, ``*/5``, lists, an alias's
+    expansion) keeps its minutes and gains a seconds field (Prefect's cron takes a sixth,
+    seconds, field): ``* * * * *`` -> ``* * * * * 30``, 30 s after each recalibration
+    starts. (Shifting past the hour would move the hour field, and with it days.)
     """
     cron = check_cron(cron)
     aliases = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
                "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
                "@hourly": "0 * * * *"}
     fields = aliases.get(cron, cron).split(" ")
-    if re.fullmatch(r"\d+", fields[0]):
-        fields[0] = str((int(fields[0]) + MONITOR_OFFSET_MINUTES) % 60)
+    if re.fullmatch(r"\d+", fields[0]) and int(fields[0]) + MONITOR_OFFSET_MINUTES < 60:
+        fields[0] = str(int(fields[0]) + MONITOR_OFFSET_MINUTES)
         return " ".join(fields)
     # Prefect's cron parser refuses a Sunday written as 7 once a seconds field follows
     # ("* * * * 7 30"), so such a day-of-week field is spelled out with 0 instead.

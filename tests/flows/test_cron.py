@@ -78,7 +78,8 @@ def test_what_the_cli_accepts_prefect_accepts_and_monitoring_never_coincides(cro
 
 @pytest.mark.parametrize(("cron", "monitor"), [
     ("0 3 * * *", "30 3 * * *"),
-    ("45 * * * *", "15 * * * *"),
+    ("29 */2 * * *", "59 */2 * * *"),
+    ("45 3 * * *", "45 3 * * * 30"),
     ("* * * * *", "* * * * * 30"),
     ("*/5 1-3 * jan-mar mon-fri", "*/5 1-3 * jan-mar mon-fri 30"),
     ("@daily", "30 0 * * *"),
