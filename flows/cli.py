@@ -550,8 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cron", required=True, help='recalibration schedule, e.g. "0 3 * * *"')
     p.add_argument("--monitor-cron",
                    help=f"monitoring schedule (default: --cron {inputs.MONITOR_OFFSET_MINUTES} "
-                        f"minutes later, or {inputs.MONITOR_OFFSET_SECONDS} s later when its "
-                        "minute field is not a single number)")
+                        f"minutes later within the hour, else {inputs.MONITOR_OFFSET_SECONDS} s "
+                        "later)")
     p.add_argument("--data", required=True, type=Path, help=".npz re-read on every run")
     p.add_argument("--eval-data", type=Path, help="separate evaluation .npz")
     p.add_argument("--monitor-data", type=Path, help="labelled batch to monitor (default: --data)")
