@@ -91,8 +91,6 @@ def serve_deployments(deployments, limit: int | None = None,
         asyncio.run(runner.start())
     except KeyboardInterrupt:
         pass
-    finally:
-        runner.finished.set()
 
 
 class _BoundedStopRunner(Runner):
@@ -102,7 +100,6 @@ class _BoundedStopRunner(Runner):
         super().__init__(**kwargs)
         self.stop_within = stop_within
         self.deployment_ids: list = []
-        self.finished = threading.Event()
         self._watchdog: threading.Thread | None = None
 
     def handle_sigterm(self, *args, **kwargs) -> None:
@@ -125,16 +122,18 @@ class _BoundedStopRunner(Runner):
                     client.pause_deployment(deployment_id)
         except Exception as exc:  # the server may be gone too; stopping matters more
             self._logger.warning("could not pause the schedules: %s", exc)
-        if self.finished.wait(max(0.0, deadline - time.monotonic())):
-            return
+        # Wait out the deadline even when serving has ended: the interpreter's exit (Prefect
+        # flushing logs and events from atexit hooks) can take seconds of its own.
+        time.sleep(max(0.0, deadline - time.monotonic()))
         import psutil
 
         children = psutil.Process().children(recursive=True)
         for child in children:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
-        self._logger.warning("stopped after %.0f s: killed %d flow-run process(es) that were "
-                             "still running", self.stop_within, len(children))
+        if children:
+            self._logger.warning("stopped after %.0f s: killed %d flow-run process(es) that "
+                                 "were still running", self.stop_within, len(children))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
