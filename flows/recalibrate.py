@@ -588,7 +588,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 store_timeout: float = tracking.DEFAULT_STORE_TIMEOUT,
                 lock: str = "auto", min_calibration: int | None = None,
                 min_evaluation: int | None = None, max_class_share: float | None = None,
-                max_label_shift: float | None = None) -> RecalibrationResult:
+                max_label_shift: float | None = None,
+                tracking_uri: str | None = None) -> RecalibrationResult:
     """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
 
     ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
@@ -601,9 +602,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     ``min_evaluation``, ``max_class_share`` and ``max_label_shift`` override the gate's
     defaults for K (:class:`flows.gate.Policy`). When the champion could not be scored,
     the candidate is registered as rejected, the run finished, and then
-    :class:`flows.gate.ChampionUnhealthyError` is raised.
+    :class:`flows.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
+    store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
     """
-    uri = tracking.configure_tracking()
+    uri = tracking.configure_tracking(tracking_uri)
     folder = tracking.local_store_folder(uri)
     if lock == "auto":
         lock = registry_lock.choose(folder, _prefect_api_url())
