@@ -137,7 +137,10 @@ def predict_file(model_path, input_path, output_path, batch_size: int | None = N
 
     bar = _progress_bar(scores.shape[0], progress)
     try:
-        outputs = run_batched(session, scores, batch_size=batch_size, outputs=list(WRITTEN),
+        # A lean model (export_onnx(outputs="lean")) has no ``calibrated``: write what it has.
+        available = {output.name for output in session.get_outputs()}
+        written = [name for name in WRITTEN if name in available]
+        outputs = run_batched(session, scores, batch_size=batch_size, outputs=written,
                               on_batch=bar.update if bar is not None else None)
     finally:
         if bar is not None:
