@@ -185,6 +185,16 @@ def cmd_ui(args) -> int:
     os.execv(sys.executable, command)
 
 
+def cmd_serve(args) -> int:
+    from flows.serve import serve
+
+    serve(tracking.tracking_uri(), args.model_name, alias=args.alias, host=args.host,
+          port=args.port, poll_interval=args.poll_interval,
+          batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
+          provider=args.provider)
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-ops") -> None:
     parser.add_argument("--calibrator", default="vs", choices=CALIBRATORS,
@@ -260,6 +270,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 over the tracking store")
     p.add_argument("--port", type=int, default=UI_PORT, help=f"port (default: {UI_PORT})")
     p.set_defaults(func=cmd_ui)
+
+    p = sub.add_parser("serve", help="HTTP scoring of NAME@ALIAS that follows the alias")
+    p.add_argument("--model-name", required=True, help="registered model name")
+    p.add_argument("--alias", default="champion", help="alias to follow (default: champion)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=5005, help="port (default: 5005)")
+    p.add_argument("--poll-interval", type=float, default=10.0,
+                   help="seconds between alias polls (default: 10)")
+    p.add_argument("--batch-window-ms", type=float, default=2.0,
+                   help="longest wait for concurrent requests to batch (default: 2)")
+    p.add_argument("--batch-max-rows", type=int, default=4096,
+                   help="most rows per onnxruntime run (default: 4096)")
+    p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="onnxruntime execution provider (default: cuda when available)")
+    p.set_defaults(func=cmd_serve)
 
     reproduce_cli.add_cli(sub)
     return parser

@@ -29,11 +29,10 @@ from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
 from flows import plots, registry, tracking
 from flows.retries import transient_store_error
+from onnx_export.export import PARITY_TOLERANCE
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
-#: Max-abs tolerance of the ONNX graph against cord_ops on the same inputs (SPEC.md).
-PARITY_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 MODEL_ARTIFACT = "model"
 INPUT_EXAMPLE_ROWS = 5
 
