@@ -308,12 +308,10 @@ class RegistryFollower:
 
     def poll_once(self) -> None:
         """One poll: resolve the alias and swap in its version if new and verified."""
-        from mlflow.exceptions import MlflowException
-
         try:
             target = str(self.client.get_model_version_by_alias(self.name, self.alias).version)
         except Exception as exc:  # store down, or the alias is not set (yet)
-            self._poll_failed(exc, unset=isinstance(exc, MlflowException))
+            self._poll_failed(exc, unset=_alias_unset(exc))
             return
         self.last_poll = time.time()
         served = self.current
@@ -352,6 +350,14 @@ class RegistryFollower:
         import sys
 
         print(f"cord-ops serve: {message}", file=sys.stderr, flush=True)
+
+
+def _alias_unset(exc: BaseException) -> bool:
+    """The store answered that the alias (or the model) does not exist: not an outage."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(exc, MlflowException) and exc.error_code in (
+        "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") and "not found" in exc.message
 
 
 # ---------------------------------------------------------------- micro-batching

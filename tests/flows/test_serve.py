@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -176,6 +177,28 @@ def test_serve_follows_the_champion_without_failing_a_request(
         assert f'cord_serve_model_info{{name="{MODEL}",run_id="{second.run_id}",' \
                f'version="{second.version}"}} 1.0' in metrics
         assert 'cord_serve_errors_total{reason="non_finite"} 2.0' in metrics
+
+        # The store hangs (an exclusive lock on the sqlite file blocks every poll): serving
+        # goes on with v2; once the store is back the follower moves with the alias again.
+        with Traffic(url, sample, threads=2) as traffic:
+            locker = sqlite3.connect(store.removeprefix("sqlite:///"), timeout=30)
+            locker.execute("BEGIN EXCLUSIVE")
+            try:
+                time.sleep(2 * POLL + 1)
+                assert httpx.get(f"{url}/health").status_code == 200
+                with pytest.raises(sqlite3.OperationalError, match="locked"):
+                    sqlite3.connect(store.removeprefix("sqlite:///"), timeout=0.1) \
+                        .execute("SELECT 1 FROM registered_models").fetchall()
+            finally:
+                locker.rollback()
+                locker.close()
+        assert traffic.answers and all(a[0] == 200 and a[2] == second.version
+                                       for a in traffic.answers)
+        client.set_registered_model_alias(MODEL, registry.CHAMPION, first.version)
+        deadline = time.monotonic() + 2 * POLL + 20  # a poll blocked by the lock may finish
+        while httpx.get(f"{url}/version").json()["version"] != first.version:
+            assert time.monotonic() < deadline, httpx.get(f"{url}/version").text
+            time.sleep(0.1)
 
         # SIGTERM with requests in flight: they are answered and the process exits in 5 s.
         with Traffic(url, rows[:50], threads=2) as traffic:
