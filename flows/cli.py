@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from flows import reproduce_cli, tracking
@@ -21,6 +23,8 @@ SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
 DEMO_MODEL = "cord-ops-demo"
 UI_PORT = 5000
+#: flows.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
+DEFAULT_LOCK_TIMEOUT = 600.0
 
 
 def _error(message: str) -> int:
@@ -71,15 +75,32 @@ def _print_result(result, started: float) -> None:
 # ---------------------------------------------------------------- commands
 def _flow_options(args) -> dict:
     return {"calibrator": args.calibrator, "fraction": args.fraction, "seed": args.seed,
-            "model_name": args.model_name, "input_kind": args.input_kind, "dtype": args.dtype}
+            "model_name": args.model_name, "input_kind": args.input_kind, "dtype": args.dtype,
+            "lock_timeout": args.lock_timeout, "store_timeout": args.store_timeout}
+
+
+@contextmanager
+def _flow_context(args) -> Iterator[dict]:
+    """Check the store before any server starts, then run the body against the configured
+    Prefect API or a temporary server that dies with this process. Yields the registry
+    lock option for the flow: chosen here, from the Prefect server the *user* configured
+    (a temporary one serves this process only, so it cannot serialise anything)."""
+    from flows import lock, prefect_server
+
+    uri = tracking.tracking_uri()
+    tracking.prepare_store(uri, args.store_timeout)
+    kind = lock.choose(tracking.local_store_folder(uri), prefect_server.configured_api_url())
+    with prefect_server.temporary_api():
+        yield {"lock": kind}
 
 
 def cmd_recalibrate(args) -> int:
     from flows.recalibrate import recalibrate
 
-    result = recalibrate(data=str(args.data),
-                         eval_data=None if args.eval_data is None else str(args.eval_data),
-                         promote=not args.no_promote, **_flow_options(args))
+    with _flow_context(args) as extra:
+        result = recalibrate(data=str(args.data),
+                             eval_data=None if args.eval_data is None else str(args.eval_data),
+                             promote=not args.no_promote, **_flow_options(args), **extra)
     _print_result(result, args.started)
     return 0
 
@@ -99,7 +120,8 @@ def cmd_demo(args) -> int:
               f"({digits.n} x {digits.n_classes}) -> {path}")
     else:
         path = args.data
-    result = recalibrate(data=str(path), promote=True, **_flow_options(args))
+    with _flow_context(args) as extra:
+        result = recalibrate(data=str(path), promote=True, **_flow_options(args), **extra)
     _print_result(result, args.started)
     return 0
 
@@ -107,11 +129,13 @@ def cmd_demo(args) -> int:
 def cmd_monitor(args) -> int:
     from flows.monitor import monitor
 
-    result = monitor(data=str(args.data), model_name=args.model_name,
-                     max_ece_increase=args.max_ece_increase,
-                     max_nll_increase=args.max_nll_increase, input_kind=args.input_kind,
-                     recalibrate_on_drift=not args.no_recalibrate, calibrator=args.calibrator,
-                     fraction=args.fraction, seed=args.seed, dtype=args.dtype)
+    with _flow_context(args):
+        result = monitor(data=str(args.data), model_name=args.model_name,
+                         max_ece_increase=args.max_ece_increase,
+                         max_nll_increase=args.max_nll_increase, input_kind=args.input_kind,
+                         recalibrate_on_drift=not args.no_recalibrate,
+                         calibrator=args.calibrator, fraction=args.fraction, seed=args.seed,
+                         dtype=args.dtype)
     print(f"champion v{result.champion_version} on {args.data}:")
     for name in ("ece", "nll"):
         print(f"  {name}: {result.metrics[name]:.5f} (baseline {result.baseline[name]:.5f}, "
@@ -208,6 +232,14 @@ def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-o
                         help="what the .npz holds (default: whichever array is present)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                         help="float type of the exported ONNX graph (default: float32)")
+    parser.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT,
+                        metavar="SECONDS",
+                        help="wait at most this long for another recalibration of the same "
+                             f"model to leave the registry (default: {DEFAULT_LOCK_TIMEOUT:g})")
+    parser.add_argument("--store-timeout", type=float,
+                        default=tracking.DEFAULT_STORE_TIMEOUT, metavar="SECONDS",
+                        help="fail within about this long when the tracking store is down "
+                             f"(default: {tracking.DEFAULT_STORE_TIMEOUT:g})")
 
 
 def _add_thresholds(parser: argparse.ArgumentParser) -> None:
@@ -295,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = build_parser().parse_args(argv)
     args.started = started
+    # The process entry point: bound MLflow's HTTP retries here (MLflow reads them only
+    # from the environment); a value the user set wins.
+    for key, value in tracking.http_environment(
+            getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT)).items():
+        os.environ.setdefault(key, value)
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
@@ -302,9 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the CLI's contract: one line naming the cause, exit 1
         from flows.recalibrate import RecalibrationError
 
-        # A RecalibrationError already names the step and the underlying error type.
-        named = isinstance(exc, RecalibrationError)
-        return _error(str(exc) if named else f"{type(exc).__name__}: {exc}")
+        # A RecalibrationError / StoreError already names the step or the store, in one line.
+        named = isinstance(exc, RecalibrationError | tracking.StoreError)
+        text = str(exc) if named else f"{type(exc).__name__}: {exc}"
+        return _error(text.strip().splitlines()[0] if text.strip() else type(exc).__name__)
 
 
 if __name__ == "__main__":
