@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import threading
 import time
@@ -213,18 +214,20 @@ def test_serve_follows_the_champion_without_failing_a_request(
         assert answered and all(a[0] in (0, 200) for a in traffic.answers)
 
 
-def test_serve_refuses_an_unknown_model_before_binding(store, tmp_path, cord_ops_command):
+def test_serve_refuses_an_unknown_model_before_binding(store, capsys):
     from mlflow import MlflowClient
+
+    from flows.cli import main
 
     MlflowClient().search_experiments()  # the store exists; the model does not
     port = free_port()
-    log = tmp_path / "serve.log"
-    with running([*cord_ops_command, "serve", "--model-name", "nope", "--port", str(port)],
-                 log) as server:
-        assert server.wait(60) == 1
-    lines = log.read_text().strip().splitlines()
-    assert lines[-1].startswith("error:") and "nope" in lines[-1]
-    assert len([line for line in lines if line.startswith("error:")]) == 1
+    assert main(["serve", "--model-name", "nope", "--port", str(port)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "nope" in err[0]
+    with socket.socket() as sock:  # nothing was left listening
+        sock.bind(("127.0.0.1", port))
+    assert main(["serve", "--model-name", "nope", "--poll-interval", "0"]) == 1
+    assert "--poll-interval" in capsys.readouterr().err
 
 
 def test_serve_is_not_ready_until_the_alias_exists(store, tmp_path, cord_ops_command, digits):
