@@ -159,7 +159,8 @@ def verify(session, contract: InputContract, state=None) -> dict:
     from cord_ops.validation import top1
     from onnx_export.export import PARITY_TOLERANCE
 
-    probe = _probe_scores(contract)
+    # The graph's own input, upcast: parity is defined against cord_ops on the same inputs.
+    probe = _probe_scores(contract).astype(contract.dtype).astype(np.float64)
     try:
         repaired, label = session.run(["repaired", "label"],
                                       {session.get_inputs()[0].name: probe.astype(contract.dtype)})

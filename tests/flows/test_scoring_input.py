@@ -157,3 +157,19 @@ def test_concurrent_requests_share_runs_but_never_mix_versions(digits):
     assert runs < len(requests) / 4, f"{runs} onnxruntime runs for {len(requests)} requests"
     assert sum(len(s) for _, s in requests) == metrics.registry.get_sample_value(
         "cord_serve_batch_rows_sum")
+
+
+def test_a_graph_that_disagrees_with_its_logged_state_is_rejected(digits):
+    from flows.serve import VersionRejected
+
+    fitted = make_calibrator("vs").fit(digits.scores, digits.labels)
+    cord = CORD().fit(softmax(digits.scores, axis=1), fitted.predict_proba(digits.scores))
+    session = open_session(export_onnx(fitted, cord, 10, input_kind="logits"), provider="cpu")
+    contract = InputContract(10, "logits", "float32")
+    assert verify(session, contract, (fitted, cord))["max_abs_diff"] <= 1e-5
+    # The state of another fit (different eta*): a graph that is not what its run logged.
+    other = CORD().fit(softmax(digits.scores[:300], axis=1),
+                       make_calibrator("ts").fit(digits.scores[:300], digits.labels[:300])
+                       .predict_proba(digits.scores[:300]))
+    with pytest.raises(VersionRejected, match="exceeds the parity tolerance"):
+        verify(session, contract, (fitted, other))
