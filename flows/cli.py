@@ -1,5 +1,6 @@
 """The ``cord-ops`` command line: recalibrate, monitor, schedule, predict, demo, ui (and
-reproduce / bench from :mod:`flows.reproduce_cli`).
+reproduce / bench from :mod:`flows.reproduce_cli`, status / promote / rollback from
+:mod:`flows.operator_cli`).
 
 Every command exits 0 on success and non-zero on failure with a one-line ``error:`` on
 stderr that names the cause. Prefect, MLflow and onnxruntime are imported inside the
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from flows import reproduce_cli, tracking
+from flows import operator_cli, reproduce_cli, tracking
 
 CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm")
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
@@ -55,6 +56,8 @@ def next_steps(result, total_seconds: float) -> str:
         f"gate:     v{result.version} {decision.label} {alias}",
         f"          candidate NLL {decision.candidate_nll:.6g}, champion NLL "
         f"{'-' if decision.champion_nll is None else f'{decision.champion_nll:.6g}'}",
+        *_reference_line(decision),
+        *_warning_lines(result),
         f"onnx:     max |onnx - cord_ops| = {result.onnx_max_abs_diff:.3g}",
         f"time:     {total_seconds:.1f} s total, {compute:.1f} s in flow tasks, "
         f"{total_seconds - compute:.1f} s start-up and orchestration",
@@ -63,6 +66,21 @@ def next_steps(result, total_seconds: float) -> str:
         f"          cord-ops predict --model models:/{result.model_name}@champion "
         "--input FILE.npz --output OUT.npz",
     ])
+
+
+def _reference_line(decision) -> list[str]:
+    ref = decision.reference
+    if ref is None:
+        return []
+    if ref.problem:
+        return [f"          champion v{ref.version}'s reference split not used: {ref.problem}"]
+    return [f"          on champion v{ref.version}'s reference split: candidate NLL "
+            f"{ref.candidate_nll:.6g}, champion NLL {ref.champion_nll:.6g}"]
+
+
+def _warning_lines(result) -> list[str]:
+    found = getattr(result, "warnings", None) or []
+    return [f"{'warnings:' if i == 0 else '':<10}{text}" for i, text in enumerate(found)]
 
 
 def _print_result(result, started: float) -> None:
@@ -94,13 +112,19 @@ def _flow_context(args) -> Iterator[dict]:
         yield {"lock": kind}
 
 
+def _gate_options(args) -> dict:
+    return {"min_calibration": args.min_calibration, "min_evaluation": args.min_evaluation,
+            "max_class_share": args.max_class_share, "max_label_shift": args.max_label_shift}
+
+
 def cmd_recalibrate(args) -> int:
     from flows.recalibrate import recalibrate
 
     with _flow_context(args) as extra:
         result = recalibrate(data=str(args.data),
                              eval_data=None if args.eval_data is None else str(args.eval_data),
-                             promote=not args.no_promote, **_flow_options(args), **extra)
+                             promote=not args.no_promote, **_flow_options(args), **extra,
+                             **_gate_options(args))
     _print_result(result, args.started)
     return 0
 
@@ -135,7 +159,7 @@ def cmd_monitor(args) -> int:
                          max_nll_increase=args.max_nll_increase, input_kind=args.input_kind,
                          recalibrate_on_drift=not args.no_recalibrate,
                          calibrator=args.calibrator, fraction=args.fraction, seed=args.seed,
-                         dtype=args.dtype)
+                         dtype=args.dtype, gate_options=_gate_options(args))
     print(f"champion v{result.champion_version} on {args.data}:")
     for name in ("ece", "nll"):
         print(f"  {name}: {result.metrics[name]:.5f} (baseline {result.baseline[name]:.5f}, "
@@ -242,6 +266,21 @@ def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-o
                              f"(default: {tracking.DEFAULT_STORE_TIMEOUT:g})")
 
 
+def _add_gate_options(parser: argparse.ArgumentParser) -> None:
+    """Overrides of the champion gate's evidence rules (defaults depend on K; flows.gate)."""
+    parser.add_argument("--min-calibration", type=int, default=None,
+                        help="calibration rows needed to promote (default: max(100, 10 K))")
+    parser.add_argument("--min-evaluation", type=int, default=None,
+                        help="evaluation rows needed to promote (default: max(100, 10 K))")
+    parser.add_argument("--max-class-share", type=float, default=None,
+                        help="largest share one class may hold in a split "
+                             "(default: min(0.9, max(0.5, 5 / K)))")
+    parser.add_argument("--max-label-shift", type=float, default=None,
+                        help="total-variation distance allowed between the evaluation labels "
+                             "and the champion's reference split's, beyond sampling noise "
+                             "(default: 0.2)")
+
+
 def _add_thresholds(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-ece-increase", type=float, default=0.02,
                         help="recalibrate when ECE rises more than this over the champion's")
@@ -260,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data", type=Path,
                    help="separate evaluation .npz (then all of --data calibrates)")
     _add_flow_options(p)
+    _add_gate_options(p)
     p.add_argument("--no-promote", action="store_true",
                    help="record the gate decision but never move @champion")
     p.set_defaults(func=cmd_recalibrate)
@@ -270,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-recalibrate", action="store_true",
                    help="only report drift, never start a recalibration")
     _add_flow_options(p)
+    _add_gate_options(p)
     p.set_defaults(func=cmd_monitor)
 
     p = sub.add_parser("schedule", help="serve cron deployments of recalibrate and monitor")
@@ -319,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     reproduce_cli.add_cli(sub)
+    operator_cli.add_cli(sub)
     return parser
 
 
@@ -337,10 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _error("interrupted")
     except Exception as exc:  # the CLI's contract: one line naming the cause, exit 1
+        from flows.gate import ChampionUnhealthyError
+        from flows.operator import PromotionRefused
         from flows.recalibrate import RecalibrationError
 
-        # A RecalibrationError / StoreError already names the step or the store, in one line.
-        named = isinstance(exc, RecalibrationError | tracking.StoreError)
+        # These already name the step, the store or the version and the cause, in one line.
+        named = isinstance(exc, RecalibrationError | tracking.StoreError
+                           | ChampionUnhealthyError | PromotionRefused)
         text = str(exc) if named else f"{type(exc).__name__}: {exc}"
         return _error(text.strip().splitlines()[0] if text.strip() else type(exc).__name__)
 

@@ -157,7 +157,7 @@ def verify(session, contract: InputContract, state=None) -> dict:
     ``state`` (calibrator, CORD), ``repaired`` matches cord_ops within the export's parity
     tolerance. Returns what was checked; raises VersionRejected naming the failure."""
     from cord_ops.validation import top1
-    from onnx_export.export import PARITY_TOLERANCE
+    from flows.gate import PARITY_TOLERANCE
 
     # The graph's own input, upcast: parity is defined against cord_ops on the same inputs.
     probe = _probe_scores(contract).astype(contract.dtype).astype(np.float64)

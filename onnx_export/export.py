@@ -55,9 +55,6 @@ from onnx_export.calibrators import family_of
 from onnx_export.repair import CHANGED_FROM_RUNNER_UP, build_repair, on_boundary
 
 INPUT = "scores"
-#: Max-abs tolerance of a graph's outputs against cord_ops on the same inputs, per dtype
-#: (the parity every exported graph is verified to before it is registered or served).
-PARITY_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 OUTPUTS = ("repaired", "calibrated", "original", "label", "confidence")
 
 
