@@ -450,6 +450,16 @@ def cmd_ui(args) -> int:
     os.execve(sys.executable, command, {**tracking.QUIET_ENVIRONMENT, **os.environ})
 
 
+def cmd_serve(args) -> int:
+    from flows.serve import serve
+
+    serve(tracking.tracking_uri(), args.model_name, alias=args.alias, host=args.host,
+          port=args.port, poll_interval=args.poll_interval,
+          batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
+          provider=args.provider)
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 class _Parser(argparse.ArgumentParser):
     """argparse, with its usage errors ending in one ``error:`` line like every other."""
@@ -586,6 +596,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "command uses it instead of starting a temporary one.")
     p.add_argument("action", choices=("start", "stop", "status"))
     p.set_defaults(func=cmd_server)
+
+    p = sub.add_parser("serve", help="HTTP scoring of NAME@ALIAS that follows the alias")
+    p.add_argument("--model-name", required=True, help="registered model name")
+    p.add_argument("--alias", default="champion", help="alias to follow (default: champion)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=5005, help="port (default: 5005)")
+    p.add_argument("--poll-interval", type=float, default=10.0,
+                   help="seconds between alias polls (default: 10)")
+    p.add_argument("--batch-window-ms", type=float, default=2.0,
+                   help="longest wait for concurrent requests to batch (default: 2)")
+    p.add_argument("--batch-max-rows", type=int, default=4096,
+                   help="most rows per onnxruntime run (default: 4096)")
+    p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="onnxruntime execution provider (default: cuda when available)")
+    p.set_defaults(func=cmd_serve)
 
     reproduce_cli.add_cli(sub)
     operator_cli.add_cli(sub)
