@@ -304,6 +304,7 @@ class _MeanResponse:
         self.y2 = self.y * self.y
         self.buf, self.buf2 = np.empty_like(g), np.empty_like(g)
         self.margin = screen_margin(g.shape[0])
+        self.screening = True
 
     def _finish(self, eta: float, r: np.ndarray) -> float:
         buf = self.buf
@@ -330,19 +331,27 @@ class _MeanResponse:
         np.add(x, self.y2, out=x)
         return self._finish(eta, np.sqrt(x, out=x))
 
-    def at_least(self, eta: float, mu: float) -> bool:
-        """mean psi(eta) >= mu, as the exact mean decides it."""
+    def _screened(self, eta: float, mu: float) -> float | None:
+        """The approximate mean when it is decisively away from mu, else None. After the
+        first step that is not, the bisection's later midpoints crowd the root, so they go
+        straight to the exact mean (``screening`` off)."""
+        if not self.screening:
+            return None
         approx = self.approximate(eta)
         if abs(approx - mu) > self.margin:
-            return approx > mu
-        return self.exact(eta) >= mu
+            return approx
+        self.screening = False
+        return None
+
+    def at_least(self, eta: float, mu: float) -> bool:
+        """mean psi(eta) >= mu, as the exact mean decides it."""
+        approx = self._screened(eta, mu)
+        return self.exact(eta) >= mu if approx is None else approx > mu
 
     def at_most(self, eta: float, mu: float) -> bool:
         """mean psi(eta) <= mu, as the exact mean decides it."""
-        approx = self.approximate(eta)
-        if abs(approx - mu) > self.margin:
-            return approx < mu
-        return self.exact(eta) <= mu
+        approx = self._screened(eta, mu)
+        return self.exact(eta) <= mu if approx is None else approx < mu
 
 
 def nearest_zero_multiplier(terms: RepairTerms, mu: float) -> float:

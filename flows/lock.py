@@ -212,8 +212,16 @@ def _hold_prefect_slot(stack: ExitStack, client, model_name: str, timeout: float
     with get_client(sync_client=True) as prefect:
         prefect.upsert_global_concurrency_limit_by_name(name, 1)
 
+    def busy() -> bool:
+        with get_client(sync_client=True) as prefect:
+            return prefect.read_global_concurrency_limit_by_name(name).active_slots > 0
+
     def try_acquire(seconds: float) -> bool:
-        slot = concurrency(name, occupy=1, timeout_seconds=max(seconds, 0.5),
+        # "Acquire if free" asks the server whether the slot is taken: a short acquisition
+        # timeout would also expire on a slow round trip and report a free lock as held.
+        if seconds == 0.0 and busy():
+            return False
+        slot = concurrency(name, occupy=1, timeout_seconds=seconds or timeout,
                            lease_duration=PREFECT_LEASE, strict=True)
         try:
             stack.enter_context(slot)
