@@ -237,6 +237,7 @@ def test_promote_and_rollback_wait_for_the_registry_lock(store, tmp_path, capsys
 
     from flows import tracking
 
+    _client().create_registered_model("m")
     folder = tracking.local_store_folder(store)
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)],
                               stdout=subprocess.PIPE, text=True)
