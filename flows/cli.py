@@ -147,10 +147,22 @@ def prefect_api(args, start_managed: bool = False):
         print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
     if managed is None:
         with prefect_server.temporary_api():
-            yield None
+            try:
+                yield None
+            finally:
+                _drain_prefect_workers()
         return
     with temporary_settings(updates={PREFECT_API_URL: managed.api_url}):
         yield managed
+
+
+def _drain_prefect_workers(timeout: float = 10.0) -> None:
+    """Send the logs and events Prefect still queues while the temporary server is up;
+    left to Prefect's exit hook, they would meet a stopped server and print a connection
+    error after the command's last line."""
+    from prefect._internal.concurrency.services import QueueService
+
+    QueueService.drain_all(timeout=timeout, at_exit=False)
 
 
 @contextlib.contextmanager
@@ -227,7 +239,9 @@ def validate_recalibrate(args):
     dataset = inputs.load_data(args.data, args.input_kind)
     evaluation = (None if args.eval_data is None
                   else inputs.load_data(args.eval_data, dataset.input_kind))
-    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed)
+    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args) if hasattr(args, "min_calibration") else None)
+    inputs.champion_reads(args.tracking_uri, args.model_name, dataset)
     return dataset
 
 
@@ -245,7 +259,9 @@ def validate_monitor(args) -> None:
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
     inputs.registered_model(args.tracking_uri, args.model_name, "champion")
     batch = inputs.load_data(args.data, args.input_kind)
-    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed)
+    inputs.champion_reads(args.tracking_uri, args.model_name, batch)
+    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args))
 
 
 def validate_schedule(args) -> None:
