@@ -435,10 +435,12 @@ def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
     """
     if ":/" not in model:
         return Path(model)
+    # models:/ URIs resolve through MLflow's process-wide registry URI, whatever
+    # download_artifacts' tracking_uri says; point it at this store.
+    tracking.configure_tracking(tracking_uri)
     import mlflow.artifacts
 
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder),
-                                                     tracking_uri=tracking_uri))
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder)))
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
     if len(found) != 1:
         raise ValueError(f"{model}: expected one .onnx file in the model, found {len(found)}")
