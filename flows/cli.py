@@ -147,10 +147,22 @@ def prefect_api(args, start_managed: bool = False):
         print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
     if managed is None:
         with prefect_server.temporary_api():
-            yield None
+            try:
+                yield None
+            finally:
+                _drain_prefect_workers()
         return
     with temporary_settings(updates={PREFECT_API_URL: managed.api_url}):
         yield managed
+
+
+def _drain_prefect_workers(timeout: float = 10.0) -> None:
+    """Send the logs and events Prefect still queues while the temporary server is up;
+    left to Prefect's exit hook, they would meet a stopped server and print a connection
+    error after the command's last line."""
+    from prefect._internal.concurrency.services import QueueService
+
+    QueueService.drain_all(timeout=timeout, at_exit=False)
 
 
 @contextlib.contextmanager
@@ -227,7 +239,9 @@ def validate_recalibrate(args):
     dataset = inputs.load_data(args.data, args.input_kind)
     evaluation = (None if args.eval_data is None
                   else inputs.load_data(args.eval_data, dataset.input_kind))
-    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed)
+    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args) if hasattr(args, "min_calibration") else None)
+    inputs.champion_reads(args.tracking_uri, args.model_name, dataset)
     return dataset
 
 
@@ -245,7 +259,9 @@ def validate_monitor(args) -> None:
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
     inputs.registered_model(args.tracking_uri, args.model_name, "champion")
     batch = inputs.load_data(args.data, args.input_kind)
-    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed)
+    inputs.champion_reads(args.tracking_uri, args.model_name, batch)
+    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args))
 
 
 def validate_schedule(args) -> None:
@@ -419,10 +435,12 @@ def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
     """
     if ":/" not in model:
         return Path(model)
+    # models:/ URIs resolve through MLflow's process-wide registry URI, whatever
+    # download_artifacts' tracking_uri says; point it at this store.
+    tracking.configure_tracking(tracking_uri)
     import mlflow.artifacts
 
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder),
-                                                     tracking_uri=tracking_uri))
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder)))
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
     if len(found) != 1:
         raise ValueError(f"{model}: expected one .onnx file in the model, found {len(found)}")
