@@ -261,7 +261,7 @@ def _cg_newton_step_full(problem, grad, d, max_cg=100):
     return step if np.any(step) else -inv_diag * grad
 
 
-def _newton(problem, theta, max_iter, gtol, newton_step):
+def _newton(problem, theta, max_iter, gtol, newton_step, rtol=1e-15):
     loss, grad, d = problem.value_grad(theta)
     for it in range(1, max_iter + 1):
         if np.max(np.abs(grad)) <= gtol:
@@ -277,7 +277,7 @@ def _newton(problem, theta, max_iter, gtol, newton_step):
             t *= 0.5
         else:
             return theta, loss, it, np.max(np.abs(grad)) <= 10 * gtol, "line search stalled"
-        converged_f = loss - new_loss <= 1e-15 * max(1.0, abs(loss))
+        converged_f = loss - new_loss <= rtol * max(1.0, abs(loss))
         theta, loss, grad, d = new_theta, new_loss, new_grad, new_d
         if converged_f:
             return theta, loss, it, True, "objective decrease at float64 resolution"
@@ -344,6 +344,7 @@ def fit_affine(
     name: str,
     warn: bool = True,
     solver: str = "auto",
+    newton_rtol: float = 1e-15,
 ) -> AffineFit:
     """Minimise L (module docstring) from ``init`` (identity and zero bias when None).
 
@@ -352,7 +353,8 @@ def fit_affine(
     and ``"lbfgs"`` force one (``"newton-cg"`` on a full map uses
     ``_cg_newton_step_full``). ``max_iter`` caps the iterations, and
     stopping there raises a ConvergenceWarning naming ``name`` (unless ``warn`` is False;
-    the result still says ``converged=False``).
+    the result still says ``converged=False``). Newton also stops, converged, when one
+    step lowers L by at most ``newton_rtol`` relative (default: float64 resolution).
     """
     problem = _Problem(x, y, full, penalty)
     theta = problem.pen_centre.copy()
@@ -369,7 +371,8 @@ def fit_affine(
     if solver in ("newton", "newton-cg"):
         step = (_dense_newton_step if solver == "newton"
                 else _cg_newton_step_full if full else _cg_newton_step)
-        theta, loss, n_iter, converged, message = _newton(problem, theta, max_iter, gtol, step)
+        theta, loss, n_iter, converged, message = _newton(problem, theta, max_iter, gtol, step,
+                                                          newton_rtol)
     else:
         theta, loss, n_iter, converged, message = _lbfgs(problem, theta, max_iter, gtol, ftol)
     if warn and not converged:
@@ -396,9 +399,14 @@ class UnregularisedAffine(Calibrator):
         self.gtol = check_option("gtol", gtol)
         self.ftol = check_option("ftol", ftol, allow_zero=True)
 
+    def _solver(self, k: int) -> str:
+        """The ``fit_affine`` solver for K classes (subclasses may choose)."""
+        return "auto"
+
     def _fit(self, x, y):
         fit = fit_affine(self._logits(x), y, full=self.full, max_iter=self.max_iter,
-                         gtol=self.gtol, ftol=self.ftol, name=self.name, warn=False)
+                         gtol=self.gtol, ftol=self.ftol, name=self.name, warn=False,
+                         solver=self._solver(x.shape[1]))
         self.weights_, self.bias_ = fit.weights, fit.bias
         if not fit.converged:
             self._warn(f"optimiser stopped before convergence ({fit.message}; {fit.n_iter} "

@@ -33,9 +33,10 @@ Search (``search="path"``, the default): the reference evaluates all 243 (K = 10
 2. mu both ways from the best pair's mu, lambda held; then lambda both ways, mu held;
    repeated until neither walk moves the best pair (at most ``MAX_ROUNDS`` rounds).
 
-Each walk steps outward from the current best and stops after ``PATIENCE`` consecutive
-grid values whose CV NLL is worse than the walk's best by more than ``TURN_TOL`` (the
-"turn" of the CV curve; plateaus at strong regularisation do not stop it). Every fold's fit
+The first walk stops after ``PATIENCE`` consecutive grid values whose CV NLL is worse than
+its best by more than ``TURN_TOL`` (the "turn" of the CV curve; the plateau at strong
+regularisation does not stop it); the walks of step 2 start at the best pair and stop once
+``PATIENCE`` steps past it bring no improvement larger than ``TURN_TOL``. Every fold's fit
 starts from that fold's solution at the neighbouring grid point (warm start along the
 regularisation path). The selected pair is the lowest CV NLL among the visited pairs (ties:
 stronger lambda, then stronger mu). Deviation: when the CV surface is not unimodal along
@@ -44,8 +45,11 @@ pair (as the reference) for comparison.
 
 Fits: converged, not capped. Identity start (W = I, b = 0) or a warm start, analytic
 gradient; Newton up to K = 21, preconditioned L-BFGS-B above (``_affine``), stopping at a
-preconditioned gradient max-abs <= ``gtol`` (1e-5) or a relative decrease <= ``ftol``.
-``max_iter`` (default 2000) caps every fit; a capped search fit or refit is recorded in
+(preconditioned) gradient max-abs <= ``gtol`` (1e-5) or a relative decrease <= ``ftol``
+(1e-12; one step, for Newton). A class absent from the calibration labels has no finite
+optimum (its free diagonal weight drives its logit to -inf); the ``ftol`` stop ends such
+fits once the objective no longer moves at that resolution.
+``max_iter`` (default 1000) caps every fit; a capped search fit or refit is recorded in
 ``warnings_`` and raises a ConvergenceWarning. The reference trains with Adam (lr 1e-3, then
 1e-4, batch 128, early stopping on the training loss); the objective is convex, so converged
 fits reach its optimum.
@@ -130,7 +134,7 @@ class _Search:
             fit = fit_affine(self.f[train], self.y[train], full=True, init=init,
                              penalty=penalty, max_iter=self.cal.max_iter,
                              gtol=self.cal.gtol, ftol=self.cal.ftol, name=self.cal.name,
-                             warn=False)
+                             warn=False, newton_rtol=self.cal.ftol)
             self.fits += 1
             self.capped += not fit.converged
             sols.append((fit.weights, fit.bias))
@@ -153,13 +157,15 @@ class _Search:
             pair = (index, fixed) if axis == 0 else (fixed, index)
             value = self.score(pair, start=previous)
             previous = pair
-            best_value = min(best_value, value)
-            if value > best_value + TURN_TOL:
+            # Around the best pair a plateau is a stop too: a step counts unless it
+            # improves on the walk's best by more than TURN_TOL.
+            if value < best_value - TURN_TOL:
+                worse = 0
+            else:
                 worse += 1
                 if worse >= PATIENCE:
                     return
-            else:
-                worse = 0
+            best_value = min(best_value, value)
 
     def both_ways(self, best, axis):
         size = len(self.lambdas) if axis == 0 else len(self.mus)
@@ -187,7 +193,7 @@ class DirichletODIR(Calibrator):
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = DIRICHLET_PROB_FLOOR,
                  reg_lambdas=None, reg_mus=None, n_folds: int = 5, random_state: int = 0,
-                 search: str = "path", max_iter: int = 2000, gtol: float = 1e-5,
+                 search: str = "path", max_iter: int = 1000, gtol: float = 1e-5,
                  ftol: float = 1e-12):
         super().__init__(input_kind, prob_floor)
         self.reg_lambdas = _grid_option("reg_lambdas", reg_lambdas)
@@ -252,7 +258,7 @@ class DirichletODIR(Calibrator):
         fit = fit_affine(f, y, full=True, init=init,
                          penalty=odir_penalty(self.reg_lambda_, self.reg_mu_),
                          max_iter=self.max_iter, gtol=self.gtol, ftol=self.ftol,
-                         name=self.name, warn=False)
+                         name=self.name, warn=False, newton_rtol=self.ftol)
         self.weights_, self.bias_ = fit.weights, fit.bias
         if search is not None and search.capped:
             self._warn(f"{search.capped} of {search.fits} cross-validation fits stopped at "

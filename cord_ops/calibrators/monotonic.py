@@ -14,8 +14,8 @@ Because x_i0 >= x_ir >= 0, a_0 >= a_r >= 1e-3 and b_0 >= b_r,
 s_{i, top} - s_{i, j} >= 1e-3 (x_i0 - x_ij) > 0 wherever z_{i, top} > z_ij: the ranking,
 hence the top-1, is kept (rounding is monotone, so it never reverses two entries; it can
 only tie entries whose exact values differ by less than about one ulp of s, and exact ties
-in z keep the smaller index on top, as argmax does). The reference writes z / T_r + b_r with T descending along the
-ascending ranks; a_r = 1 / T_r is the same constraint.
+in z keep the smaller index on top, as argmax does). The reference writes z / T_r + b_r
+with T descending along the ascending ranks; a_r = 1 / T_r is the same constraint.
 
 Fit: mean NLL, which is convex in (a, b); we optimise it exactly with L-BFGS-B over the
 non-negative increments u_r = a_r - a_{r+1}, v_r = b_r - b_{r+1} (so the constraints are
@@ -30,9 +30,10 @@ unchanged and makes the order guarantee hold for every row; (2) b_{K-1} = 0 remo
 softmax's shift invariance (the reference leaves it free; the maps are the same);
 (3) the reference bounds T_r to [0, inf), i.e. a_r > 0; we bound a_r >= 1e-3 (T_r <= 1000,
 far beyond any fitted temperature) so that a fit on uninformative labels (a -> 0) cannot
-tie the top with a smaller-index class; (4) SLSQP with maxiter 100 and inequality constraints is replaced by L-BFGS-B on the
-increments (same optimum, converged); (5) all K ranks are calibrated (the README's
-``topk=num_classes``); ``bounds`` and ``filter`` are the reference's defaults (off).
+tie the top with a smaller-index class; (4) SLSQP with maxiter 100 and inequality
+constraints is replaced by L-BFGS-B on the increments (same optimum, converged); (5) all
+K ranks are calibrated (the README's ``topk=num_classes``); ``bounds`` and ``filter`` are
+the reference's defaults (off).
 """
 
 from __future__ import annotations

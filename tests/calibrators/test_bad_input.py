@@ -40,7 +40,8 @@ def test_unknown_option_and_bad_input_kind_are_rejected():
     ("svs", "reg_lambda_bias", -1.0), ("sms", "rho", float("nan")),
     ("dir-odir", "n_folds", 1), ("dir-odir", "reg_lambdas", []),
     ("dir-odir", "search", "all"), ("dir-odir", "reg_mus", [0.0]),
-    ("mcct-i", "max_iter", 0), ("mcct-i", "gtol", 0.0), ("irova", "tie_eps", -1e-9), ("irm", "tie_eps", "1e-9"),
+    ("mcct-i", "max_iter", 0), ("mcct-i", "gtol", 0.0), ("irova", "tie_eps", -1e-9),
+    ("irm", "tie_eps", "1e-9"),
 ])
 def test_bad_options_are_rejected(name, option, value):
     with pytest.raises(ValueError, match=option):
