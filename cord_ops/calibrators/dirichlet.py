@@ -35,10 +35,10 @@ Search (``search="path"``, the default): the reference evaluates all 243 (K = 10
 
 The first walk stops after ``PATIENCE`` consecutive grid values whose CV NLL is worse than
 its best by more than ``TURN_TOL`` (the "turn" of the CV curve; the plateau at strong
-regularisation does not stop it); the walks of step 2 start at the best pair and stop once
-``PATIENCE`` steps past it bring no improvement larger than ``TURN_TOL``. Every fold's fit
-starts from that fold's solution at the neighbouring grid point (warm start along the
-regularisation path). The selected pair is the lowest CV NLL among the visited pairs (ties:
+regularisation does not stop it); the walks of step 2 start at the best pair and stop at
+the first step (``WALK_PATIENCE``) that brings no improvement larger than ``TURN_TOL``.
+Every fold's fit starts from that fold's solution at the neighbouring grid point (warm
+start along the regularisation path). The selected pair is the lowest CV NLL among the visited pairs (ties:
 stronger lambda, then stronger mu). Deviation: when the CV surface is not unimodal along
 each axis the walk can miss the grid's global minimum; ``search="grid"`` evaluates every
 pair (as the reference) for comparison.
@@ -76,6 +76,8 @@ DIRICHLET_PROB_FLOOR = float(np.finfo(np.float64).eps)
 GRID_MAX_EXPONENT = 6
 #: Consecutive worse grid values after which a walk stops.
 PATIENCE = 2
+#: Steps without an improvement after which a walk around the best pair stops.
+WALK_PATIENCE = 1
 #: A grid value is "worse" when its CV NLL exceeds the walk's best by more than this.
 TURN_TOL = 1e-4
 #: Rounds of the mu / lambda coordinate walks after the first lambda path.
@@ -163,7 +165,7 @@ class _Search:
                 worse = 0
             else:
                 worse += 1
-                if worse >= PATIENCE:
+                if worse >= WALK_PATIENCE:
                     return
             best_value = min(best_value, value)
 
