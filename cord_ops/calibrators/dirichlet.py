@@ -38,10 +38,10 @@ its best by more than ``TURN_TOL`` (the "turn" of the CV curve; the plateau at s
 regularisation does not stop it); the walks of step 2 start at the best pair and stop at
 the first step (``WALK_PATIENCE``) that brings no improvement larger than ``TURN_TOL``.
 Every fold's fit starts from that fold's solution at the neighbouring grid point (warm
-start along the regularisation path). The selected pair is the lowest CV NLL among the visited pairs (ties:
-stronger lambda, then stronger mu). Deviation: when the CV surface is not unimodal along
-each axis the walk can miss the grid's global minimum; ``search="grid"`` evaluates every
-pair (as the reference) for comparison.
+start along the regularisation path). The selected pair is the lowest CV NLL among the
+visited pairs (ties: stronger lambda, then stronger mu). Deviation: when the CV surface is
+not unimodal along each axis the walk can miss the grid's global minimum;
+``search="grid"`` evaluates every pair (as the reference) for comparison.
 
 Fits: converged, not capped. Identity start (W = I, b = 0) or a warm start, analytic
 gradient; Newton up to K = 21, preconditioned L-BFGS-B above (``_affine``), stopping at a
@@ -68,7 +68,7 @@ import numpy as np
 from sklearn.model_selection import KFold, StratifiedKFold
 
 from cord_ops.calibrators._affine import Penalty, affine_logits, fit_affine
-from cord_ops.calibrators._base import Calibrator, check_option, mean_nll_and_grad, softmax
+from cord_ops.calibrators._base import Calibrator, mean_nll_and_grad, softmax
 
 #: The reference's feature clip: log(clip(p, eps, 1 - eps)), eps = float64 epsilon.
 DIRICHLET_PROB_FLOOR = float(np.finfo(np.float64).eps)
@@ -100,9 +100,13 @@ def odir_penalty(reg_lambda: float, reg_mu: float) -> Penalty:
 
 
 def _grid_option(label: str, grid):
+    """A grid option as a sorted tuple of distinct floats (None stays None); raises
+    ValueError naming the option when it is not a non-empty list of positive numbers."""
     if grid is None:
         return None
     try:
+        if isinstance(grid, str) or any(isinstance(v, bool) for v in grid):
+            raise TypeError
         values = tuple(float(v) for v in grid)
     except (TypeError, ValueError):
         raise ValueError(f"{label}: expected a non-empty list of positive numbers or None, "
@@ -190,6 +194,9 @@ class DirichletODIR(Calibrator):
     name = "dir-odir"
     _options = ("reg_lambdas", "reg_mus", "n_folds", "random_state", "search", "max_iter",
                 "gtol", "ftol")
+    _option_checks = {"n_folds": {"integer": True},
+                      "random_state": {"integer": True, "allow_zero": True},
+                      "max_iter": {"integer": True}, "gtol": {}, "ftol": {"allow_zero": True}}
     _param_shapes = {"weights": ("K", "K"), "bias": ("K",), "reg_lambda": (), "reg_mu": (),
                      "cv_path": ("*", 3)}
 
@@ -198,19 +205,23 @@ class DirichletODIR(Calibrator):
                  search: str = "path", max_iter: int = 1000, gtol: float = 1e-5,
                  ftol: float = 1e-12):
         super().__init__(input_kind, prob_floor)
-        self.reg_lambdas = _grid_option("reg_lambdas", reg_lambdas)
-        self.reg_mus = _grid_option("reg_mus", reg_mus)
-        self.n_folds = check_option("n_folds", n_folds, integer=True)
-        if self.n_folds < 2:
-            raise ValueError(f"n_folds: expected an integer >= 2, got {n_folds!r}")
-        self.random_state = check_option("random_state", random_state, integer=True,
-                                         allow_zero=True)
-        if search not in SEARCHES:
-            raise ValueError(f"search: expected one of {SEARCHES}, got {search!r}")
+        self.reg_lambdas = reg_lambdas
+        self.reg_mus = reg_mus
+        self.n_folds = n_folds
+        self.random_state = random_state
         self.search = search
-        self.max_iter = check_option("max_iter", max_iter, integer=True)
-        self.gtol = check_option("gtol", gtol)
-        self.ftol = check_option("ftol", ftol, allow_zero=True)
+        self.max_iter = max_iter
+        self.gtol = gtol
+        self.ftol = ftol
+
+    def _validate_options(self) -> None:
+        super()._validate_options()
+        _grid_option("reg_lambdas", self.reg_lambdas)
+        _grid_option("reg_mus", self.reg_mus)
+        if self.n_folds < 2:
+            raise ValueError(f"n_folds: expected an integer >= 2, got {self.n_folds!r}")
+        if self.search not in SEARCHES:
+            raise ValueError(f"search: expected one of {SEARCHES}, got {self.search!r}")
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """Clipped log-probabilities of validated scores (module docstring)."""
@@ -235,8 +246,8 @@ class DirichletODIR(Calibrator):
         f = self.features(x)
         k = f.shape[1]
         default_l, default_m = kull_grid(k)
-        lambdas = self.reg_lambdas or default_l
-        mus = self.reg_mus or default_m
+        lambdas = _grid_option("reg_lambdas", self.reg_lambdas) or default_l
+        mus = _grid_option("reg_mus", self.reg_mus) or default_m
         search = None
         if len(lambdas) * len(mus) > 1:
             search = _Search(self, f, y, self._folds(f, y, k), lambdas, mus)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize
 
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, check_option, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
 
 #: Smallest inverse scale (largest temperature, 1e3): keeps the top rank strictly above
 #: every rank whose logit is smaller (module docstring).
@@ -122,12 +122,14 @@ class MonotoneCalibrationMCCTI(Calibrator):
     _options = ("max_iter", "gtol", "ftol")
     _param_shapes = {"inv_scales": ("K",), "biases": ("K",)}
 
+    _option_checks = {"max_iter": {"integer": True}, "gtol": {}, "ftol": {"allow_zero": True}}
+
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 1000, gtol: float = 1e-7, ftol: float = 1e-12):
         super().__init__(input_kind, prob_floor)
-        self.max_iter = check_option("max_iter", max_iter, integer=True)
-        self.gtol = check_option("gtol", gtol)
-        self.ftol = check_option("ftol", ftol, allow_zero=True)
+        self.max_iter = max_iter
+        self.gtol = gtol
+        self.ftol = ftol
 
     @classmethod
     def from_dict(cls, d: dict) -> MonotoneCalibrationMCCTI:
