@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from cord_ops.atomic import write_json_atomic
@@ -446,8 +447,14 @@ def _validated_pair(original, calibrated, n_classes: int | None = None):
     return p0, q
 
 
-class CORD:
+class CORD(BaseEstimator):
     """Prediction-preserving repair with one fitted scalar eta* (Algorithm 1).
+
+    A scikit-learn estimator (``get_params``, ``set_params``, ``clone``,
+    ``check_is_fitted``): parameters are stored as given and checked in ``fit``. Unlike a
+    transformer, ``fit`` and ``transform`` take two arrays, the original output and the
+    calibrated one; for an estimator that takes the features, see
+    ``cord_ops.CORDCalibratedClassifier``.
 
     Parameters
     ----------
@@ -466,6 +473,8 @@ class CORD:
         The calibration-split target mean the fit enforced.
     n_classes_ : int
         K seen at fit; ``transform`` requires the same.
+    n_features_in_ : int
+        K again (the width of each input), scikit-learn's name for it.
     n_fit_ : int
         Number of calibration rows.
     """
@@ -475,12 +484,13 @@ class CORD:
         self.local_weight = local_weight
 
     def _check_params(self) -> None:
-        if self.mean_target not in MEAN_TARGETS:
+        if not isinstance(self.mean_target, str) or self.mean_target not in MEAN_TARGETS:
             raise ValueError(
                 f"mean_target: expected one of {MEAN_TARGETS}, got {self.mean_target!r}"
             )
         weight = self.local_weight
-        if not isinstance(weight, int | float) or not 0.0 <= float(weight) <= 1.0:
+        if (not isinstance(weight, int | float | np.floating) or isinstance(weight, bool)
+                or not 0.0 <= float(weight) <= 1.0):
             raise ValueError(f"local_weight: expected a number in [0, 1], got {weight!r}")
 
     def fit(self, original, calibrated) -> CORD:
@@ -497,11 +507,22 @@ class CORD:
         self.eta_ = float(eta)
         self.mu_ = float(mu)
         self.n_classes_ = int(k)
+        self.n_features_in_ = self.n_classes_
         self.n_fit_ = int(n)
         return self
 
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "eta_")
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        # Both inputs are probability rows; ``calibrated`` takes the place of y.
+        tags.input_tags.positive_only = True
+        tags.target_tags.required = True
+        return tags
+
     def _check_fitted(self) -> None:
-        if not hasattr(self, "eta_"):
+        if not self.__sklearn_is_fitted__():
             raise NotFittedError("CORD: call fit(original, calibrated) before transform")
 
     def transform(self, original, calibrated) -> np.ndarray:
@@ -569,6 +590,7 @@ class CORD:
         model.eta_ = eta
         model.mu_ = float(state["mu"])
         model.n_classes_ = n_classes
+        model.n_features_in_ = n_classes
         model.n_fit_ = int(state["n_fit"])
         return model
 
@@ -588,10 +610,6 @@ class CORD:
             return cls.from_dict(state)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
-
-    def __repr__(self) -> str:
-        fitted = f", eta_={self.eta_!r}" if hasattr(self, "eta_") else ""
-        return f"CORD(mean_target={self.mean_target!r}, local_weight={self.local_weight!r}{fitted})"
 
 
 def minimal_repair(original, calibrated) -> np.ndarray:

@@ -166,8 +166,9 @@ class Steps:
 # ---------------------------------------------------------------- compute tasks
 @compute_task
 def load_dataset(path: str, input_kind: str) -> data.Dataset:
-    """Load and validate an .npz file of classifier outputs (errors name file, array, row)."""
-    return data.load_npz(path, input_kind=input_kind)
+    """Load and validate an .npz or Parquet file of classifier outputs (errors name the file,
+    the array or column, and the row)."""
+    return data.load(path, input_kind=input_kind)
 
 
 @compute_task
@@ -335,13 +336,13 @@ def log_params_and_metrics(run_id: str, params: dict[str, str], evaluation: Eval
 
 
 @store_task
-def log_reference(run_id: str, evaluation: data.Dataset) -> dict[str, str]:
+def log_reference(uri: str, run_id: str, evaluation: data.Dataset) -> dict[str, str]:
     """Pin the evaluation split: artifact ``reference/evaluation.npz`` and the run's
     evaluation dataset input (digest and source), so later gates can score on it.
     Returns its digest by artifact path, for :func:`verify_artifacts`."""
     from mlflow import MlflowClient
 
-    sha256 = reference.log_reference_split(MlflowClient(), run_id, evaluation)
+    sha256 = reference.log_reference_split(MlflowClient(uri), run_id, evaluation)
     return {f"{reference.ARTIFACT_DIR}/{reference.ARTIFACT_NAME}": sha256}
 
 
@@ -376,24 +377,22 @@ def log_report_artifacts(run_id: str, evaluation: Evaluation, calibrator,
 
 
 @store_task
-def log_onnx_model(run_id: str, model, evaluation: data.Dataset, dtype: str):
-    """Log the graph with the ``mlflow.onnx`` flavor: explicit signature, input example and
-    CPU execution provider, so ``mlflow.pyfunc.load_model`` serves it anywhere.
+def log_onnx_model(uri: str, run_id: str, experiment_id: str, model, evaluation: data.Dataset,
+                   dtype: str):
+    """Log the graph as the pyfunc model of :mod:`flows.pyfunc_model`: the ``.onnx`` file
+    (also an ``onnx`` flavour) plus a models-from-code wrapper that validates its input,
+    with the graph's outputs as signature and a few evaluation rows as input example.
 
-    The requirements are the flavor's own (onnx, onnxruntime): stating them skips MLflow's
-    inference, which re-imports the model in a subprocess for several seconds.
+    The requirements are stated (pinned), which skips MLflow's inference: it re-imports
+    the model in a subprocess for several seconds.
     """
-    import mlflow.onnx
+    from mlflow import MlflowClient
 
-    # Without an active run MLflow files the logged model under the process's active
-    # experiment (Default, id 0), not the run's; make the run's experiment the active one.
-    mlflow.set_experiment(experiment_id=mlflow.MlflowClient().get_run(run_id).info.experiment_id)
-    example = {"scores": np.asarray(evaluation.scores[:INPUT_EXAMPLE_ROWS], dtype=dtype)}
-    return mlflow.onnx.log_model(
-        model, name=MODEL_ARTIFACT, run_id=run_id, signature=model_signature(model),
-        input_example=example, onnx_execution_providers=["CPUExecutionProvider"],
-        save_as_external_data=False, pip_requirements=mlflow.onnx.get_default_pip_requirements(),
-    )
+    from flows import pyfunc_model
+
+    example = np.asarray(evaluation.scores[:INPUT_EXAMPLE_ROWS], dtype=dtype)
+    return pyfunc_model.log_model(MlflowClient(uri), run_id, experiment_id, model, example,
+                                  name=MODEL_ARTIFACT)
 
 
 @store_task
@@ -588,8 +587,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 store_timeout: float = tracking.DEFAULT_STORE_TIMEOUT,
                 lock: str = "auto", min_calibration: int | None = None,
                 min_evaluation: int | None = None, max_class_share: float | None = None,
-                max_label_shift: float | None = None) -> RecalibrationResult:
-    """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
+                max_label_shift: float | None = None,
+                tracking_uri: str | None = None) -> RecalibrationResult:
+    """Recalibrate the classifier outputs in ``data`` (.npz or Parquet) and register the
+    result.
 
     ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
     ``data`` with ``fraction`` for calibration (seeded). ``dtype`` is the ONNX graph's
@@ -601,9 +602,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     ``min_evaluation``, ``max_class_share`` and ``max_label_shift`` override the gate's
     defaults for K (:class:`flows.gate.Policy`). When the champion could not be scored,
     the candidate is registered as rejected, the run finished, and then
-    :class:`flows.gate.ChampionUnhealthyError` is raised.
+    :class:`flows.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
+    store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
     """
-    uri = tracking.configure_tracking()
+    uri = tracking.configure_tracking(tracking_uri)
     folder = tracking.local_store_folder(uri)
     if lock == "auto":
         lock = registry_lock.choose(folder, _prefect_api_url())
@@ -645,9 +647,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                   policy)
             faults.checkpoint("log_params")
             digests = steps(log_report_artifacts, run_id, report, fitted, repair)
-            digests.update(steps(log_reference, run_id, evaluation))
+            digests.update(steps(log_reference, uri, run_id, evaluation))
             faults.checkpoint("log_artifacts")
-            model_info = steps(log_onnx_model, run_id, model, evaluation, dtype)
+            model_info = steps(log_onnx_model, uri, run_id, experiment, model, evaluation,
+                                        dtype)
             faults.checkpoint("log_model")
             steps(verify_artifacts, uri, run_id, model_info, model, digests)
             steps(ensure_model, uri, model_name)
@@ -720,19 +723,10 @@ def metrics_markdown(reports: dict[str, dict[str, float]], eta_star: float) -> s
 
 
 def model_signature(model):
-    """MLflow signature from the graph's own inputs and outputs (name, dtype, shape)."""
-    import onnx
-    from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
+    """The registered model's MLflow signature (see :func:`flows.pyfunc_model.signature`)."""
+    from flows import pyfunc_model
 
-    def spec(value_info) -> TensorSpec:
-        tensor = value_info.type.tensor_type
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
-        return TensorSpec(np.dtype(dtype), shape, value_info.name)
-
-    return ModelSignature(inputs=Schema([spec(v) for v in model.graph.input]),
-                          outputs=Schema([spec(v) for v in model.graph.output]))
+    return pyfunc_model.signature(model)
 
 
 def _data_tags(prefix: str, dataset: data.Dataset) -> dict[str, str]:

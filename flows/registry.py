@@ -208,13 +208,23 @@ def register_version(client, name: str, run_id: str, model_uri: str, model_id: s
 
 
 def run_registered_model(model_uri: str, scores: np.ndarray) -> dict[str, np.ndarray]:
-    """Load a registered graph with ``mlflow.pyfunc.load_model`` (the path a serving system
-    takes) and run it on ``scores``, fed in the dtype its signature declares."""
+    """Load a registered model with ``mlflow.pyfunc.load_model`` (the path a serving system
+    takes) and run it on ``scores``; returns every graph output by name (``repaired``,
+    ``calibrated``, ``original``, ``label``, ``confidence``).
+
+    Versions logged with the pyfunc flavour of :mod:`flows.pyfunc_model` take float32 or
+    float64 and validate the input; versions logged with the plain ``onnx`` flavour (before
+    it) are fed in the dtype their signature declares.
+    """
     import mlflow.pyfunc
 
     model = mlflow.pyfunc.load_model(model_uri)
-    spec = model.metadata.get_input_schema().inputs[0]
-    outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
+    schema = model.metadata.get_input_schema()
+    if schema is None:
+        outputs = model.predict(np.asarray(scores), params={"outputs": ["all"]})
+    else:
+        spec = schema.inputs[0]
+        outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
     return {name: np.asarray(value) for name, value in outputs.items()}
 
 
