@@ -85,19 +85,19 @@ def _flow_context(args) -> Iterator[dict]:
     Prefect API or a temporary server that dies with this process. Yields the registry
     lock option for the flow: chosen here, from the Prefect server the *user* configured
     (a temporary one serves this process only, so it cannot serialise anything)."""
+    uri = tracking.tracking_uri()
+    tracking.prepare_store(uri, args.store_timeout)  # before the heavy imports: fails fast
     from flows import lock, prefect_server
 
-    uri = tracking.tracking_uri()
-    tracking.prepare_store(uri, args.store_timeout)
     kind = lock.choose(tracking.local_store_folder(uri), prefect_server.configured_api_url())
     with prefect_server.temporary_api():
         yield {"lock": kind}
 
 
 def cmd_recalibrate(args) -> int:
-    from flows.recalibrate import recalibrate
-
     with _flow_context(args) as extra:
+        from flows.recalibrate import recalibrate
+
         result = recalibrate(data=str(args.data),
                              eval_data=None if args.eval_data is None else str(args.eval_data),
                              promote=not args.no_promote, **_flow_options(args), **extra)
