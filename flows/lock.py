@@ -30,6 +30,7 @@ the strongest primitive the deployment offers (:func:`choose`):
 
 Whichever primitive, a waiting run logs who holds the lock and how long it will wait;
 after ``timeout`` seconds it gives up with :class:`LockTimeout`.
+Operator's view: docs/registry.md.
 """
 
 from __future__ import annotations
