@@ -290,3 +290,35 @@ def test_lease_lock_serialises_processes_and_a_dead_local_holder_is_taken_over(s
     finally:
         victim.kill()
         victim.wait()
+
+
+@pytest.mark.parametrize("what", ["text", "foreign-sqlite", "directory"])
+def test_a_foreign_or_unreadable_store_file_gives_one_error_line(tmp_path, monkeypatch,
+                                                                 digits_file, capsys, what):
+    from flows import cli
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "mlruns" / "mlflow.db"
+    db.parent.mkdir()
+    if what == "text":
+        db.write_text("name,score\nbob,3\n")
+    elif what == "foreign-sqlite":
+        with sqlite3.connect(db) as connection:
+            connection.execute("CREATE TABLE invoices (id INTEGER)")
+        connection.close()
+    else:
+        db.mkdir()
+    before = sorted(p.name for p in db.parent.iterdir())
+
+    code = cli.main(["recalibrate", "--data", str(digits_file), "--model-name", "m"])
+
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert str(db) in lines[0]
+    expected = {"text": "not an SQLite database", "foreign-sqlite": "not an MLflow store",
+                "directory": "cannot read"}[what]
+    assert expected in lines[0]
+    # Nothing was created beside it but the (empty) lock folder of the store check.
+    assert sorted(p.name for p in db.parent.iterdir() if p.name != ".cord-locks") == before

@@ -416,3 +416,26 @@ def test_real_tracking_server_concurrency_outage_and_replay(tmp_path, mlflow_tem
     finally:
         server.stop()
     assert integrity(server.db) == "ok"
+
+
+# ---------------------------------------------------------------- partial artifacts
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_partial_artifact_is_never_registered(store, digits_file, monkeypatch):
+    """An artifact cut short after logging (what a full disk or an interrupted upload
+    leaves): the digest check refuses it, nothing is registered, the run is FAILED with
+    the artifact named."""
+    from mlflow import MlflowClient
+
+    from flows.recalibrate import RecalibrationError, recalibrate
+
+    monkeypatch.setenv(faults.FAULT,
+                       "log_model=truncate:mlruns/*/*/artifacts/state/calibrator.json")
+    with pytest.raises(RecalibrationError, match="verify_artifacts") as failure:
+        recalibrate(data=str(digits_file), model_name="m")
+    assert "state/calibrator.json" in str(failure.value)
+
+    client = MlflowClient(store)
+    assert client.search_model_versions("name = 'm'") == []
+    (run,) = client.search_runs([client.get_experiment_by_name("m").experiment_id])
+    assert run.info.status == "FAILED"
+    assert "state/calibrator.json" in run.data.tags[registry.ERROR_TAG]
