@@ -86,7 +86,9 @@ def _flow_context(args) -> Iterator[dict]:
     lock option for the flow: chosen here, from the Prefect server the *user* configured
     (a temporary one serves this process only, so it cannot serialise anything)."""
     uri = tracking.tracking_uri()
-    tracking.prepare_store(uri, args.store_timeout)  # before the heavy imports: fails fast
+    # Before the heavy imports and any server, and writing nothing (the flow creates the
+    # store once the inputs are valid): a dead or foreign store fails here, fast.
+    tracking.check_store(uri, args.store_timeout)
     from flows import lock, prefect_server
 
     kind = lock.choose(tracking.local_store_folder(uri), prefect_server.configured_api_url())

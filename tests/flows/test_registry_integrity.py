@@ -202,7 +202,10 @@ def test_concurrent_recalibrations_on_a_brand_new_embedded_store(n, tmp_path, di
     phase = [_spec(_recalibrate(digits_file, c), work, log)
              for c, log in zip(CALIBRATORS[:n], logs, strict=True)]
 
-    (codes,) = launch([phase], _env(prefect_api_url), tmp_path)
+    # All n hit the session's Prefect test server at once; on a loaded machine its sqlite
+    # answers 503 for a while, which Prefect's client retries: give it more attempts.
+    (codes,) = launch([phase], _env(prefect_api_url, PREFECT_CLIENT_MAX_RETRIES="12"),
+                      tmp_path)
 
     assert codes == [0] * n, _logs(logs)
     db = work / "mlruns" / "mlflow.db"
@@ -315,7 +318,7 @@ def test_read_only_store_fails_at_once_and_stays_intact(tmpfs, mlflow_template_d
     assert codes == [1], log.read_text()[-3000:]
     assert time.monotonic() - started < STORE_TIMEOUT
     (line,) = _error_lines(log.read_text())
-    assert f"sqlite:///{store / 'mlflow.db'}" in line and "Read-only file system" in line
+    assert f"sqlite:///{store / 'mlflow.db'}" in line and "not writable" in line
     assert "retry" not in log.read_text().lower()  # not treated as transient
     assert (store / "mlflow.db").read_bytes() == before
     assert integrity(store / "mlflow.db") == "ok"
