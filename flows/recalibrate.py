@@ -4,7 +4,13 @@ model and let it take ``@champion`` only when it wins.
 
 Reads top to bottom: load and validate -> split -> fit calibrator -> fit CORD -> evaluate
 uncal / base / cord on the evaluation split -> export ONNX -> verify ONNX parity with
-onnxruntime on the evaluation split -> log to MLflow -> register -> gate.
+onnxruntime on the evaluation split -> log to MLflow (with the evaluation split pinned as
+the run's reference dataset input) -> register -> gate (rules in :mod:`flows.gate`).
+
+Splits too small to fit at all fail before any run exists; splits large enough to fit but
+not to trust are registered and rejected by the gate with the reason. Warnings the
+calibrator raises while fitting (non-convergence, capped iterations) are kept: run tag
+``cord.fit.warnings`` and :attr:`RecalibrationResult.warnings`.
 
 Failure contract: a bad data file or option, or a store that cannot be used, raises
 before any MLflow run exists. After the run is created, any failing task marks it FAILED,
@@ -29,8 +35,10 @@ import hashlib
 import json
 import tempfile
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +48,14 @@ from prefect.cache_policies import NO_CACHE
 from cord_ops import CORD, cord, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
-from flows import faults, journal, owner, plots, registry, tracking
+from flows import faults, journal, owner, plots, reference, registry, tracking
+from flows import gate as gating
 from flows import lock as registry_lock
 from flows.retries import is_store_outage, transient_store_error
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
-#: Max-abs tolerance of the ONNX graph against cord_ops on the same inputs (SPEC.md).
-PARITY_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+PARITY_TOLERANCE = gating.PARITY_TOLERANCE
 MODEL_ARTIFACT = "model"
 INPUT_EXAMPLE_ROWS = 5
 
@@ -126,12 +134,13 @@ class RecalibrationResult:
     tracking_uri: str
     model_name: str
     version: str
-    decision: registry.GateDecision
+    decision: gating.GateDecision
     eta_star: float
     reports: dict[str, dict[str, float]]
     changes: dict[str, int]
     onnx_max_abs_diff: float
     timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 class Steps:
@@ -157,27 +166,35 @@ class Steps:
 # ---------------------------------------------------------------- compute tasks
 @compute_task
 def load_dataset(path: str, input_kind: str) -> data.Dataset:
-    """Load and validate an .npz file of classifier outputs (errors name file, array, row)."""
-    return data.load_npz(path, input_kind=input_kind)
+    """Load and validate an .npz or Parquet file of classifier outputs (errors name the file,
+    the array or column, and the row)."""
+    return data.load(path, input_kind=input_kind)
 
 
 @compute_task
 def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
-                  dataset: data.Dataset, eval_dataset: data.Dataset | None) -> None:
+                  dataset: data.Dataset, eval_dataset: data.Dataset | None,
+                  gate_options: dict | None = None) -> gating.Policy:
     """Reject a bad option before a run exists: unknown calibrator or dtype, a seed or
-    fraction the split refuses, an evaluation file that does not match ``dataset``."""
+    fraction the split refuses, an evaluation file that does not match ``dataset``, a gate
+    threshold out of range, splits too small to fit at all. Returns the gate's policy."""
     make_calibrator(calibrator, input_kind=dataset.input_kind)
     if dtype not in PARITY_TOLERANCE:
         raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
+    policy = gating.Policy.for_classes(dataset.n_classes, **(gate_options or {}))
     if eval_dataset is None:
-        data.split_indices(dataset.n, seed, fraction)
-        return
+        cal_rows, eval_rows = data.split_indices(dataset.n, seed, fraction)
+        gating.check_fit_floor(cal_rows.size, eval_rows.size,
+                               f"{dataset.path} (split with fraction {fraction!r})")
+        return policy
     if eval_dataset.n_classes != dataset.n_classes:
         raise ValueError(f"{eval_dataset.path}: has {eval_dataset.n_classes} classes but "
                          f"{dataset.path} has {dataset.n_classes}")
     if eval_dataset.input_kind != dataset.input_kind:
         raise ValueError(f"{eval_dataset.path}: holds {eval_dataset.input_kind} but "
                          f"{dataset.path} holds {dataset.input_kind}")
+    gating.check_fit_floor(dataset.n, eval_dataset.n, f"{dataset.path} / {eval_dataset.path}")
+    return policy
 
 
 @compute_task
@@ -190,18 +207,37 @@ def split_dataset(dataset: data.Dataset, eval_dataset: data.Dataset | None, seed
     return data.split(dataset, seed, fraction)
 
 
+def _capturing_warnings(fit):
+    """Call ``fit()``; return (result, the warnings it raised as "Category: message")."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fit()
+    seen = []
+    for w in caught:
+        text = f"{w.category.__name__}: {w.message}"
+        if text not in seen:
+            seen.append(text)
+    if seen:
+        logger = get_run_logger()
+        for text in seen:
+            logger.warning("fit: %s", text)
+    return result, seen
+
+
 @compute_task
 def fit_calibrator(calibration: data.Dataset, name: str):
-    """Fit calibrator ``name`` on the calibration split."""
+    """Fit calibrator ``name`` on the calibration split; returns (fitted, warnings)."""
     fitted = make_calibrator(name, input_kind=calibration.input_kind)
-    return fitted.fit(calibration.scores, calibration.labels)
+    return _capturing_warnings(lambda: fitted.fit(calibration.scores, calibration.labels))
 
 
 @compute_task
-def fit_cord(calibration: data.Dataset, calibrator) -> CORD:
-    """Fit eta* (paper eq. 18) on the calibration split's original and calibrated outputs."""
+def fit_cord(calibration: data.Dataset, calibrator):
+    """Fit eta* (paper eq. 18) on the calibration split's original and calibrated outputs;
+    returns (CORD, warnings)."""
     original = calibration.probabilities()
-    return CORD().fit(original, calibrator.predict_proba(calibration.scores))
+    calibrated = calibrator.predict_proba(calibration.scores)
+    return _capturing_warnings(lambda: CORD().fit(original, calibrated))
 
 
 @compute_task
@@ -272,10 +308,12 @@ def start_run(model_name: str, dataset: data.Dataset, eval_dataset: data.Dataset
 
 @store_task
 def log_params_and_metrics(run_id: str, params: dict[str, str], evaluation: Evaluation,
-                           repair: CORD, parity: Parity) -> None:
-    """Every param and metric SPEC.md's MLflow contract names, in one batch."""
+                           repair: CORD, parity: Parity, fit_warnings: list[str] | None = None,
+                           policy: gating.Policy | None = None) -> None:
+    """Every param and metric SPEC.md's MLflow contract names, in one batch, with the fit's
+    warnings (tag ``cord.fit.warnings``, "none" when clean) and the gate's thresholds."""
     from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param, RunTag
 
     values = {"eta_star": repair.eta_}
     for report in REPORTS:
@@ -286,11 +324,26 @@ def log_params_and_metrics(run_id: str, params: dict[str, str], evaluation: Eval
     values["onnx.max_abs_diff"] = parity.max_abs_diff
     values["onnx.argmax_agreement"] = parity.argmax_agreement
     now = int(time.time() * 1000)
+    tags = {"cord.fit.warnings": "; ".join(fit_warnings or [])[:8000] or "none",
+            "cord.fit.warning_count": str(len(fit_warnings or [])),
+            **(policy.as_tags() if policy is not None else {})}
     MlflowClient().log_batch(
         run_id,
         metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
         params=[Param(k, v) for k, v in params.items()],
+        tags=[RunTag(k, v) for k, v in tags.items()],
     )
+
+
+@store_task
+def log_reference(uri: str, run_id: str, evaluation: data.Dataset) -> dict[str, str]:
+    """Pin the evaluation split: artifact ``reference/evaluation.npz`` and the run's
+    evaluation dataset input (digest and source), so later gates can score on it.
+    Returns its digest by artifact path, for :func:`verify_artifacts`."""
+    from mlflow import MlflowClient
+
+    sha256 = reference.log_reference_split(MlflowClient(uri), run_id, evaluation)
+    return {f"{reference.ARTIFACT_DIR}/{reference.ARTIFACT_NAME}": sha256}
 
 
 @store_task
@@ -324,24 +377,22 @@ def log_report_artifacts(run_id: str, evaluation: Evaluation, calibrator,
 
 
 @store_task
-def log_onnx_model(run_id: str, model, evaluation: data.Dataset, dtype: str):
-    """Log the graph with the ``mlflow.onnx`` flavor: explicit signature, input example and
-    CPU execution provider, so ``mlflow.pyfunc.load_model`` serves it anywhere.
+def log_onnx_model(uri: str, run_id: str, experiment_id: str, model, evaluation: data.Dataset,
+                   dtype: str):
+    """Log the graph as the pyfunc model of :mod:`flows.pyfunc_model`: the ``.onnx`` file
+    (also an ``onnx`` flavour) plus a models-from-code wrapper that validates its input,
+    with the graph's outputs as signature and a few evaluation rows as input example.
 
-    The requirements are the flavor's own (onnx, onnxruntime): stating them skips MLflow's
-    inference, which re-imports the model in a subprocess for several seconds.
+    The requirements are stated (pinned), which skips MLflow's inference: it re-imports
+    the model in a subprocess for several seconds.
     """
-    import mlflow.onnx
+    from mlflow import MlflowClient
 
-    # Without an active run MLflow files the logged model under the process's active
-    # experiment (Default, id 0), not the run's; make the run's experiment the active one.
-    mlflow.set_experiment(experiment_id=mlflow.MlflowClient().get_run(run_id).info.experiment_id)
-    example = {"scores": np.asarray(evaluation.scores[:INPUT_EXAMPLE_ROWS], dtype=dtype)}
-    return mlflow.onnx.log_model(
-        model, name=MODEL_ARTIFACT, run_id=run_id, signature=model_signature(model),
-        input_example=example, onnx_execution_providers=["CPUExecutionProvider"],
-        save_as_external_data=False, pip_requirements=mlflow.onnx.get_default_pip_requirements(),
-    )
+    from flows import pyfunc_model
+
+    example = np.asarray(evaluation.scores[:INPUT_EXAMPLE_ROWS], dtype=dtype)
+    return pyfunc_model.log_model(MlflowClient(uri), run_id, experiment_id, model, example,
+                                  name=MODEL_ARTIFACT)
 
 
 @store_task
@@ -418,7 +469,8 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
     version = registry.register_version(
         client, model_name, run_id, model_info.model_uri, model_info.model_id,
         tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
-              registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256},
+              registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256,
+              registry.N_CLASSES_TAG: str(dataset.n_classes)},
         previous_champion=previous,
     )
     return str(version.version), previous
@@ -426,27 +478,77 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
 
 @store_task
 def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
-         evaluation: data.Dataset, report: Evaluation, parity: Parity,
-         promote: bool) -> registry.GateDecision:
-    """Score the champion on the same evaluation split, record the decision on the
-    version and move the alias only to a winner."""
+         calibration: data.Dataset, evaluation: data.Dataset, report: Evaluation,
+         parity: Parity, model, dtype: str, policy: gating.Policy,
+         promote: bool) -> gating.GateDecision:
+    """Score candidate and champion on the candidate's evaluation split and on the champion's
+    pinned reference split, weigh the evidence, record the decision on the version and move
+    the alias only to a winner.
+
+    Also records the champion's health as a registered-model tag; a promotion is pushed
+    onto the champion history before the alias moves.
+    """
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
-    champion = registry.score_champion(client, model_name, previous_champion,
-                                       evaluation.scores, evaluation.labels,
-                                       evaluation.input_kind)
-    decision = registry.decide(
+    name, kind = model_name, evaluation.input_kind
+    champion = gating.score_champion(client, name, previous_champion, evaluation.scores,
+                                     evaluation.labels, kind)
+    ref_split, ref_problem = gating.champion_reference(client, name, previous_champion,
+                                                       evaluation.n_classes, kind)
+    scored_ref = None
+    if previous_champion is not None:
+        if ref_split is None or champion.problem is not None:
+            scored_ref = gating.ReferenceScore(previous_champion,
+                                               problem=ref_problem or "champion not scored")
+        else:
+            on_ref = gating.score_champion(client, name, previous_champion, ref_split.scores,
+                                           ref_split.labels, kind)
+            scored_ref = gating.ReferenceScore(
+                previous_champion, metrics.nll(_run_graph(model, ref_split.scores, dtype),
+                                               ref_split.labels),
+                on_ref.nll, on_ref.problem)
+    evidence = gating.Evidence(
+        gating.label_counts(calibration.labels, calibration.n_classes),
+        gating.label_counts(evaluation.labels, evaluation.n_classes),
+        None if ref_split is None else gating.label_counts(ref_split.labels,
+                                                           ref_split.n_classes))
+    decision = gating.decide(
         candidate_nll=metrics.nll(parity.repaired, evaluation.labels),
         candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired),
-        parity_ok=parity.ok, champion=champion, promote=promote,
+        parity_ok=parity.ok, champion=champion, evidence=evidence, policy=policy,
+        reference=scored_ref, promote=promote,
     )
-    registry.record_decision(client, model_name, version, decision)
+    if champion is not None:
+        gating.record_health(client, name, previous_champion, champion.problem)
+    if scored_ref is not None:
+        for key, value in (("reference_version", scored_ref.version),
+                           ("reference_candidate_nll", repr(scored_ref.candidate_nll)),
+                           ("reference_champion_nll", repr(scored_ref.champion_nll)),
+                           ("reference_problem", scored_ref.problem or "none")):
+            client.set_model_version_tag(name, version, f"cord.gate.{key}", value[:5000])
+    registry.record_decision(client, name, version, decision)
     faults.checkpoint("gate_recorded")
-    registry.move_alias(client, model_name, version, decision)
+    if decision.promote:
+        history = gating.read_history(client, name)
+        if previous_champion is not None and not history:  # champion from before history
+            gating.push_history(client, name, {"version": previous_champion, "by": "unknown"})
+        gating.push_history(client, name, {
+            "version": version, "by": "gate", "reason": decision.reason[:300],
+            "at": datetime.now(UTC).isoformat(timespec="seconds")})
+    registry.move_alias(client, name, version, decision)
     faults.checkpoint("alias_moved")
     get_run_logger().info("gate: %s v%s (%s)", decision.label, version, decision.reason)
     return decision
+
+
+def _run_graph(model, scores: np.ndarray, dtype: str) -> np.ndarray:
+    """The candidate graph's repaired output on ``scores`` (onnxruntime, CPU), float64."""
+    from onnx_export.runtime import open_session
+
+    session = open_session(model, provider="cpu")
+    (repaired,) = session.run(["repaired"], {"scores": np.asarray(scores, dtype=dtype)})
+    return repaired.astype(np.float64)
 
 
 @store_task
@@ -483,8 +585,12 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 input_kind: str = "auto", dtype: str = "float32", promote: bool = True,
                 lock_timeout: float = registry_lock.DEFAULT_TIMEOUT,
                 store_timeout: float = tracking.DEFAULT_STORE_TIMEOUT,
-                lock: str = "auto") -> RecalibrationResult:
-    """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
+                lock: str = "auto", min_calibration: int | None = None,
+                min_evaluation: int | None = None, max_class_share: float | None = None,
+                max_label_shift: float | None = None,
+                tracking_uri: str | None = None) -> RecalibrationResult:
+    """Recalibrate the classifier outputs in ``data`` (.npz or Parquet) and register the
+    result.
 
     ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
     ``data`` with ``fraction`` for calibration (seeded). ``dtype`` is the ONNX graph's
@@ -492,9 +598,14 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     never moves. ``lock_timeout``: seconds to wait for the model's registry lock;
     ``store_timeout``: seconds a store that is down may take to fail the flow; ``lock``:
     the registry lock's kind (``auto``: :func:`flows.lock.choose`). Raises
-    :class:`RecalibrationError` naming the failed step.
+    :class:`RecalibrationError` naming the failed step. ``min_calibration``,
+    ``min_evaluation``, ``max_class_share`` and ``max_label_shift`` override the gate's
+    defaults for K (:class:`flows.gate.Policy`). When the champion could not be scored,
+    the candidate is registered as rejected, the run finished, and then
+    :class:`flows.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
+    store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
     """
-    uri = tracking.configure_tracking()
+    uri = tracking.configure_tracking(tracking_uri)
     folder = tracking.local_store_folder(uri)
     if lock == "auto":
         lock = registry_lock.choose(folder, _prefect_api_url())
@@ -503,7 +614,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         dataset = steps(load_dataset, str(data), input_kind)
         eval_dataset = (steps(load_dataset, str(eval_data), dataset.input_kind)
                         if eval_data is not None else None)
-        steps(check_options, calibrator, dtype, seed, fraction, dataset, eval_dataset)
+        gate_options = {"min_calibration": min_calibration, "min_evaluation": min_evaluation,
+                        "max_class_share": max_class_share, "max_label_shift": max_label_shift}
+        policy = steps(check_options, calibrator, dtype, seed, fraction, dataset, eval_dataset,
+                       gate_options)
         steps(prepare_store, uri, store_timeout)
         options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
                    "dtype": dtype, "promote": str(promote)}
@@ -521,18 +635,22 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         with beating:
             calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed,
                                             fraction)
-            fitted = steps(fit_calibrator, calibration, calibrator)
-            repair = steps(fit_cord, calibration, fitted)
+            fitted, calibrator_warnings = steps(fit_calibrator, calibration, calibrator)
+            repair, cord_warnings = steps(fit_cord, calibration, fitted)
+            fit_warnings = calibrator_warnings + cord_warnings
             report = steps(evaluate_reports, evaluation, fitted, repair)
             model = steps(export_model, fitted, repair, dataset.n_classes, dataset.input_kind,
                           dtype)
             parity = steps(verify_parity, model, evaluation, report, dtype)
             params = run_params(calibrator, dataset, calibration, evaluation, seed, repair)
-            steps(log_params_and_metrics, run_id, params, report, repair, parity)
+            steps(log_params_and_metrics, run_id, params, report, repair, parity, fit_warnings,
+                  policy)
             faults.checkpoint("log_params")
             digests = steps(log_report_artifacts, run_id, report, fitted, repair)
+            digests.update(steps(log_reference, uri, run_id, evaluation))
             faults.checkpoint("log_artifacts")
-            model_info = steps(log_onnx_model, run_id, model, evaluation, dtype)
+            model_info = steps(log_onnx_model, uri, run_id, experiment, model, evaluation,
+                                        dtype)
             faults.checkpoint("log_model")
             steps(verify_artifacts, uri, run_id, model_info, model, digests)
             steps(ensure_model, uri, model_name)
@@ -549,7 +667,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                         dataset, repair, calibrator)
                     faults.checkpoint("registered")
                     decision = steps(gate, uri, model_name, failure.version, failure.previous,
-                                     evaluation, report, parity, promote)
+                                     calibration, evaluation, report, parity, model, dtype,
+                                     policy, promote)
                     steps(finish_run, uri, run_id, model_name, failure.version)
                 except BaseException as exc:
                     failure.record(exc)  # withdraw while still holding the lock
@@ -561,11 +680,16 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                                      failure.journal) from exc
         raise
 
+    if decision.champion_problem is not None:
+        # Finished and recorded; the registry is stuck until an operator acts, so say so.
+        raise gating.ChampionUnhealthyError(model_name, decision.champion_version,
+                                            decision.champion_problem,
+                                            candidate=failure.version)
     return RecalibrationResult(
         run_id=run_id, experiment_id=experiment, tracking_uri=uri, model_name=model_name,
         version=failure.version, decision=decision, eta_star=repair.eta_,
         reports=report.reports, changes=report.changes,
-        onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings,
+        onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings, warnings=fit_warnings,
     )
 
 
@@ -599,19 +723,10 @@ def metrics_markdown(reports: dict[str, dict[str, float]], eta_star: float) -> s
 
 
 def model_signature(model):
-    """MLflow signature from the graph's own inputs and outputs (name, dtype, shape)."""
-    import onnx
-    from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
+    """The registered model's MLflow signature (see :func:`flows.pyfunc_model.signature`)."""
+    from flows import pyfunc_model
 
-    def spec(value_info) -> TensorSpec:
-        tensor = value_info.type.tensor_type
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
-        return TensorSpec(np.dtype(dtype), shape, value_info.name)
-
-    return ModelSignature(inputs=Schema([spec(v) for v in model.graph.input]),
-                          outputs=Schema([spec(v) for v in model.graph.output]))
+    return pyfunc_model.signature(model)
 
 
 def _data_tags(prefix: str, dataset: data.Dataset) -> dict[str, str]:

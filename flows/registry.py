@@ -8,8 +8,8 @@ Life of a version (all of it under the model's registry lock, :mod:`flows.lock`)
 1. :func:`register_version` creates it with the tag ``cord.registration=pending`` and the
    champion of that moment, in the same call that creates it, after every artifact of its
    run is logged and verified. A retried call finds the version of its own run.
-2. :func:`score_champion` runs the champion on the same evaluation split and
-   :func:`decide` compares the two.
+2. :func:`flows.gate.score_champion` runs the champion on the same evaluation split (and
+   on its pinned reference split) and :func:`flows.gate.decide` weighs the evidence.
 3. :func:`record_decision` writes the decision and both NLLs as version tags,
    :func:`move_alias` moves ``@champion`` for a winner, the run is marked FINISHED and
    :func:`complete_version` marks the version ``complete``, the last write.
@@ -23,11 +23,8 @@ from the local journal, when the store was down at the time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from cord_ops import metrics
 from flows import owner
 
 CHAMPION = "champion"
@@ -45,67 +42,8 @@ PREVIOUS_CHAMPION_TAG = "cord.registration.previous_champion"
 ERROR_TAG = "cord.error"
 #: Version tag saying what the graph's ``scores`` input holds ("logits" or "probs").
 INPUT_KIND_TAG = "cord.input_kind"
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """Outcome of the champion gate.
-
-    ``promote`` is True only when the candidate changes no top-1 decision (TPCR 0), its
-    ONNX parity check passed and its NLL is no worse than the champion's on the same
-    evaluation split (or there is no champion). ``champion_nll`` is None without a
-    champion; ``reason`` says in words why.
-    """
-
-    promote: bool
-    reason: str
-    candidate_nll: float
-    champion_nll: float | None
-    champion_version: str | None
-
-    @property
-    def label(self) -> str:
-        return "promoted" if self.promote else "rejected"
-
-
-@dataclass(frozen=True)
-class ChampionScore:
-    """The current champion's version and its NLL on the candidate's evaluation split."""
-
-    version: str
-    nll: float | None
-    problem: str | None = None
-
-
-def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
-           champion: ChampionScore | None, promote: bool = True) -> GateDecision:
-    """The champion gate as a pure function of the measured numbers.
-
-    Rejects (never promotes) on a top-1 change, a failed parity check, a champion that could
-    not be scored on the split, an NLL above the champion's, or ``promote=False``.
-    """
-    champion_nll = None if champion is None else champion.nll
-    champion_version = None if champion is None else champion.version
-
-    def verdict(ok: bool, reason: str) -> GateDecision:
-        return GateDecision(ok, reason, float(candidate_nll), champion_nll, champion_version)
-
-    if candidate_tpcr != 0.0:
-        return verdict(False, f"repaired output changes top-1 decisions (TPCR {candidate_tpcr!r})")
-    if not parity_ok:
-        return verdict(False, "ONNX parity check failed")
-    if champion is not None and champion.problem is not None:
-        return verdict(False, f"champion v{champion.version} could not be scored on this "
-                              f"evaluation split ({champion.problem})")
-    if champion is not None and not candidate_nll <= champion.nll:
-        return verdict(False, f"NLL {candidate_nll:.6g} is worse than champion "
-                              f"v{champion.version}'s {champion.nll:.6g}")
-    if not promote:
-        return verdict(False, "gates passed but promotion is switched off (promote=False)")
-    if champion is None:
-        return verdict(True, "no champion yet; TPCR 0 and parity verified")
-    return verdict(True, f"NLL {candidate_nll:.6g} <= champion v{champion.version}'s "
-                         f"{champion.nll:.6g}; TPCR 0 and parity verified")
+#: Version tag with the number of classes K the graph reads.
+N_CLASSES_TAG = "cord.n_classes"
 
 
 def ensure_registered_model(client, name: str) -> None:
@@ -270,42 +208,27 @@ def register_version(client, name: str, run_id: str, model_uri: str, model_id: s
 
 
 def run_registered_model(model_uri: str, scores: np.ndarray) -> dict[str, np.ndarray]:
-    """Load a registered graph with ``mlflow.pyfunc.load_model`` (the path a serving system
-    takes) and run it on ``scores``, fed in the dtype its signature declares."""
+    """Load a registered model with ``mlflow.pyfunc.load_model`` (the path a serving system
+    takes) and run it on ``scores``; returns every graph output by name (``repaired``,
+    ``calibrated``, ``original``, ``label``, ``confidence``).
+
+    Versions logged with the pyfunc flavour of :mod:`flows.pyfunc_model` take float32 or
+    float64 and validate the input; versions logged with the plain ``onnx`` flavour (before
+    it) are fed in the dtype their signature declares.
+    """
     import mlflow.pyfunc
 
     model = mlflow.pyfunc.load_model(model_uri)
-    spec = model.metadata.get_input_schema().inputs[0]
-    outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
+    schema = model.metadata.get_input_schema()
+    if schema is None:
+        outputs = model.predict(np.asarray(scores), params={"outputs": ["all"]})
+    else:
+        spec = schema.inputs[0]
+        outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
     return {name: np.asarray(value) for name, value in outputs.items()}
 
 
-def score_champion(client, name: str, champion: str | None, scores: np.ndarray,
-                   labels: np.ndarray, input_kind: str) -> ChampionScore | None:
-    """Run version ``champion`` of ``name`` (the ``@champion`` of the moment the candidate
-    was registered) from the registry on ``scores`` and return its NLL.
-
-    Addressing the version rather than the alias keeps a retried gate idempotent: once the
-    alias has moved to the candidate, a retry still compares against the old champion.
-    None when there was no champion. A champion that cannot run on the split (it reads
-    another ``input_kind`` or K, a broken artifact) comes back with ``problem`` set, which
-    the gate treats as a rejection rather than a win.
-    """
-    if champion is None:
-        return None
-    expected = client.get_model_version(name, champion).tags.get(INPUT_KIND_TAG)
-    if expected not in (None, input_kind):  # None: registered without the tag; try it
-        return ChampionScore(champion, None, f"it reads {expected}, this split holds "
-                                             f"{input_kind}")
-    try:
-        outputs = run_registered_model(f"models:/{name}/{champion}", scores)
-        nll = metrics.nll(outputs["repaired"].astype(np.float64), labels)
-    except Exception as exc:  # any failure to score the champion is a reason to reject
-        return ChampionScore(champion, None, f"{type(exc).__name__}: {exc}")
-    return ChampionScore(champion, nll)
-
-
-def record_decision(client, name: str, version: str, decision: GateDecision) -> None:
+def record_decision(client, name: str, version: str, decision) -> None:
     """Record ``decision`` and both NLLs as tags of the (still pending) ``version``."""
     client.set_model_version_tag(name, version, DECISION_TAG, decision.label)
     client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
@@ -315,7 +238,7 @@ def record_decision(client, name: str, version: str, decision: GateDecision) -> 
                                  str(decision.champion_version))
 
 
-def move_alias(client, name: str, version: str, decision: GateDecision) -> None:
+def move_alias(client, name: str, version: str, decision) -> None:
     """Point ``@champion`` at ``version`` when it was promoted (it is still pending: a crash
     from here until :func:`complete_version` is undone by :func:`clean_up`)."""
     if decision.promote:

@@ -46,7 +46,7 @@ def is_embedded(uri: str) -> bool:
     return uri.startswith("sqlite:///")
 
 
-def configure_tracking() -> str:
+def configure_tracking(uri: str | None = None) -> str:
     """Point MLflow at :func:`tracking_uri` and return the URI; the registry follows it.
 
     For a local sqlite store the folder is created first so the first run needs no setup.
@@ -54,7 +54,7 @@ def configure_tracking() -> str:
     disable_telemetry()
     import mlflow
 
-    uri = tracking_uri()
+    uri = uri or tracking_uri()
     if is_embedded(uri):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
@@ -137,18 +137,6 @@ def prepare_store(uri: str, timeout: float = DEFAULT_STORE_TIMEOUT) -> None:
     """
     if uri.startswith("sqlite:///"):
         _prepare_sqlite(uri, Path(uri.removeprefix("sqlite:///")), timeout)
-    elif uri.startswith(("http://", "https://")):
-        _probe_http(uri, min(timeout, 10.0))
-
-
-def check_store(uri: str, timeout: float = DEFAULT_STORE_TIMEOUT) -> None:
-    """The checks of :func:`prepare_store` that write nothing, for a command to run before
-    it validates its inputs or starts a server: a remote store answers; a local store's
-    file is not foreign or unreadable and its folder, when it exists, is writable."""
-    if uri.startswith("sqlite:///"):
-        db = Path(uri.removeprefix("sqlite:///"))
-        _check_sqlite_file(uri, db)
-        _check_writable(uri, db.parent)
     elif uri.startswith(("http://", "https://")):
         _probe_http(uri, min(timeout, 10.0))
 
