@@ -741,9 +741,10 @@ def _uri_if_store(step: str, uri: str) -> str | None:
 
 
 def _prefect_api_url() -> str | None:
-    from prefect.settings import PREFECT_API_URL
+    """A Prefect server other processes share, if one is configured."""
+    from flows.prefect_server import configured_api_url
 
-    return PREFECT_API_URL.value() or None
+    return configured_api_url()
 
 
 def file_digests(root: Path) -> dict[str, str]:
