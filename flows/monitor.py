@@ -97,6 +97,14 @@ def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnB
                            baseline)
 
 
+@store_task
+def has_champion(uri: str, model_name: str) -> bool:
+    """Whether ``model_name`` has a champion in the store ``uri`` (a missing model: no)."""
+    from mlflow import MlflowClient
+
+    return registry.champion_version(MlflowClient(uri, uri), model_name) is not None
+
+
 @task(cache_policy=NO_CACHE, persist_result=False)
 def find_drift(scored: ChampionOnBatch, max_ece_increase: float,
                max_nll_increase: float) -> tuple[dict[str, float], list[str]]:
@@ -140,16 +148,26 @@ def log_monitoring(model_name: str, batch: data.Dataset, scored: ChampionOnBatch
 def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: float = 0.02,
             max_nll_increase: float = 0.05, input_kind: str = "auto",
             recalibrate_on_drift: bool = True, calibrator: str = "vs", fraction: float = 0.5,
-            seed: int = 0, dtype: str = "float32",
-            gate_options: dict | None = None) -> MonitorResult:
-    """Score ``model_name@champion`` on the labelled batch ``data`` (.npz) and log it.
+            seed: int = 0, dtype: str = "float32", gate_options: dict | None = None,
+            tracking_uri: str | None = None,
+            skip_without_champion: bool = False) -> MonitorResult | None:
+    """Score ``model_name@champion`` on the labelled batch ``data`` (.npz or Parquet) and log
+    it.
 
     When ECE or NLL rose past its threshold and ``recalibrate_on_drift`` is set, runs
     :func:`flows.recalibrate.recalibrate` on the batch as a subflow (its gate still decides
     whether the new version takes ``@champion``; ``gate_options`` are its threshold
     overrides, as :func:`flows.recalibrate.recalibrate` takes them).
+
+    ``skip_without_champion`` (set by ``cord-ops schedule``): while the model has no
+    champion yet (the first scheduled recalibration has not finished), log that and return
+    None instead of failing the run.
     """
-    tracking.configure_tracking()
+    uri = tracking.configure_tracking(tracking_uri)
+    if skip_without_champion and not has_champion(uri, model_name):
+        get_run_logger().info("model '%s' has no @%s in %s yet: nothing to monitor, skipping "
+                              "this pass", model_name, registry.CHAMPION, uri)
+        return None
     batch = load_dataset(str(data), input_kind)
     scored = score_champion_on_batch(model_name, batch)
     drift, reasons = find_drift(scored, max_ece_increase, max_nll_increase)
@@ -162,6 +180,6 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
             recalibration = recalibrate(data=str(data), calibrator=calibrator, fraction=fraction,
                                         seed=seed, model_name=model_name,
                                         input_kind=batch.input_kind, dtype=dtype,
-                                        **(gate_options or {}))
+                                        tracking_uri=uri, **(gate_options or {}))
     return MonitorResult(run_id, scored.version, scored.metrics, scored.baseline, drift,
                          reasons, recalibration)

@@ -7,14 +7,15 @@ from __future__ import annotations
 import argparse
 
 
-def _client():
-    """(client, uri) of the configured store, checked (and created) first."""
+def _client(args):
+    """(client, uri) of the store ``--tracking-uri`` or the environment names, checked
+    (and created) first."""
     from mlflow import MlflowClient
 
     from flows import tracking
 
     # The registry's pyfunc loader follows MLflow's process-wide URI; set it to the same.
-    uri = tracking.configure_tracking()
+    uri = tracking.configure_tracking(getattr(args, "tracking_uri", None))
     tracking.prepare_store(uri)
     return MlflowClient(uri), uri
 
@@ -22,7 +23,7 @@ def _client():
 def cmd_status(args) -> int:
     from flows import operator
 
-    client, _ = _client()
+    client, _ = _client(args)
     print(operator.format_status(operator.status(client, args.model_name, args.limit)))
     return 0
 
@@ -30,7 +31,7 @@ def cmd_status(args) -> int:
 def cmd_promote(args) -> int:
     from flows import operator
 
-    client, uri = _client()
+    client, uri = _client(args)
     previous = operator.promote(client, uri, args.model_name, str(args.version), args.reason,
                                 args.lock_timeout)
     before = "none" if previous is None else f"v{previous}"
@@ -42,7 +43,7 @@ def cmd_promote(args) -> int:
 def cmd_rollback(args) -> int:
     from flows import operator
 
-    client, uri = _client()
+    client, uri = _client(args)
     current, target = operator.rollback(client, uri, args.model_name, args.reason,
                                         args.lock_timeout)
     print(f"{args.model_name}@champion: v{current} -> v{target} (rollback: {args.reason})")

@@ -166,8 +166,9 @@ class Steps:
 # ---------------------------------------------------------------- compute tasks
 @compute_task
 def load_dataset(path: str, input_kind: str) -> data.Dataset:
-    """Load and validate an .npz file of classifier outputs (errors name file, array, row)."""
-    return data.load_npz(path, input_kind=input_kind)
+    """Load and validate an .npz or Parquet file of classifier outputs (errors name the file,
+    the array or column, and the row)."""
+    return data.load(path, input_kind=input_kind)
 
 
 @compute_task
@@ -335,13 +336,13 @@ def log_params_and_metrics(run_id: str, params: dict[str, str], evaluation: Eval
 
 
 @store_task
-def log_reference(run_id: str, evaluation: data.Dataset) -> dict[str, str]:
+def log_reference(uri: str, run_id: str, evaluation: data.Dataset) -> dict[str, str]:
     """Pin the evaluation split: artifact ``reference/evaluation.npz`` and the run's
     evaluation dataset input (digest and source), so later gates can score on it.
     Returns its digest by artifact path, for :func:`verify_artifacts`."""
     from mlflow import MlflowClient
 
-    sha256 = reference.log_reference_split(MlflowClient(), run_id, evaluation)
+    sha256 = reference.log_reference_split(MlflowClient(uri), run_id, evaluation)
     return {f"{reference.ARTIFACT_DIR}/{reference.ARTIFACT_NAME}": sha256}
 
 
@@ -586,8 +587,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 store_timeout: float = tracking.DEFAULT_STORE_TIMEOUT,
                 lock: str = "auto", min_calibration: int | None = None,
                 min_evaluation: int | None = None, max_class_share: float | None = None,
-                max_label_shift: float | None = None) -> RecalibrationResult:
-    """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
+                max_label_shift: float | None = None,
+                tracking_uri: str | None = None) -> RecalibrationResult:
+    """Recalibrate the classifier outputs in ``data`` (.npz or Parquet) and register the
+    result.
 
     ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
     ``data`` with ``fraction`` for calibration (seeded). ``dtype`` is the ONNX graph's
@@ -599,9 +602,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     ``min_evaluation``, ``max_class_share`` and ``max_label_shift`` override the gate's
     defaults for K (:class:`flows.gate.Policy`). When the champion could not be scored,
     the candidate is registered as rejected, the run finished, and then
-    :class:`flows.gate.ChampionUnhealthyError` is raised.
+    :class:`flows.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
+    store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
     """
-    uri = tracking.configure_tracking()
+    uri = tracking.configure_tracking(tracking_uri)
     folder = tracking.local_store_folder(uri)
     if lock == "auto":
         lock = registry_lock.choose(folder, _prefect_api_url())
@@ -643,7 +647,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                   policy)
             faults.checkpoint("log_params")
             digests = steps(log_report_artifacts, run_id, report, fitted, repair)
-            digests.update(steps(log_reference, run_id, evaluation))
+            digests.update(steps(log_reference, uri, run_id, evaluation))
             faults.checkpoint("log_artifacts")
             model_info = steps(log_onnx_model, uri, run_id, experiment, model, evaluation,
                                         dtype)

@@ -46,7 +46,7 @@ def is_embedded(uri: str) -> bool:
     return uri.startswith("sqlite:///")
 
 
-def configure_tracking() -> str:
+def configure_tracking(uri: str | None = None) -> str:
     """Point MLflow at :func:`tracking_uri` and return the URI; the registry follows it.
 
     For a local sqlite store the folder is created first so the first run needs no setup.
@@ -54,7 +54,7 @@ def configure_tracking() -> str:
     disable_telemetry()
     import mlflow
 
-    uri = tracking_uri()
+    uri = uri or tracking_uri()
     if is_embedded(uri):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)

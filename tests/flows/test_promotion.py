@@ -216,3 +216,40 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
     assert main(["recalibrate", *args, "--seed", "4"]) == 0
     assert "could not be scored" not in client.get_model_version("m", "6").tags[
         registry.REASON_TAG]
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from flows import lock
+with lock.registry_lock("file", "m", 5, None, {"run_id": "holder-run"},
+                        store_folder=Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_promote_and_rollback_wait_for_the_registry_lock(store, tmp_path, capsys):
+    """A recalibration of the model holds its registry lock (here: another process holding
+    it): promote and rollback wait for it and give up with one line naming the holder."""
+    import subprocess
+    import sys
+
+    from flows import tracking
+
+    folder = tracking.local_store_folder(store)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for command in (["promote", "--version", "1", "--reason", "x"], ["rollback"]):
+            assert main([*command, "--model-name", "m", "--lock-timeout", "1"]) == 1
+            line = _last_error(capsys)
+            assert "registry lock of model 'm' still held by run holder-run" in line
+    finally:
+        holder.kill()
+        holder.wait()
+    # Free again: the commands get past the lock to their own checks.
+    assert main(["promote", "--model-name", "m", "--version", "1", "--reason", "x",
+                 "--lock-timeout", "5"]) == 1
+    assert "m has no version 1" in _last_error(capsys)
