@@ -500,10 +500,19 @@ def cmd_ui(args) -> int:
     os.execve(sys.executable, command, {**tracking.QUIET_ENVIRONMENT, **os.environ})
 
 
+def validate_serve(args) -> None:
+    """Options first, then the registered model: nothing is bound before both pass."""
+    from flows.serve import check_options
+
+    check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
+                  args.batch_max_rows)
+    validate_model_command(args)
+
+
 def cmd_serve(args) -> int:
     from flows.serve import serve
 
-    serve(tracking.tracking_uri(), args.model_name, alias=args.alias, host=args.host,
+    serve(args.tracking_uri, args.model_name, alias=args.alias, host=args.host,
           port=args.port, poll_interval=args.poll_interval,
           batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
           provider=args.provider)
@@ -670,7 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most rows per onnxruntime run (default: 4096)")
     p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
                    help="onnxruntime execution provider (default: cuda when available)")
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, validate=validate_serve)
 
     reproduce_cli.add_cli(sub)
     operator_cli.add_cli(sub)
