@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -440,6 +441,12 @@ def reconstruct(terms: RepairTerms, s: np.ndarray) -> np.ndarray:
     return _reconstruct(terms.rest, terms.label, terms.b, terms.tail, s)
 
 
+def _global_row(message: str, offset: int) -> str:
+    """A block's validation message with its first "row i" renumbered to row offset + i."""
+    return re.sub(r"\brow (\d+)\b", lambda m: f"row {int(m.group(1)) + offset}", message,
+                  count=1)
+
+
 def _validated_pair(original, calibrated, n_classes: int | None = None):
     p0 = check_probabilities(original, "original", n_classes=n_classes)
     q = check_probabilities(calibrated, "calibrated", n_classes=n_classes)
@@ -498,7 +505,44 @@ class CORD(BaseEstimator):
         self._check_params()
         original = np.asarray(original)
         terms = _sweep(original, calibrated, float(self.local_weight))
-        n, k = original.shape
+        return self._fit_terms(terms, *original.shape)
+
+    def fit_blocks(self, blocks) -> CORD:
+        """Fit eta* from an iterable of (original, calibrated) row blocks, read once.
+
+        Each block goes through the same row-blocked sweep as ``fit`` and is then dropped;
+        only the per-row scalars the bisection needs (b, the lower bound of I, g: 24 bytes
+        a row) are kept, so memory does not grow with K. Every per-row scalar depends on
+        its own row only, and the bisection then runs on the concatenated vectors, so on
+        the same rows ``fit_blocks`` gives ``fit``'s eta* and mu bit for bit however the
+        rows are split. A bad block raises ``fit``'s error with the row counted from the
+        first row of the first block.
+        """
+        self._check_params()
+        weight = float(self.local_weight)
+        b, lower, g = [], [], []
+        n, k = 0, None
+        for original, calibrated in blocks:
+            original = np.asarray(original)
+            try:
+                terms = _sweep(original, calibrated, weight, n_classes=k)
+            except ValueError as exc:
+                raise ValueError(_global_row(str(exc), n)) from None
+            k = original.shape[1] if k is None else k
+            n += original.shape[0]
+            b.append(terms.b)
+            lower.append(terms.lower)
+            g.append(terms.g)
+        if k is None:
+            raise ValueError("blocks: expected at least one (original, calibrated) block")
+        lower = np.concatenate(lower)
+        terms = RepairTerms(label=None, b=np.concatenate(b), tail=None, rest=None,
+                            lower=lower, upper=np.full(n, 1.0 - EPS_NUM),
+                            g=np.concatenate(g))
+        return self._fit_terms(terms, n, k)
+
+    def _fit_terms(self, terms: RepairTerms, n: int, k: int) -> CORD:
+        """Set eta*, mu and the shape attributes from the per-row scalars of n rows."""
         if self.mean_target == "none":
             mu, eta = float(np.mean(response(0.0, terms))), 0.0
         else:
