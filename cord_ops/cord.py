@@ -362,17 +362,31 @@ class _MeanResponse:
 def nearest_zero_multiplier(terms: RepairTerms, mu: float) -> float:
     """eta* = projection of 0 onto {eta : mean psi(eta) = mu} (eqs. 18, 21, 22).
 
-    Plateau-aware bisection: on the side where the target lies, the endpoint on the target
-    side moves on equality, and the loop runs until the bracket has no representable
-    midpoint; that endpoint is returned. Each step's comparison is the exact mean's
-    (``_MeanResponse`` screens the steps far from the root with a cheaper mean).
+    Plateau-aware bisection (``bisect_multiplier``) on the bracket of eq. 21. Each step's
+    comparison is the exact mean's (``_MeanResponse`` screens the steps far from the root
+    with a cheaper mean).
     """
     mean = _MeanResponse(terms)
+    return bisect_multiplier(
+        mean, mu, lambda: float(multiplier_of(terms.g, terms.upper).max()),
+        lambda: float(multiplier_of(terms.g, terms.lower).min()))
+
+
+def bisect_multiplier(mean, mu: float, highest, lowest) -> float:
+    """The bisection of eq. 22 over any mean response: ``mean`` has ``exact(eta)``,
+    ``at_least(eta, mu)`` and ``at_most(eta, mu)``; ``highest()`` / ``lowest()`` give the
+    largest / smallest row multiplier of eq. 21 (asked for only on the side that needs it).
+
+    On the side where the target lies, the endpoint on the target side moves on equality,
+    and the loop runs until the bracket has no representable midpoint; that endpoint is
+    returned. The one source of the bisection for the in-memory fit and for fits whose
+    mean is reduced over partitions (``cord_ops.reduce``).
+    """
     at_zero = mean.exact(0.0)
     if at_zero == mu:
         return 0.0
     if at_zero < mu:
-        lo, hi = 0.0, max(0.0, float(multiplier_of(terms.g, terms.upper).max()))
+        lo, hi = 0.0, max(0.0, highest())
         while True:
             mid = 0.5 * (lo + hi)
             if mid <= lo or mid >= hi:
@@ -381,7 +395,7 @@ def nearest_zero_multiplier(terms: RepairTerms, mu: float) -> float:
                 hi = mid
             else:
                 lo = mid
-    lo, hi = min(0.0, float(multiplier_of(terms.g, terms.lower).min())), 0.0
+    lo, hi = min(0.0, lowest()), 0.0
     while True:
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi:
@@ -439,6 +453,17 @@ def _reconstruct(out: np.ndarray, label: np.ndarray, b: np.ndarray, tail: np.nda
 def reconstruct(terms: RepairTerms, s: np.ndarray) -> np.ndarray:
     """p~ = s e_a + (1 - s) alpha (eq. 2), reusing ``terms.rest`` as the output buffer."""
     return _reconstruct(terms.rest, terms.label, terms.b, terms.tail, s)
+
+
+def row_scalars(original, calibrated, local_weight: float, n_classes: int | None = None,
+                first_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(b, min I, g) of every row of one block: what a fit keeps of it (``fit_blocks``,
+    ``cord_ops.reduce``). Validation as in ``fit``, rows named from ``first_row``."""
+    try:
+        terms = _sweep(original, calibrated, local_weight, n_classes=n_classes)
+    except ValueError as exc:
+        raise ValueError(_global_row(str(exc), first_row)) from None
+    return terms.b, terms.lower, terms.g
 
 
 def _global_row(message: str, offset: int) -> str:
@@ -524,21 +549,22 @@ class CORD(BaseEstimator):
         n, k = 0, None
         for original, calibrated in blocks:
             original = np.asarray(original)
-            try:
-                terms = _sweep(original, calibrated, weight, n_classes=k)
-            except ValueError as exc:
-                raise ValueError(_global_row(str(exc), n)) from None
+            block = row_scalars(original, calibrated, weight, n_classes=k, first_row=n)
             k = original.shape[1] if k is None else k
             n += original.shape[0]
-            b.append(terms.b)
-            lower.append(terms.lower)
-            g.append(terms.g)
+            b.append(block[0])
+            lower.append(block[1])
+            g.append(block[2])
         if k is None:
             raise ValueError("blocks: expected at least one (original, calibrated) block")
-        lower = np.concatenate(lower)
-        terms = RepairTerms(label=None, b=np.concatenate(b), tail=None, rest=None,
-                            lower=lower, upper=np.full(n, 1.0 - EPS_NUM),
-                            g=np.concatenate(g))
+        return self._fit_scalars(np.concatenate(b), np.concatenate(lower), np.concatenate(g),
+                                 k)
+
+    def _fit_scalars(self, b, lower, g, k: int) -> CORD:
+        """Fit from the per-row scalars of ``row_scalars`` for all rows, in row order."""
+        n = b.shape[0]
+        terms = RepairTerms(label=None, b=b, tail=None, rest=None, lower=lower,
+                            upper=np.full(n, 1.0 - EPS_NUM), g=g)
         return self._fit_terms(terms, n, k)
 
     def _fit_terms(self, terms: RepairTerms, n: int, k: int) -> CORD:
@@ -548,6 +574,9 @@ class CORD(BaseEstimator):
         else:
             mu = target_mean(terms, self.mean_target)
             eta = nearest_zero_multiplier(terms, mu)
+        return self._set_fitted(eta, mu, n, k)
+
+    def _set_fitted(self, eta: float, mu: float, n: int, k: int) -> CORD:
         self.eta_ = float(eta)
         self.mu_ = float(mu)
         self.n_classes_ = int(k)
