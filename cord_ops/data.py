@@ -18,14 +18,13 @@ import numpy as np
 from scipy.special import softmax
 
 from cord_ops.atomic import atomic_path
+from cord_ops.names import INPUT_KINDS
 from cord_ops.validation import (
     PROBABILITY_SUM_ATOL,
     check_labels,
     check_probabilities,
     check_scores,
 )
-
-INPUT_KINDS = ("logits", "probs")
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,5 +1,5 @@
 """The ``cord-ops`` command line: recalibrate, monitor, schedule, predict, demo, ui (and
-reproduce / bench from :mod:`flows.reproduce_cli`).
+reproduce / bench from :mod:`flows.reproduce.cli`).
 
 Every command exits 0 on success and non-zero on failure with a one-line ``error:`` on
 stderr that names the cause. Prefect, MLflow and onnxruntime are imported inside the
@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from flows import reproduce_cli, tracking
+from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
+from flows import tracking
+from flows.reproduce import cli as reproduce_cli
 
-CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm")
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
 DEMO_MODEL = "cord-ops-demo"
@@ -150,10 +151,7 @@ def local_model_path(model: str, folder: Path) -> Path:
     """
     if ":/" not in model:
         return Path(model)
-    tracking.configure_tracking()
-    import mlflow.artifacts
-
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder)))
+    local = tracking.download(tracking.store_uri(), model, folder)
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
     if len(found) != 1:
         raise ValueError(f"{model}: expected one .onnx file in the model, found {len(found)}")
@@ -175,7 +173,7 @@ def cmd_predict(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    uri = tracking.configure_tracking()
+    uri = tracking.store_uri()
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                "--host", "127.0.0.1", "--port", str(args.port)]
     if tracking.is_embedded(uri):
@@ -187,14 +185,14 @@ def cmd_ui(args) -> int:
 
 # ---------------------------------------------------------------- parser
 def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-ops") -> None:
-    parser.add_argument("--calibrator", default="vs", choices=CALIBRATORS,
+    parser.add_argument("--calibrator", default="vs", choices=CALIBRATOR_NAMES,
                         help="calibration map fitted before the CORD repair (default: vs)")
     parser.add_argument("--fraction", type=float, default=0.5,
                         help="share of --data used for calibration (default: 0.5)")
     parser.add_argument("--seed", type=int, default=0, help="split seed (default: 0)")
     parser.add_argument("--model-name", default=model_name,
                         help=f"registered model name (default: {model_name})")
-    parser.add_argument("--input-kind", default="auto", choices=("auto", "logits", "probs"),
+    parser.add_argument("--input-kind", default="auto", choices=("auto", *INPUT_KINDS),
                         help="what the .npz holds (default: whichever array is present)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                         help="float type of the exported ONNX graph (default: float32)")
@@ -266,8 +264,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``cord-ops`` console script; returns the exit status."""
+    """Entry point of the ``cord-ops`` console script; returns the exit status.
+
+    The program, unlike the library, owns its process: it switches MLflow and Prefect
+    telemetry off here, for itself and the processes it starts, unless the user's
+    environment already says otherwise.
+    """
     started = time.perf_counter()
+    for key, value in tracking.QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
     args = build_parser().parse_args(argv)
     args.started = started
     try:

@@ -9,21 +9,17 @@ a recalibration when ECE rose by more than ``max_ece_increase`` or NLL by more t
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger
 
 from cord_ops import data, metrics
 from flows import registry, tracking
 from flows.recalibrate import RecalibrationResult, load_dataset, recalibrate
-from flows.retries import transient_store_error
+from flows.tasks import compute_task, store_task
 
-store_task = task(cache_policy=NO_CACHE, persist_result=False, retries=3,
-                  retry_delay_seconds=[0.5, 1.0, 2.0], retry_condition_fn=transient_store_error)
 DRIFT_METRICS = ("ece", "nll")
 
 
@@ -54,11 +50,9 @@ class MonitorResult:
 
 
 @store_task
-def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnBatch:
+def score_champion_on_batch(uri: str, model_name: str, batch: data.Dataset) -> ChampionOnBatch:
     """Run ``model_name@champion`` on the batch; read its baseline from its own run."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
+    client = tracking.client(uri)
     current = registry.champion_version(client, model_name)
     if current is None:
         raise LookupError(f"model '{model_name}' has no @{registry.CHAMPION} to monitor; "
@@ -68,7 +62,7 @@ def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnB
         raise ValueError(f"{batch.path}: holds {batch.input_kind} but {model_name} "
                          f"v{current.version} reads {reads}")
     # The version the alias named a moment ago, so metrics and baseline describe one model.
-    outputs = registry.run_registered_model(f"models:/{model_name}/{current.version}",
+    outputs = registry.run_registered_model(uri, f"models:/{model_name}/{current.version}",
                                             batch.scores)
     repaired = outputs["repaired"].astype(np.float64)
     original = outputs["original"].astype(np.float64)
@@ -78,7 +72,7 @@ def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnB
                            metrics.evaluate(repaired, batch.labels, reference=original), baseline)
 
 
-@task(cache_policy=NO_CACHE, persist_result=False)
+@compute_task
 def find_drift(scored: ChampionOnBatch, max_ece_increase: float,
                max_nll_increase: float) -> tuple[dict[str, float], list[str]]:
     """Increase of each drift metric over the baseline, and the thresholds it crossed."""
@@ -91,16 +85,13 @@ def find_drift(scored: ChampionOnBatch, max_ece_increase: float,
 
 
 @store_task
-def log_monitoring(model_name: str, batch: data.Dataset, scored: ChampionOnBatch,
+def log_monitoring(uri: str, model_name: str, batch: data.Dataset, scored: ChampionOnBatch,
                    drift: dict[str, float], reasons: list[str],
                    thresholds: dict[str, float]) -> str:
     """One MLflow run (tag ``cord.kind=monitor``) with the batch metrics, baseline and drift."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param
-
-    client = MlflowClient()
+    client = tracking.client(uri)
     run = client.create_run(
-        tracking.experiment_id(model_name), run_name=f"monitor-v{scored.version}",
+        tracking.experiment_id(client, model_name), run_name=f"monitor-v{scored.version}",
         tags={"cord.kind": "monitor", "cord.model_name": model_name,
               "cord.champion_version": scored.version, "data.sha256": batch.sha256,
               "data.shape": f"{batch.n}x{batch.n_classes}", "data.path": str(batch.path),
@@ -109,10 +100,8 @@ def log_monitoring(model_name: str, batch: data.Dataset, scored: ChampionOnBatch
     values = {f"monitor.{k}": v for k, v in scored.metrics.items()}
     values.update({f"baseline.{k}": v for k, v in scored.baseline.items()})
     values.update({f"drift.{k}": v for k, v in drift.items()})
-    now = int(time.time() * 1000)
-    client.log_batch(run.info.run_id,
-                     metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
-                     params=[Param(k, repr(v)) for k, v in thresholds.items()])
+    tracking.log_values(client, run.info.run_id, metrics=values,
+                        params={k: repr(v) for k, v in thresholds.items()})
     client.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id
 
@@ -121,25 +110,28 @@ def log_monitoring(model_name: str, batch: data.Dataset, scored: ChampionOnBatch
 def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: float = 0.02,
             max_nll_increase: float = 0.05, input_kind: str = "auto",
             recalibrate_on_drift: bool = True, calibrator: str = "vs", fraction: float = 0.5,
-            seed: int = 0, dtype: str = "float32") -> MonitorResult:
+            seed: int = 0, dtype: str = "float32",
+            tracking_uri: str | None = None) -> MonitorResult:
     """Score ``model_name@champion`` on the labelled batch ``data`` (.npz) and log it.
 
     When ECE or NLL rose past its threshold and ``recalibrate_on_drift`` is set, runs
     :func:`flows.recalibrate.recalibrate` on the batch as a subflow (its gate still decides
-    whether the new version takes ``@champion``).
+    whether the new version takes ``@champion``). ``tracking_uri``: the MLflow store
+    (default: MLFLOW_TRACKING_URI, else the embedded store of the working directory).
     """
-    tracking.configure_tracking()
+    uri = tracking.store_uri(tracking_uri)
     batch = load_dataset(str(data), input_kind)
-    scored = score_champion_on_batch(model_name, batch)
+    scored = score_champion_on_batch(uri, model_name, batch)
     drift, reasons = find_drift(scored, max_ece_increase, max_nll_increase)
     thresholds = {"max_ece_increase": max_ece_increase, "max_nll_increase": max_nll_increase}
-    run_id = log_monitoring(model_name, batch, scored, drift, reasons, thresholds)
+    run_id = log_monitoring(uri, model_name, batch, scored, drift, reasons, thresholds)
     recalibration = None
     if reasons:
         get_run_logger().warning("champion v%s drifted: %s", scored.version, "; ".join(reasons))
         if recalibrate_on_drift:
             recalibration = recalibrate(data=str(data), calibrator=calibrator, fraction=fraction,
                                         seed=seed, model_name=model_name,
-                                        input_kind=batch.input_kind, dtype=dtype)
+                                        input_kind=batch.input_kind, dtype=dtype,
+                                        tracking_uri=uri)
     return MonitorResult(run_id, scored.version, scored.metrics, scored.baseline, drift,
                          reasons, recalibration)

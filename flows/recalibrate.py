@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger
 
 from cord_ops import CORD, cord, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
 from flows import plots, registry, tracking
-from flows.retries import transient_store_error
+from flows.tasks import compute_task, store_task
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
@@ -36,12 +35,6 @@ METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
 PARITY_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 MODEL_ARTIFACT = "model"
 INPUT_EXAMPLE_ROWS = 5
-
-# Every task keeps results in memory only: arrays are not hashed for a cache key
-# (NO_CACHE) and nothing is pickled to result storage.
-compute_task = task(cache_policy=NO_CACHE, persist_result=False)
-store_task = task(cache_policy=NO_CACHE, persist_result=False, retries=3,
-                  retry_delay_seconds=[0.5, 1.0, 2.0], retry_condition_fn=transient_store_error)
 
 
 class RecalibrationError(RuntimeError):
@@ -213,12 +206,11 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
 
 # ---------------------------------------------------------------- tracking tasks
 @store_task
-def start_run(model_name: str, dataset: data.Dataset, eval_dataset: data.Dataset | None,
-              options: dict[str, str]) -> tuple[str, str]:
+def start_run(uri: str, model_name: str, dataset: data.Dataset,
+              eval_dataset: data.Dataset | None, options: dict[str, str]) -> tuple[str, str]:
     """Create the MLflow run (experiment = model name); tags carry data provenance."""
-    from mlflow import MlflowClient
-
-    experiment = tracking.experiment_id(model_name)
+    client = tracking.client(uri)
+    experiment = tracking.experiment_id(client, model_name)
     tags = {"cord.model_name": model_name, **{f"cord.{k}": v for k, v in options.items()},
             **_data_tags("data", dataset)}
     if eval_dataset is not None:
@@ -226,18 +218,15 @@ def start_run(model_name: str, dataset: data.Dataset, eval_dataset: data.Dataset
     flow_run_id = _prefect_flow_run_id()
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
-    run = MlflowClient().create_run(experiment, tags=tags,
+    run = client.create_run(experiment, tags=tags,
                                     run_name=f"{options['calibrator']}-seed{options['seed']}")
     return run.info.run_id, experiment
 
 
 @store_task
-def log_params_and_metrics(run_id: str, params: dict[str, str], evaluation: Evaluation,
-                           repair: CORD, parity: Parity) -> None:
+def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
+                           evaluation: Evaluation, repair: CORD, parity: Parity) -> None:
     """Every param and metric SPEC.md's MLflow contract names, in one batch."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param
-
     values = {"eta_star": repair.eta_}
     for report in REPORTS:
         for name in METRICS:
@@ -246,19 +235,13 @@ def log_params_and_metrics(run_id: str, params: dict[str, str], evaluation: Eval
         values[f"base.{name}"] = count
     values["onnx.max_abs_diff"] = parity.max_abs_diff
     values["onnx.argmax_agreement"] = parity.argmax_agreement
-    now = int(time.time() * 1000)
-    MlflowClient().log_batch(
-        run_id,
-        metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
-        params=[Param(k, v) for k, v in params.items()],
-    )
+    tracking.log_values(tracking.client(uri), run_id, metrics=values, params=params)
 
 
 @store_task
-def log_report_artifacts(run_id: str, evaluation: Evaluation, calibrator, repair: CORD) -> None:
+def log_report_artifacts(uri: str, run_id: str, evaluation: Evaluation, calibrator,
+                         repair: CORD) -> None:
     """Reliability PNGs, the metrics table (Markdown and JSON) and both fitted states."""
-    from mlflow import MlflowClient
-
     with tempfile.TemporaryDirectory(prefix="cord-ops-artifacts-") as tmp:
         root = Path(tmp)
         for folder in ("plots", "report", "state"):
@@ -274,62 +257,62 @@ def log_report_artifacts(run_id: str, evaluation: Evaluation, calibrator, repair
         (root / "state" / "calibrator.json").write_text(
             json.dumps(calibrator.to_dict(), indent=2) + "\n")
         (root / "state" / "cord.json").write_text(json.dumps(repair.to_dict(), indent=2) + "\n")
-        MlflowClient().log_artifacts(run_id, str(root))
+        tracking.client(uri).log_artifacts(run_id, str(root))
 
 
 @store_task
-def log_onnx_model(run_id: str, model, evaluation: data.Dataset, dtype: str):
+def log_onnx_model(uri: str, run_id: str, model, evaluation: data.Dataset, dtype: str):
     """Log the graph with the ``mlflow.onnx`` flavor: explicit signature, input example and
     CPU execution provider, so ``mlflow.pyfunc.load_model`` serves it anywhere.
 
-    The requirements are the flavor's own (onnx, onnxruntime): stating them skips MLflow's
+    The model is filed under the run's own experiment through explicit ids
+    (:func:`flows.tracking.log_model`), never through MLflow's active experiment. The
+    requirements are the flavor's own (onnx, onnxruntime): stating them skips MLflow's
     inference, which re-imports the model in a subprocess for several seconds.
     """
     import mlflow.onnx
 
-    # Without an active run MLflow files the logged model under the process's active
-    # experiment (Default, id 0), not the run's; make the run's experiment the active one.
-    mlflow.set_experiment(experiment_id=mlflow.MlflowClient().get_run(run_id).info.experiment_id)
     example = {"scores": np.asarray(evaluation.scores[:INPUT_EXAMPLE_ROWS], dtype=dtype)}
-    return mlflow.onnx.log_model(
-        model, name=MODEL_ARTIFACT, run_id=run_id, signature=model_signature(model),
-        input_example=example, onnx_execution_providers=["CPUExecutionProvider"],
-        save_as_external_data=False, pip_requirements=mlflow.onnx.get_default_pip_requirements(),
-    )
+
+    def save(path: str, mlflow_model) -> None:
+        mlflow.onnx.save_model(
+            model, path, mlflow_model=mlflow_model, signature=model_signature(model),
+            input_example=example, onnx_execution_providers=["CPUExecutionProvider"],
+            save_as_external_data=False,
+            pip_requirements=mlflow.onnx.get_default_pip_requirements())
+
+    return tracking.log_model(tracking.client(uri), run_id, MODEL_ARTIFACT, save)
 
 
 @store_task
-def register(run_id: str, model_name: str, model_info, parity: Parity, dataset: data.Dataset,
-             repair: CORD, calibrator_name: str) -> tuple[str, str | None]:
+def register(uri: str, run_id: str, model_name: str, model_info, parity: Parity,
+             dataset: data.Dataset, repair: CORD, calibrator_name: str) -> tuple[str, str | None]:
     """Create the model version, last, and only for a graph whose parity was verified.
 
     Returns (version, champion version before this registration).
     """
-    from mlflow import MlflowClient
-
     if not parity.ok:
         raise ValueError(
             f"ONNX parity failed: max |onnx - cord_ops| = {parity.max_abs_diff:.3g} "
             f"(tolerance {parity.tolerance:g}), argmax agreement {parity.argmax_agreement:.6f}"
             " (expected 1.0); nothing registered")
-    client = MlflowClient()
+    client = tracking.client(uri)
     previous = registry.champion_version(client, model_name)
-    version = registry.register_version(
-        client, model_name, run_id, model_info.model_uri, model_info.model_id,
-        tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
-              registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256},
-    )
+    with tracking.registry_lookups(client):
+        version = registry.register_version(
+            client, model_name, run_id, model_info.model_uri, model_info.model_id,
+            tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
+                  registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256},
+        )
     return str(version.version), None if previous is None else str(previous.version)
 
 
 @store_task
-def gate(model_name: str, version: str, previous_champion: str | None,
+def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
          evaluation: data.Dataset, report: Evaluation, parity: Parity,
          promote: bool) -> registry.GateDecision:
     """Score the champion on the same evaluation split and move the alias only to a winner."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
+    client = tracking.client(uri)
     champion = registry.score_champion(client, model_name, previous_champion,
                                        evaluation.scores, evaluation.labels,
                                        evaluation.input_kind)
@@ -344,10 +327,8 @@ def gate(model_name: str, version: str, previous_champion: str | None,
 
 
 @store_task
-def finish_run(run_id: str) -> None:
-    from mlflow import MlflowClient
-
-    MlflowClient().set_terminated(run_id, "FINISHED")
+def finish_run(uri: str, run_id: str) -> None:
+    tracking.client(uri).set_terminated(run_id, "FINISHED")
 
 
 # ---------------------------------------------------------------- the flow
@@ -355,15 +336,17 @@ def finish_run(run_id: str) -> None:
 def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrator: str = "vs",
                 fraction: float = 0.5, seed: int = 0, model_name: str = "cord-ops",
                 input_kind: str = "auto", dtype: str = "float32",
-                promote: bool = True) -> RecalibrationResult:
+                promote: bool = True, tracking_uri: str | None = None) -> RecalibrationResult:
     """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
 
     ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
     ``data`` with ``fraction`` for calibration (seeded). ``dtype`` is the ONNX graph's
     float type. With ``promote=False`` the gate is evaluated and recorded but the alias
-    never moves. Raises :class:`RecalibrationError` naming the failed step.
+    never moves. ``tracking_uri``: the MLflow store (default: MLFLOW_TRACKING_URI, else the
+    embedded store of the working directory). Raises :class:`RecalibrationError` naming
+    the failed step.
     """
-    uri = tracking.configure_tracking()
+    uri = tracking.store_uri(tracking_uri)
     steps = Steps()
     try:
         dataset = steps(load_dataset, str(data), input_kind)
@@ -372,7 +355,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         steps(check_options, calibrator, dtype, seed, fraction, dataset, eval_dataset)
         options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
                    "dtype": dtype, "promote": str(promote)}
-        run_id, experiment = steps(start_run, model_name, dataset, eval_dataset, options)
+        run_id, experiment = steps(start_run, uri, model_name, dataset, eval_dataset, options)
     except Exception as exc:
         raise RecalibrationError(steps.current, exc) from exc
 
@@ -385,16 +368,16 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         model = steps(export_model, fitted, repair, dataset.n_classes, dataset.input_kind, dtype)
         parity = steps(verify_parity, model, evaluation, report, dtype)
         params = run_params(calibrator, dataset, calibration, evaluation, seed, repair)
-        steps(log_params_and_metrics, run_id, params, report, repair, parity)
-        steps(log_report_artifacts, run_id, report, fitted, repair)
-        model_info = steps(log_onnx_model, run_id, model, evaluation, dtype)
-        version, previous_champion = steps(register, run_id, model_name, model_info, parity,
+        steps(log_params_and_metrics, uri, run_id, params, report, repair, parity)
+        steps(log_report_artifacts, uri, run_id, report, fitted, repair)
+        model_info = steps(log_onnx_model, uri, run_id, model, evaluation, dtype)
+        version, previous_champion = steps(register, uri, run_id, model_name, model_info, parity,
                                            dataset, repair, calibrator)
-        decision = steps(gate, model_name, version, previous_champion, evaluation, report,
+        decision = steps(gate, uri, model_name, version, previous_champion, evaluation, report,
                          parity, promote)
-        steps(finish_run, run_id)
+        steps(finish_run, uri, run_id)
     except BaseException as exc:
-        _fail_run(run_id, model_name, version, previous_champion, exc)
+        _fail_run(uri, run_id, model_name, version, previous_champion, exc)
         if isinstance(exc, Exception):
             raise RecalibrationError(steps.current, exc) from exc
         raise
@@ -464,16 +447,14 @@ def _prefect_flow_run_id() -> str | None:
     return str(flow_run.id) if flow_run.id else None
 
 
-def _fail_run(run_id: str, model_name: str, version: str | None, previous: str | None,
+def _fail_run(uri: str, run_id: str, model_name: str, version: str | None, previous: str | None,
               exc: BaseException) -> None:
     """Mark the run FAILED (KILLED on Ctrl-C), record why, and withdraw its version.
 
     A cleanup that fails itself (the store went away) is logged, never raised, so the
     caller sees the original error; the next registration discards what is left.
     """
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
+    client = tracking.client(uri)
     try:
         if version is not None:
             registry.withdraw_version(client, model_name, version, previous)

@@ -170,12 +170,20 @@ def register_version(client, name: str, run_id: str, model_uri: str, model_id: s
     )
 
 
-def run_registered_model(model_uri: str, scores: np.ndarray) -> dict[str, np.ndarray]:
-    """Load a registered graph with ``mlflow.pyfunc.load_model`` (the path a serving system
-    takes) and run it on ``scores``, fed in the dtype its signature declares."""
+def run_registered_model(tracking_uri: str, model_uri: str,
+                         scores: np.ndarray) -> dict[str, np.ndarray]:
+    """Load a registered graph of the store at ``tracking_uri`` with
+    ``mlflow.pyfunc.load_model`` (the path a serving system takes) and run it on ``scores``,
+    fed in the dtype its signature declares. The model is downloaded explicitly from that
+    store, not through MLflow's process-wide tracking URI."""
+    import tempfile
+
     import mlflow.pyfunc
 
-    model = mlflow.pyfunc.load_model(model_uri)
+    from flows import tracking
+
+    with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp:
+        model = mlflow.pyfunc.load_model(str(tracking.download(tracking_uri, model_uri, tmp)))
     spec = model.metadata.get_input_schema().inputs[0]
     outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
     return {name: np.asarray(value) for name, value in outputs.items()}
@@ -199,7 +207,8 @@ def score_champion(client, name: str, champion: str | None, scores: np.ndarray,
         return ChampionScore(champion, None, f"it reads {expected}, this split holds "
                                              f"{input_kind}")
     try:
-        outputs = run_registered_model(f"models:/{name}/{champion}", scores)
+        outputs = run_registered_model(client.tracking_uri, f"models:/{name}/{champion}",
+                                       scores)
         nll = metrics.nll(outputs["repaired"].astype(np.float64), labels)
     except Exception as exc:  # any failure to score the champion is a reason to reject
         return ChampionScore(champion, None, f"{type(exc).__name__}: {exc}")

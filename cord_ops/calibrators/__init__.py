@@ -20,8 +20,9 @@ from cord_ops.calibrators.matrix import MatrixScaling
 from cord_ops.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
 from cord_ops.calibrators.temperature import TemperatureScaling
 from cord_ops.calibrators.vector import VectorScaling
+from cord_ops.names import CALIBRATOR_NAMES, TOP1_PRESERVING
 
-CALIBRATORS: dict[str, type[Calibrator]] = {
+_FAMILIES: dict[str, type[Calibrator]] = {
     cls.name: cls
     for cls in (
         TemperatureScaling,
@@ -36,11 +37,11 @@ CALIBRATORS: dict[str, type[Calibrator]] = {
     )
 }
 
-#: Names accepted by ``make_calibrator``, in the paper's order.
-CALIBRATOR_NAMES = tuple(CALIBRATORS)
-
-#: Calibrators whose map never changes a row's top-1 class (up to float64 ties).
-TOP1_PRESERVING = ("ts", "irm")
+if set(_FAMILIES) != set(CALIBRATOR_NAMES):
+    raise ImportError(f"cord_ops.names.CALIBRATOR_NAMES {CALIBRATOR_NAMES} does not match the "
+                      f"calibrator families {tuple(_FAMILIES)}")
+#: The registry, in the paper's order (``cord_ops.names.CALIBRATOR_NAMES``).
+CALIBRATORS: dict[str, type[Calibrator]] = {name: _FAMILIES[name] for name in CALIBRATOR_NAMES}
 
 
 def _lookup(name) -> type[Calibrator]:

@@ -29,6 +29,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from threadpoolctl import ThreadpoolController
 
+from cord_ops.names import INPUT_KINDS
 from cord_ops.validation import check_labels, check_probabilities, check_scores
 
 __all__ = [
@@ -42,8 +43,6 @@ __all__ = [
 
 #: Floor applied to probabilities before their log (input_kind="probs"): float32 tiny.
 PROB_FLOOR = float(np.finfo(np.float32).tiny)
-
-INPUT_KINDS = ("logits", "probs")
 
 
 def softmax(s: np.ndarray) -> np.ndarray:

@@ -10,13 +10,21 @@ import pytest
 
 from cord_ops import data, metrics
 from cord_ops.calibrators import make_calibrator
-from flows import reproduce, reproduce_cli
-from flows.reproduce_paper import LOCAL_WEIGHTS, MEAN_TARGET_VARIANTS
+from flows.reproduce import cli as reproduce_cli
+from flows.reproduce import flow as reproduce_flow
+from flows.reproduce import plan as reproduce_plan
+from flows.reproduce.cell import evaluate_cell
+from flows.reproduce.defaults import (
+    LOCAL_WEIGHTS,
+    MEAN_TARGET_VARIANTS,
+    QUICK_CALIBRATORS,
+    dataset_and_classifier,
+)
 
 
 @pytest.fixture(scope="module")
 def cell(synthetic_dir):
-    return reproduce.evaluate_cell.fn(str(synthetic_dir / "toya_net1.npz"), "vs", 3,
+    return evaluate_cell.fn(str(synthetic_dir / "toya_net1.npz"), "vs", 3,
                                       LOCAL_WEIGHTS, (0.5, 1.0))
 
 
@@ -57,16 +65,16 @@ def test_size_study_reuses_the_full_fit_and_refits_subsets(cell):
 
 
 def test_quick_plan_takes_one_seed_one_file_per_dataset_and_three_calibrators(synthetic_dir):
-    plan = reproduce.plan_sweep(synthetic_dir, quick=True)
+    plan = reproduce_plan.plan_sweep(synthetic_dir, quick=True)
     assert plan.seeds == (0,)
-    assert sorted(reproduce.dataset_and_classifier(f)[0] for f in plan.files) == \
+    assert sorted(dataset_and_classifier(f)[0] for f in plan.files) == \
         ["toya", "toyb"]
-    assert plan.calibrators == reproduce.QUICK_CALIBRATORS
+    assert plan.calibrators == QUICK_CALIBRATORS
     assert len(plan.cells()) == 6
 
 
 def test_full_plan_submits_the_slowest_fits_first(synthetic_dir):
-    plan = reproduce.plan_sweep(synthetic_dir, seeds=2)
+    plan = reproduce_plan.plan_sweep(synthetic_dir, seeds=2)
     cells = plan.cells()
     assert len(cells) == 3 * 9 * 2
     assert [c[1] for c in cells[:6]] == ["dir-odir"] * 6
@@ -76,14 +84,14 @@ def test_full_plan_submits_the_slowest_fits_first(synthetic_dir):
 
 def test_plan_rejects_bad_input_before_anything_runs(synthetic_dir, tmp_path):
     with pytest.raises(ValueError, match="unknown"):
-        reproduce.plan_sweep(synthetic_dir, calibrators=["vs", "platt"])
+        reproduce_plan.plan_sweep(synthetic_dir, calibrators=["vs", "platt"])
     with pytest.raises(ValueError, match="--seeds"):
-        reproduce.plan_sweep(synthetic_dir, seeds=0)
+        reproduce_plan.plan_sweep(synthetic_dir, seeds=0)
     with pytest.raises(FileNotFoundError, match="no .npz"):
-        reproduce.plan_sweep(tmp_path)
+        reproduce_plan.plan_sweep(tmp_path)
     (tmp_path / "bad_file.npz").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="bad_file.npz"):
-        reproduce.plan_sweep(tmp_path)
+        reproduce_plan.plan_sweep(tmp_path)
 
 
 def test_add_cli_wires_reproduce_and_bench(synthetic_dir):
@@ -112,7 +120,7 @@ def test_a_failed_task_is_recorded_and_the_others_are_kept(prefect_harness):
     @flow
     def sweep():
         futures = {("/data/toya_net1.npz", name, 0): cell.submit(name) for name in ("vs", "ms")}
-        return reproduce._collect(futures)
+        return reproduce_flow._collect(futures)
 
     results, failures = sweep()
     assert results == [{"calibrator": "vs"}]
@@ -121,9 +129,9 @@ def test_a_failed_task_is_recorded_and_the_others_are_kept(prefect_harness):
 
 
 def test_quick_falls_back_to_two_bundled_digits_classifiers(tmp_path):
-    folder = reproduce.write_digits_data(tmp_path / "digits")
-    plan = reproduce.plan_sweep(folder, quick=True)
-    assert [reproduce.dataset_and_classifier(f) for f in plan.files] == \
+    folder = reproduce_plan.write_digits_data(tmp_path / "digits")
+    plan = reproduce_plan.plan_sweep(folder, quick=True)
+    assert [dataset_and_classifier(f) for f in plan.files] == \
         [("digits", "a"), ("digits", "b")]
     first, second = (data.load_npz(f) for f in plan.files)
     assert first.n_classes == second.n_classes == 10

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows import reproduce, reproduce_report
+from flows.reproduce import report as reproduce_report
+from flows.reproduce.cell import evaluate_cell
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CALIBRATORS = ("vs", "irova", "ts")
@@ -15,7 +16,7 @@ CALIBRATORS = ("vs", "irova", "ts")
 
 @pytest.fixture(scope="module")
 def cells(paper_named_dir):
-    return [reproduce.evaluate_cell.fn(str(path), calibrator, seed, (0.0, 0.5, 1.0),
+    return [evaluate_cell.fn(str(path), calibrator, seed, (0.0, 0.5, 1.0),
                                        (0.5, 1.0) if calibrator == "vs" else ())
             for path in sorted(paper_named_dir.glob("*.npz"))
             for calibrator in CALIBRATORS for seed in (0, 1)]

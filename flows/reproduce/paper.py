@@ -10,17 +10,6 @@ dR M = M(Base) - M(Base+CORD).
 
 from __future__ import annotations
 
-#: The seven maps that may change the top-1 prediction (the paper's "Base" set, whose
-#: conditions enter Tables 1-3 and 6) and the two fit-time preserving baselines.
-NON_PRESERVING = ("vs", "svs", "ms", "sms", "dir-odir", "irova", "irova-ts")
-FIT_TIME_BASELINES = ("ts", "irm")
-#: Calibrators of the calibration-size study (the paper's ImageNet-1K set, Figure 4).
-SIZE_CALIBRATORS = ("vs", "svs", "irova", "irova-ts")
-SIZE_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-#: Appendix B's grid of local weights; 0.5 is CORD itself.
-LOCAL_WEIGHTS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
-MEAN_TARGET_VARIANTS = ("none", "local", "pointwise")
-
 _TABLES_7_8 = """
 cifar10 vgg16_bn uncal 94.09 4.79 0.3353 0.1056
 cifar10 vgg16_bn vs -0.04 0.35 1.46 0.04 0.2243 0.0002 0.0941 0.0001
