@@ -25,6 +25,7 @@ import pandas as pd
 from cord_ops import CORD, data
 from cord_ops.atomic import atomic_path
 from flows import tracking
+from flows.progress import Progress
 from flows.reproduce import paper
 from flows.reproduce.defaults import BENCH_EXPERIMENT, dataset_and_classifier
 from flows.reproduce.report import markdown
@@ -59,8 +60,10 @@ def _quartiles(values) -> tuple[float, float, float]:
     return float(median), float(q1), float(q3)
 
 
-def calibrator_rows(dataset_name: str, path: str, calibrators) -> list[dict]:
-    """Fit seconds and predict us/example of each calibrator on one file's seed-0 split."""
+def calibrator_rows(dataset_name: str, path: str, calibrators,
+                    progress: Progress | None = None) -> list[dict]:
+    """Fit seconds and predict us/example of each calibrator on one file's seed-0 split;
+    ``progress`` advances after each calibrator."""
     from cord_ops.calibrators import make_calibrator
 
     dataset, cal_idx, eval_idx = _halves(path)
@@ -83,6 +86,8 @@ def calibrator_rows(dataset_name: str, path: str, calibrators) -> list[dict]:
                      "ours": f"{fit:.3f}", "paper": ""})
         rows.append({"measure": f"predict {name} (us/example)", "dataset": dataset_name,
                      "ours": f"{predict:.2f}", "paper": ""})
+        if progress is not None:
+            progress.advance(note=f"{dataset_name}: fit {name}")
     return rows
 
 
@@ -177,14 +182,20 @@ def run_bench(args: argparse.Namespace) -> int:
     uri = tracking.store_uri()
     rows: list[dict] = []
     started = time.perf_counter()
+    # one step per calibrator fit, CORD timing and ONNX timing of each dataset, and the flow
+    progress = Progress(len(files) * (len(args.calibrators) + 2) + 1, "bench", unit="steps")
+    progress.start()
     for dataset_name, path in files.items():
         with threadpool_limits(1):
-            rows += calibrator_rows(dataset_name, path, args.calibrators)
+            rows += calibrator_rows(dataset_name, path, args.calibrators, progress)
             cord_table, split = cord_rows(dataset_name, path)
         rows += cord_table
+        progress.advance(note=f"{dataset_name}: CORD")
         rows += onnx_rows(dataset_name, split, args.onnx_calibrator)
+        progress.advance(note=f"{dataset_name}: ONNX")
     first_dataset, first_path = next(iter(files.items()))
     rows.append(flow_row(first_dataset, first_path, args.onnx_calibrator, uri))
+    progress.advance(note="recalibrate flow")
     table = pd.DataFrame(rows)
     text = markdown(table)
     print(text)

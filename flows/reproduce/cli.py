@@ -64,7 +64,7 @@ def run_reproduce(args: argparse.Namespace) -> int:
         summary = flow_fn(data_dir=str(data_dir), out_dir=str(args.out), seeds=args.seeds,
                           calibrators=args.calibrators, quick=args.quick,
                           experiment=args.experiment, task_timeout=args.task_timeout,
-                          tracking_uri=uri)
+                          tracking_uri=uri, progress=True)
     total = time.perf_counter() - started
     tracking.client(uri).log_metric(summary["parent_run_id"], "time.end_to_end_seconds", total)
     print(f"reproduce: {summary['cells']} cells, {len(summary['failures'])} failed; "

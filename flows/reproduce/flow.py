@@ -22,6 +22,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from flows import tracking
+from flows.progress import Progress
 from flows.reproduce import report
 from flows.reproduce.cell import evaluate_cell
 from flows.reproduce.defaults import DEFAULT_OUT, DEFAULT_SEEDS, DEFAULT_WORKERS, EXPERIMENT
@@ -32,22 +33,36 @@ from flows.runtime import api_environment
 DASK_LOG_LEVEL = "warning"
 
 
-def _collect(futures: dict) -> tuple[list[dict], list[dict]]:
-    """Results of finished futures and a record of each that failed (the sweep goes on)."""
-    results, failures = [], []
-    for (path, calibrator, seed), future in futures.items():
-        future.wait()
-        state = future.state
-        if state.is_completed():
-            results.append(future.result())
-            continue
-        try:
-            future.result()
-            error = f"task ended in state {state.type.value}"
-        except Exception as exc:  # the failure is recorded, then the sweep goes on
-            error = f"{type(exc).__name__}: {exc}"
-        failures.append({"file": Path(path).stem, "calibrator": calibrator, "seed": seed,
-                         "error": error})
+def _outcome(key: tuple[str, str, int], future) -> tuple[dict | None, dict | None]:
+    """(result, None) for a finished cell, (None, failure record) for a failed one."""
+    path, calibrator, seed = key
+    future.wait()
+    if future.state.is_completed():
+        return future.result(), None
+    try:
+        future.result()
+        error = f"task ended in state {future.state.type.value}"
+    except Exception as exc:  # the failure is recorded, then the sweep goes on
+        error = f"{type(exc).__name__}: {exc}"
+    return None, {"file": Path(path).stem, "calibrator": calibrator, "seed": seed,
+                  "error": error}
+
+
+def _collect(futures: dict, progress: Progress | None = None) -> tuple[list[dict], list[dict]]:
+    """Results of finished futures and a record of each that failed (the sweep goes on),
+    both in submission order; ``progress`` advances as each cell finishes."""
+    from prefect.futures import as_completed
+
+    keys = {future.task_run_id: key for key, future in futures.items()}
+    outcomes = {}
+    for future in as_completed(list(futures.values())):
+        key = keys[future.task_run_id]
+        outcomes[key] = _outcome(key, future)
+        if progress is not None:
+            failed = " FAILED" if outcomes[key][1] else ""
+            progress.advance(note=f"{Path(key[0]).stem}/{key[1]}/seed{key[2]}{failed}")
+    results = [outcomes[key][0] for key in futures if outcomes[key][0] is not None]
+    failures = [outcomes[key][1] for key in futures if outcomes[key][1] is not None]
     return results, failures
 
 
@@ -55,11 +70,13 @@ def _collect(futures: dict) -> tuple[list[dict], list[dict]]:
 def reproduce(data_dir: str, out_dir: str = str(DEFAULT_OUT), seeds: int = DEFAULT_SEEDS,
               calibrators: list[str] | None = None, quick: bool = False,
               experiment: str = EXPERIMENT, task_timeout: float | None = None,
-              n_bootstrap: int | None = None, tracking_uri: str | None = None) -> dict:
+              n_bootstrap: int | None = None, tracking_uri: str | None = None,
+              progress: bool = False) -> dict:
     """Run the sweep; returns the summary (parent run id, counts, failures, artifact paths).
 
     ``tracking_uri``: the MLflow store (default: MLFLOW_TRACKING_URI, else the embedded
-    store of the working directory).
+    store of the working directory). ``progress``: report cells done of the total with an
+    ETA on stderr (:class:`flows.progress.Progress`).
 
     Reads top to bottom: plan -> submit one task per (file, calibrator, seed) to the Dask
     workers -> collect -> write tables and figures -> log the MLflow parent and child runs.
@@ -80,7 +97,10 @@ def reproduce(data_dir: str, out_dir: str = str(DEFAULT_OUT), seeds: int = DEFAU
             plan.size_fractions if calibrator in plan.size_calibrators else ())
         for path, calibrator, seed in plan.cells()
     }
-    cells, failures = _collect(futures)
+    tracker = Progress(len(futures), "reproduce") if progress else None
+    if tracker is not None:
+        tracker.start()
+    cells, failures = _collect(futures, tracker)
     compute_seconds = time.perf_counter() - started
     logger.info("reproduce: %d cells done in %.1f s, %d failed", len(cells),
                 compute_seconds, len(failures))

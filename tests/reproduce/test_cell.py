@@ -4,12 +4,14 @@ the sweep plan."""
 from __future__ import annotations
 
 import argparse
+import io
 
 import numpy as np
 import pytest
 
 from cord_ops import data, metrics
 from cord_ops.calibrators import make_calibrator
+from flows.progress import Progress
 from flows.reproduce import cli as reproduce_cli
 from flows.reproduce import flow as reproduce_flow
 from flows.reproduce import plan as reproduce_plan
@@ -117,15 +119,22 @@ def test_a_failed_task_is_recorded_and_the_others_are_kept(prefect_harness):
             raise RuntimeError("diverged")
         return {"calibrator": calibrator}
 
+    out = io.StringIO()
+
     @flow
     def sweep():
-        futures = {("/data/toya_net1.npz", name, 0): cell.submit(name) for name in ("vs", "ms")}
-        return reproduce_flow._collect(futures)
+        futures = {("/data/toya_net1.npz", name, 0): cell.submit(name)
+                   for name in ("vs", "ms", "ts")}
+        return reproduce_flow._collect(futures, Progress(3, "reproduce", stream=out, every=0))
 
     results, failures = sweep()
-    assert results == [{"calibrator": "vs"}]
+    assert results == [{"calibrator": "vs"}, {"calibrator": "ts"}]  # submission order
     assert failures == [{"file": "toya_net1", "calibrator": "ms", "seed": 0,
                          "error": "RuntimeError: diverged"}]
+    lines = out.getvalue().splitlines()
+    assert [line.split(" cells")[0] for line in lines] == \
+        ["reproduce: 1/3", "reproduce: 2/3", "reproduce: 3/3"]
+    assert sum(line.endswith("toya_net1/ms/seed0 FAILED") for line in lines) == 1
 
 
 def test_quick_falls_back_to_two_bundled_digits_classifiers(tmp_path):
