@@ -1,6 +1,6 @@
-"""Fit time, predict time and evaluation NLL of every calibrator on ../shared/data.
+"""Fit time, predict time and evaluation NLL of every calibrator on the shared CIFAR logits.
 
-Protocol (the peers' protocol, ../shared/anchors/peer-calibrators-cifar.md): for seed s,
+Protocol (the peers' protocol; their numbers are in tests/data/probmetrics_cifar.json): for seed s,
 ``perm = np.random.default_rng(s).permutation(10000)``, calibration = perm[:5000],
 evaluation = perm[5000:]. Calibrators see p0 = softmax(float64 logits) with
 ``input_kind="probs"`` (as the peers did; ``--input-kind logits`` feeds the logits instead).

@@ -31,7 +31,7 @@ from flows.tasks import compute_task, store_task
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
-#: Max-abs tolerance of the ONNX graph against cord_ops on the same inputs (SPEC.md).
+#: Max-abs tolerance of the ONNX graph against cord_ops on the same inputs (docs/contract.md).
 PARITY_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 MODEL_ARTIFACT = "model"
 INPUT_EXAMPLE_ROWS = 5
@@ -226,7 +226,7 @@ def start_run(uri: str, model_name: str, dataset: data.Dataset,
 @store_task
 def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
                            evaluation: Evaluation, repair: CORD, parity: Parity) -> None:
-    """Every param and metric SPEC.md's MLflow contract names, in one batch."""
+    """Every param and metric the MLflow contract (docs/contract.md) names, in one batch."""
     values = {"eta_star": repair.eta_}
     for report in REPORTS:
         for name in METRICS:
@@ -392,7 +392,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
 # ---------------------------------------------------------------- helpers
 def run_params(calibrator: str, dataset: data.Dataset, calibration: data.Dataset,
                evaluation: data.Dataset, seed: int, repair: CORD) -> dict[str, str]:
-    """The run params of SPEC.md's MLflow contract (floats as exact repr)."""
+    """The run params of the MLflow contract in docs/contract.md (floats as exact repr)."""
     return {
         "calibrator": calibrator,
         "n_classes": str(dataset.n_classes),

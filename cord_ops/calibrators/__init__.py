@@ -1,4 +1,4 @@
-"""Post-hoc multiclass calibrators (CALIBRATORS.md): ``make_calibrator(name, **options)``
+"""Post-hoc multiclass calibrators (docs/calibrators.md): ``make_calibrator(name, **options)``
 builds one by name, ``calibrator_from_dict(d)`` rebuilds a fitted one from ``to_dict()``.
 
 Every calibrator has ``name``, ``input_kind`` ("logits" or "probs"), ``fit(scores, labels)``

@@ -1,5 +1,5 @@
 """Dirichlet calibration with ODIR regularisation (Kull et al., NeurIPS 2019;
-CALIBRATORS.md section 3).
+docs/calibrators.md section 3).
 
 Predict path, with the log-probability features clipped at log(prob_floor):
 

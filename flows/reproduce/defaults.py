@@ -41,7 +41,8 @@ FIT_COST_ORDER = ("dir-odir", "ms", "vs", "sms", "irova-ts", "irova", "svs", "ir
 
 
 def default_data_dir() -> Path | None:
-    """../shared/data beside the working directory or beside the repository, if present."""
+    """The shared CIFAR logits folder (``shared/data`` beside the working directory or beside
+    the repository), if present."""
     candidates = (Path.cwd().parent / "shared" / "data",
                   Path(__file__).resolve().parents[3] / "shared" / "data")
     for candidate in candidates:

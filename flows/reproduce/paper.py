@@ -1,7 +1,7 @@
 """The paper's published numbers that the reproduction is compared with.
 
-Tables 7 and 8 (Appendix D) for the five CIFAR classifiers whose logits ship in
-../shared/data (the paper also has WRN-26-10 and DenseNet-121, which we do not have),
+Tables 7 and 8 (Appendix D) for the five CIFAR classifiers whose logits are in the shared
+data folder (the paper also has WRN-26-10 and DenseNet-121, which we do not have),
 transcribed without the significance markers. Per (dataset, classifier): an ``uncal`` row
 (accuracy %, ECE %, NLL, Brier) and one row per calibrator: dAcc (pp from Uncal.),
 Base TPCR (%), Base ECE (%), dR ECE (pp), Base NLL, dR NLL, Base Brier, dR Brier, where

@@ -88,7 +88,8 @@ def _one_per_dataset(files: list[str]) -> list[str]:
 
 def write_digits_data(folder: Path) -> Path:
     """Two classifiers' held-out logits on sklearn's bundled digits (``digits_a``: split seed
-    0, ``digits_b``: seed 1), so ``--quick`` runs on a fresh clone without ../shared/data."""
+    0, ``digits_b``: seed 1), so ``--quick`` runs on a fresh clone without the shared data
+    folder."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, seed in (("digits_a", 0), ("digits_b", 1)):
         bundled = data.digits_dataset(seed)

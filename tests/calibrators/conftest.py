@@ -1,4 +1,4 @@
-"""Synthetic miscalibrated data for the calibrator tests (fresh clones have no ../shared)."""
+"""Synthetic miscalibrated data for the calibrator tests (fresh clones have no shared data)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ FAST = {
     "sms": {"max_iter": 20},
     "dir-odir": {"reg_lambdas": (1e-2,), "reg_mus": (1e-2,), "max_iter": 20},
 }
-#: Parity bounds of SPEC.md per graph dtype.
+#: Parity bounds of docs/contract.md per graph dtype.
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
 
@@ -144,8 +144,8 @@ def max_abs_diffs(outputs: dict, expected: dict) -> dict[str, float]:
 
 
 def assert_parity(outputs: dict, expected: dict, dtype: str) -> dict[str, float]:
-    """SPEC.md parity: max-abs bound per dtype on every output, identical labels, and the
-    label on top of both ``repaired`` and ``original`` on every row."""
+    """Parity of docs/contract.md: max-abs bound per dtype on every output, identical
+    labels, and the label on top of both ``repaired`` and ``original`` on every row."""
     diffs = max_abs_diffs(outputs, expected)
     assert all(d <= TOLERANCE[dtype] for d in diffs.values()), diffs
     label = outputs["label"]
