@@ -1,4 +1,5 @@
-"""The calibrators on the real CIFAR logits of ../shared/data (skipped on a fresh clone):
+"""The calibrators on the real CIFAR logits of the shared data folder (skipped on a fresh
+clone):
 calibration half = first 5,000 of ``np.random.default_rng(0).permutation(10000)``,
 evaluation half = the rest. One module-scoped fit per (file, calibrator)."""
 
