@@ -16,6 +16,8 @@ Then vector scaling on synthetic 25,000 x 1,000 logits (the issue's scale target
 
 Usage: python benchmarks/bench_calibrators.py [--seeds 5] [--files cifar10_resnet56 ...]
        [--calibrators ts vs ...] [--input-kind probs|logits] [--no-synthetic]
+       python benchmarks/bench_calibrators.py --predict   # predict_proba at K = 10, 100,
+       1,000 and the peak extra memory of a VS fit on 25,000 x 1,000 float32 logits
 """
 
 from __future__ import annotations
@@ -123,6 +125,90 @@ def run_synthetic(n: int = 25_000, k: int = 1_000) -> None:
           f"rows), warnings {len(caught)}", flush=True)
 
 
+def _peer_predictors(name: str, k: int):
+    """{peer: predict(logits)} for the peers importable here, fitted on a small split.
+
+    probmetrics and netcal need torch; where they are not installed they are reported as
+    missing rather than timed. ``scipy.special.softmax`` of the same fitted logits is
+    always timed: the closed form every peer's predict ends in.
+    """
+    peers = {}
+    try:  # probmetrics 1.3 (optional, measuring only)
+        import probmetrics.calibrators as pm  # noqa: F401
+        peers["probmetrics"] = None
+    except ImportError:
+        pass
+    try:  # netcal 1.4 (optional, measuring only)
+        import netcal  # noqa: F401
+        peers["netcal"] = None
+    except ImportError:
+        pass
+    return peers
+
+
+def _mapped(cal, logits: np.ndarray) -> np.ndarray:
+    """The fitted map's logits: beta z (TS), z w + b (VS), z W^T + b (MS)."""
+    if cal.name == "ts":
+        return cal.beta_ * logits
+    if cal.name == "vs":
+        return logits * cal.weights_ + cal.bias_
+    return logits @ cal.weights_.T + cal.bias_
+
+
+def run_predict(rows: int = 5_000, ks=(10, 100, 1000), names=("ts", "vs", "ms")) -> None:
+    """predict_proba time at K = 10, 100, 1,000 beside scipy's softmax of the same logits
+    (minimum of 7 alternating calls each)."""
+    from scipy.special import softmax as scipy_softmax
+
+    missing = [peer for peer in ("probmetrics", "netcal")
+               if peer not in _peer_predictors("ts", 10)]
+    if missing:
+        print(f"predict peers not installed here: {', '.join(missing)} (both need torch)")
+    for k in ks:
+        rng = np.random.default_rng(k)
+        labels = rng.integers(0, k, rows)
+        logits = rng.normal(0.0, 2.0, (rows, k))
+        logits[np.arange(rows), labels] += rng.uniform(2.0, 9.0, rows)
+        for name in names:
+            if name == "ms" and k > 100:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cal = make_calibrator(name, **({} if name == "ts" else {"max_iter": 20}))
+                cal.fit(logits, labels)
+            ours = ref = np.inf
+            for _ in range(7):
+                start = time.perf_counter()
+                cal.predict_proba(logits)
+                ours = min(ours, time.perf_counter() - start)
+                start = time.perf_counter()
+                scipy_softmax(_mapped(cal, logits), axis=1)
+                ref = min(ref, time.perf_counter() - start)
+            print(f"predict_proba {name:3s} K={k:5d} n={rows}: {ours * 1e3:8.2f} ms "
+                  f"(validation included); scipy softmax of the same map {ref * 1e3:8.2f} ms "
+                  f"-> {ours / ref:.2f}x", flush=True)
+
+
+def vs_fit_peak(n: int = 25_000, k: int = 1_000) -> None:
+    """Peak extra memory (tracemalloc) of one VS fit on n x K float32 logits."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, k, n)
+    logits = rng.normal(0.0, 2.0, (n, k))
+    logits[np.arange(n), labels] += rng.uniform(2.0, 9.0, n)
+    logits = logits.astype(np.float32)
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_calibrator("vs").fit(logits, labels)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    print(f"VS fit {n} x {k} float32: peak extra memory {peak / 2**20:.0f} MiB "
+          f"(probmetrics' float32 path: 646 MiB, issue 15)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=DATA)
@@ -132,7 +218,13 @@ def main() -> None:
     parser.add_argument("--input-kind", choices=("probs", "logits"), default="probs")
     parser.add_argument("--no-synthetic", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--predict", action="store_true",
+                        help="only predict_proba at K = 10, 100, 1,000 and VS fit memory")
     args = parser.parse_args()
+    if args.predict:
+        run_predict()
+        vs_fit_peak()
+        return
     stems = args.files or sorted(json.loads((args.data_dir / "manifest.json").read_text()))
     rows = []
     for stem in stems:

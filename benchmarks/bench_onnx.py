@@ -1,11 +1,19 @@
 """Throughput and memory of exported pipelines under onnxruntime (CPU), against cord_ops.
 
 Prints, for N = 25,000 synthetic rows: microseconds per example of the VS + CORD graph in
-float32 at K = 1,000 and K = 100 (targets: <= 5 and <= 1 us/example, and >= 2x faster than
-cord_ops' numpy path ``predict_proba`` then ``transform``), the same graphs in float64,
-the isotonic graphs (irova, irm), and the peak memory a session adds to its process.
+float32 at K = 1,000 and K = 100, full (five outputs) and lean (``outputs="lean"``:
+repaired, label, confidence; target at K = 1,000: <= 2.5 us/example on 2 threads), the
+same graphs in float64, the isotonic graphs (irova, irova-ts, irm at K = 10, 100, 1,000;
+target: no slower than cord_ops' numpy path), and the peak memory a session adds to its
+process. Each line sets the graph beside cord_ops' numpy path (``predict_proba`` then
+``transform``) on the same rows.
 
-    python benchmarks/bench_onnx.py [--threads 2] [--rows 25000] [--batch-size N]
+The memory-bandwidth bound of a lean graph: it must read the N x K input and write the
+N x K repaired rows plus a label and a confidence, (8 K + 12) bytes per example in float32,
+so no implementation runs faster than that over the machine's copy bandwidth, which is
+measured here (one numpy thread copying 256 MiB: read + write bytes over time).
+
+    python benchmarks/bench_onnx.py [--threads 2] [--rows 25000] [--batch-size N] [--quick]
 
 Each configuration is timed as the best of ``--repeats`` full passes over the N rows in
 batches of ``--batch-size`` (after one warm-up pass), as wall time and as process CPU time
@@ -117,6 +125,35 @@ def session_peak_mib(model, scores: np.ndarray, threads: int, batch_size: int) -
     return peak
 
 
+def copy_bandwidth_gb_s(megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes read plus bytes written per second by one numpy copy of ``megabytes``."""
+    src = np.ones(megabytes * 2**20 // 8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch every page first
+    best = np.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.nbytes / best / 1e9
+
+
+#: (calibrator, K, [(dtype, outputs), ...]) measured by default; --quick keeps the first.
+CONFIGS = (
+    ("vs", 1000, (("float32", "lean"), ("float32", "full"), ("float64", "full"))),
+    ("vs", 100, (("float32", "lean"), ("float32", "full"), ("float64", "full"))),
+    ("irova", 10, (("float32", "full"),)),
+    ("irova", 100, (("float32", "full"),)),
+    ("irova", 1000, (("float32", "full"),)),
+    ("irova-ts", 10, (("float32", "full"),)),
+    ("irova-ts", 100, (("float32", "full"),)),
+    ("irova-ts", 1000, (("float32", "full"),)),
+    ("irm", 10, (("float32", "full"),)),
+    ("irm", 100, (("float32", "full"),)),
+    ("irm", 1000, (("float32", "full"),)),
+)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=25_000)
@@ -124,33 +161,38 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="rows per batch (default: onnx_export.runtime.default_batch_size)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="VS at K = 1,000 only")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="skip the per-session peak-memory processes")
     args = parser.parse_args(argv)
 
     load = Path("/proc/loadavg").read_text().split()[0]
     rows_per_batch = args.batch_size or "2^20 / K (256..4096)"
+    bandwidth = copy_bandwidth_gb_s()
     print(f"onnxruntime CPU, {args.threads} threads, N = {args.rows}, batches of "
           f"{rows_per_batch} rows; us/example = best of {args.repeats} passes / N; wall and "
           f"process CPU time; load average {load} on {multiprocessing.cpu_count()} cores")
-    header = (f"{'graph':<24}{'K':>6}{'onnx wall':>11}{'onnx cpu':>10}{'numpy wall':>12}"
+    print(f"copy bandwidth (1 numpy thread, read + write): {bandwidth:.1f} GB/s; lean float32 "
+          f"bound = (8 K + 12) bytes / bandwidth: {(8 * 1000 + 12) / bandwidth / 1e3:.2f} "
+          f"us/example at K = 1,000, {(8 * 100 + 12) / bandwidth / 1e3:.3f} at K = 100")
+    header = (f"{'graph':<30}{'K':>6}{'onnx wall':>11}{'onnx cpu':>10}{'numpy wall':>12}"
               f"{'numpy cpu':>11}{'speed-up':>10}{'session MiB':>13}")
     print(header)
     print("-" * len(header))
-    for name, k, dtypes in (("vs", 1000, ("float32", "float64")),
-                            ("vs", 100, ("float32", "float64")),
-                            ("irova", 1000, ("float32", "float64")),
-                            ("irova", 100, ("float32", "float64")),
-                            ("irm", 100, ("float32",))):
+    for name, k, variants in CONFIGS[:1] if args.quick else CONFIGS:
         cal, cord = fit_pipeline(name, k)
         logits, _ = synthetic_logits(args.rows, k, seed=k + 1)
         numpy_wall, numpy_cpu = time_numpy(cal, cord, logits, args.repeats)
-        for dtype in dtypes:
-            model = export_onnx(cal, cord, k, dtype=dtype)
+        for dtype, outputs in variants:
+            model = export_onnx(cal, cord, k, dtype=dtype, outputs=outputs)
             scores = logits.astype(dtype)
             onnx_wall, onnx_cpu = time_onnx(model.SerializeToString(), scores, args.threads,
                                             args.batch_size, args.repeats)
-            peak = session_peak_mib(model, scores, args.threads, args.batch_size)
-            print(f"{name + ' ' + dtype:<24}{k:>6}{onnx_wall:>11.2f}{onnx_cpu:>10.2f}"
-                  f"{numpy_wall:>12.2f}{numpy_cpu:>11.2f}{numpy_wall / onnx_wall:>9.1f}x"
+            peak = (np.nan if args.no_memory
+                    else session_peak_mib(model, scores, args.threads, args.batch_size))
+            label = f"{name} {dtype} {outputs}"
+            print(f"{label:<30}{k:>6}{onnx_wall:>11.2f}{onnx_cpu:>10.2f}"
+                  f"{numpy_wall:>12.2f}{numpy_cpu:>11.2f}{numpy_wall / onnx_wall:>9.2f}x"
                   f"{peak:>13.1f}")
 
 

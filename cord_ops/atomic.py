@@ -2,16 +2,65 @@
 
 Every writer of saved state (CORD and calibrator JSON, .npz data, ONNX models, prediction
 outputs, plots, reports) goes through :func:`atomic_path`, so the rule lives in one place.
+
+A process killed mid-write (SIGKILL, power loss) cannot remove its temporary file. The
+file's name carries the writer's pid, so the next write to the same folder sweeps the
+temporary files of writers that no longer run (:func:`sweep_stale`); a live writer's file
+is never touched. The check is by pid on this host: a folder shared over the network with
+writers on other hosts would need a different rule.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+#: ``.<name>.<pid>.<random>.tmp``: what :func:`atomic_path` creates.
+_TMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.tmp$")
+#: Temporary files of an older naming (no pid) are swept only after this many seconds.
+UNNAMED_STALE_AFTER = 24 * 3600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def sweep_stale(folder) -> list[Path]:
+    """Remove temporary files of interrupted atomic writes in ``folder``: those whose
+    writer process is gone. Returns what was removed; errors are ignored (a sweep must
+    never fail the write that triggered it)."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+            continue
+        match = _TMP_NAME.match(entry.name)
+        try:
+            if match is not None:
+                stale = int(match["pid"]) != os.getpid() and not _pid_alive(int(match["pid"]))
+            else:
+                stale = time.time() - entry.stat().st_mtime > UNNAMED_STALE_AFTER
+            if stale and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
 
 
 @contextmanager
@@ -20,11 +69,14 @@ def atomic_path(path) -> Iterator[Path]:
 
     The temporary file lives in the destination folder (so ``os.replace`` is a rename on
     one file system), is flushed to disk before the rename, gets ordinary 0644
-    permissions, and is removed if the body raises.
+    permissions, and is removed if the body raises. Leftovers of killed writers in that
+    folder are swept first.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    sweep_stale(target.parent)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.",
+                                suffix=".tmp")
     os.close(fd)
     tmp = Path(name)
     try:

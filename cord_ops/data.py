@@ -117,6 +117,11 @@ def load_npz(path, *, input_kind: str = "auto") -> Dataset:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"{where}: no such file") from None
+    # numpy answers bytes that are neither .npz nor .npy with advice to enable pickle; say
+    # what the file is not instead (a lone .npy array is reported below).
+    if not raw.startswith(b"\x93NUMPY") and not zipfile.is_zipfile(io.BytesIO(raw)):
+        raise ValueError(f"{where}: not an .npz archive (numpy.savez's zip of .npy arrays); "
+                         "expected 'logits' or 'probs' and 'labels'")
     try:
         archive = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:

@@ -21,12 +21,10 @@ def _first_row(mask: np.ndarray) -> int:
     return int(np.flatnonzero(rows)[0])
 
 
-def check_scores(x, name: str = "scores", *, n_classes: int | None = None) -> np.ndarray:
-    """Validate an n x K real array (logits or probabilities) and return it as float64.
-
-    Rejects object/string/bool/complex dtypes, rank other than 2, n == 0, K < 2, a width
-    other than ``n_classes`` when given, and NaN/inf entries.
-    """
+def check_layout(x, name: str = "scores", *, n_classes: int | None = None) -> np.ndarray:
+    """The checks of ``check_scores`` that need no pass over the values: a real numeric
+    dtype, rank 2, n >= 1, K >= 2 and K == ``n_classes`` when given. Returns the array as
+    given (no dtype conversion, no copy)."""
     arr = np.asarray(x)
     if arr.dtype == object or arr.dtype.kind not in "iuf":
         raise TypeError(
@@ -41,7 +39,16 @@ def check_scores(x, name: str = "scores", *, n_classes: int | None = None) -> np
         raise ValueError(f"{name}: expected K >= 2 classes, got shape {arr.shape}")
     if n_classes is not None and k != n_classes:
         raise ValueError(f"{name}: expected {n_classes} classes (columns), got {k}")
-    arr = arr.astype(np.float64, copy=False)
+    return arr
+
+
+def check_scores(x, name: str = "scores", *, n_classes: int | None = None) -> np.ndarray:
+    """Validate an n x K real array (logits or probabilities) and return it as float64.
+
+    Rejects object/string/bool/complex dtypes, rank other than 2, n == 0, K < 2, a width
+    other than ``n_classes`` when given, and NaN/inf entries.
+    """
+    arr = check_layout(x, name, n_classes=n_classes).astype(np.float64, copy=False)
     # min/max propagate NaN and expose inf without an n x K temporary; the row is only
     # searched for once something is wrong.
     if not (np.isfinite(arr.min()) and np.isfinite(arr.max())):
@@ -119,3 +126,37 @@ def top1(probs: np.ndarray) -> np.ndarray:
     every module calls this function so the rule lives in one place.
     """
     return np.argmax(probs, axis=1)
+
+
+#: Bytes of one float64 block in a row-blocked sweep: the few blocks a sweep keeps live
+#: (input rows, a working copy) stay in a 2 MiB per-core L2 cache, so each n x K input is
+#: read from memory once however many row reductions a block needs.
+BLOCK_BYTES = 1 << 19
+
+
+def row_blocks(n: int, k: int, block_bytes: int | None = None):
+    """Consecutive row slices covering range(n), each about ``block_bytes`` of float64."""
+    rows = max(1, (BLOCK_BYTES if block_bytes is None else block_bytes) // (8 * k))
+    for start in range(0, n, rows):
+        yield slice(start, min(start + rows, n))
+
+
+def probability_rows_ok(block: np.ndarray, row_min: np.ndarray, row_max: np.ndarray,
+                        atol: float = PROBABILITY_SUM_ATOL, sums: np.ndarray | None = None
+                        ) -> bool:
+    """Whether a float64 block passes ``check_probabilities``' value checks, given its row
+    minima and maxima: every entry finite and >= 0, every row summing to 1 within ``atol``.
+
+    Row-wise form of the same tests (a NaN or inf shows in the row's min or max, the sums
+    are the same per-row sums), so a sweep can run them block by block and call
+    ``check_probabilities`` only to word the error when this returns False. ``sums`` are
+    the block's row sums when the caller has them (else ``block.sum(axis=1)``).
+    """
+    if not (np.isfinite(row_min).all() and np.isfinite(row_max).all()):
+        return False
+    if (row_min < 0).any():
+        return False
+    if sums is None:
+        sums = block.sum(axis=1)
+    return not (np.abs(sums - 1.0) > atol).any()
+

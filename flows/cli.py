@@ -1,31 +1,57 @@
-"""The ``cord-ops`` command line: recalibrate, monitor, schedule, predict, demo, ui (and
-reproduce / bench from :mod:`flows.reproduce.cli`).
+"""The ``cord-ops`` command line: recalibrate, monitor, schedule, predict, demo, ui, server
+(and reproduce / bench from :mod:`flows.reproduce.cli`, status / promote / rollback from
+:mod:`flows.operator_cli`).
 
-Every command exits 0 on success and non-zero on failure with a one-line ``error:`` on
-stderr that names the cause. Prefect, MLflow and onnxruntime are imported inside the
-command that needs them, not when the parser is built.
+How every command runs (:func:`run`):
+
+1. ``validate``: the command's own check of its files, keys, shapes, classes, options,
+   cron expressions and model names (:mod:`flows.inputs`). Nothing is started, contacted
+   or written before it passes, so a bad input exits in about a second.
+2. The command, against the Prefect server ``PREFECT_API_URL`` names, else the local
+   server cord-ops manages (:mod:`flows.server`) when it is running, else Prefect's
+   temporary per-command server. MLflow is used through the tracking URI resolved once
+   (``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``./mlruns/mlflow.db``) and
+   handed down explicitly.
+3. Exit status 0, or 1 with one ``error:`` line as the last line of output; a traceback
+   only with ``--verbose``. An error that involves the store names its tracking URI.
+
+Prefect, MLflow and onnxruntime are imported inside the command that needs them, not when
+the parser is built.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
+import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
-from flows import tracking
+from flows import inputs, operator_cli, server, tracking
 from flows.reproduce import cli as reproduce_cli
 
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
 DEMO_MODEL = "cord-ops-demo"
 UI_PORT = 5000
+#: Exit status of ``server status`` when no managed server runs (as ``systemctl status``).
+NOT_RUNNING = 3
+#: Errors of the flows whose message already names the step, store or version and the
+#: cause (by name: importing their modules would import Prefect).
+NAMED_ERRORS = ("RecalibrationError", "ChampionUnhealthyError", "PromotionRefused")
+#: Packages whose exceptions mean the tracking store failed (their errors name the URI).
+STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "alembic")
+#: flows.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
+DEFAULT_LOCK_TIMEOUT = 600.0
 
 
 def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {message}", file=sys.stderr, flush=True)
     return 1
 
 
@@ -52,6 +78,8 @@ def next_steps(result, total_seconds: float) -> str:
         f"gate:     v{result.version} {decision.label} {alias}",
         f"          candidate NLL {decision.candidate_nll:.6g}, champion NLL "
         f"{'-' if decision.champion_nll is None else f'{decision.champion_nll:.6g}'}",
+        *_reference_line(decision),
+        *_warning_lines(result),
         f"onnx:     max |onnx - cord_ops| = {result.onnx_max_abs_diff:.3g}",
         f"time:     {total_seconds:.1f} s total, {compute:.1f} s in flow tasks, "
         f"{total_seconds - compute:.1f} s start-up and orchestration",
@@ -62,6 +90,21 @@ def next_steps(result, total_seconds: float) -> str:
     ])
 
 
+def _reference_line(decision) -> list[str]:
+    ref = decision.reference
+    if ref is None:
+        return []
+    if ref.problem:
+        return [f"          champion v{ref.version}'s reference split not used: {ref.problem}"]
+    return [f"          on champion v{ref.version}'s reference split: candidate NLL "
+            f"{ref.candidate_nll:.6g}, champion NLL {ref.champion_nll:.6g}"]
+
+
+def _warning_lines(result) -> list[str]:
+    found = getattr(result, "warnings", None) or []
+    return [f"{'warnings:' if i == 0 else '':<10}{text}" for i, text in enumerate(found)]
+
+
 def _print_result(result, started: float) -> None:
     print()
     print(summary_table(result))
@@ -69,10 +112,184 @@ def _print_result(result, started: float) -> None:
     print(next_steps(result, time.perf_counter() - started))
 
 
+def _server_hint(args) -> str:
+    """The command that stops the managed server of this store."""
+    store = "" if args.tracking_uri_given is None else f"--tracking-uri {args.tracking_uri} "
+    return f"cord-ops {store}server stop"
+
+
+# ---------------------------------------------------------------- Prefect
+@contextlib.contextmanager
+def prefect_api(args, start_managed: bool = False):
+    """Run the body against one Prefect API; yields the managed server in use, or None.
+
+    ``PREFECT_API_URL`` (environment or Prefect profile) wins, and must answer. Otherwise
+    the managed server of this store is used when it is running, or started when
+    ``start_managed``; failing both, a temporary server that dies with this process
+    (:func:`flows.prefect_server.temporary_api`). The managed server's URL is set for the
+    body through Prefect's settings context (this process's environment is untouched)
+    and is inherited by the flow-run processes Prefect starts.
+    """
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows import prefect_server
+
+    configured = prefect_server.configured_api_url()
+    if configured:
+        if not server.healthy(configured):
+            raise server.ServerError(f"the Prefect server PREFECT_API_URL={configured} does "
+                                     "not answer")
+        yield None
+        return
+    folder = server.state_folder(args.tracking_uri)
+    managed = server.running(folder)
+    if managed is None and start_managed:
+        managed, started = server.start(folder)
+        print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
+    if managed is None:
+        with prefect_server.temporary_api():
+            yield None
+        return
+    with temporary_settings(updates={PREFECT_API_URL: managed.api_url}):
+        yield managed
+
+
+@contextlib.contextmanager
+def flow_context(args, start_managed: bool = False):
+    """What a command that runs flows needs, after its inputs passed: the store made ready
+    (created or upgraded once, under a lock: :func:`flows.tracking.prepare_store`), a
+    Prefect API (:func:`prefect_api`), the registry lock's kind for it (``args.lock``) and
+    Prefect's console log without tracebacks unless ``--verbose``. Yields the managed
+    server in use, or None."""
+    from flows import lock, prefect_server
+
+    timeout = getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT)
+    tracking.prepare_store(args.tracking_uri, timeout)
+    with prefect_api(args, start_managed) as managed:
+        # A temporary server serves this process only, so it cannot serialise anything.
+        api = prefect_server.configured_api_url() or (managed and managed.api_url)
+        args.lock = lock.choose(tracking.local_store_folder(args.tracking_uri), api)
+        with console_tracebacks(args.verbose):
+            yield managed
+
+
+class _WithoutTraceback(logging.Formatter):
+    """Formats like ``inner`` but leaves out exception and stack text."""
+
+    def __init__(self, inner: logging.Formatter | None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+@contextlib.contextmanager
+def console_tracebacks(verbose: bool):
+    """Without ``verbose``, Prefect's console log lines keep their message but drop the
+    traceback (the log sent to the Prefect API keeps it); restored afterwards."""
+    swapped = []
+    if not verbose:
+        import prefect.main  # noqa: F401  (sets up Prefect's log handlers, as any flow import does)
+
+        loggers = [logging.getLogger()] + [
+            logger for name, logger in logging.Logger.manager.loggerDict.items()
+            if name.startswith("prefect") and isinstance(logger, logging.Logger)]
+        for logger in loggers:
+            for handler in logger.handlers:
+                if type(handler).__name__ == "PrefectConsoleHandler" and not any(
+                        handler is h for h, _ in swapped):
+                    swapped.append((handler, handler.formatter))
+                    handler.setFormatter(_WithoutTraceback(handler.formatter))
+    try:
+        yield
+    finally:
+        for handler, formatter in swapped:
+            handler.setFormatter(formatter)
+
+
+# ---------------------------------------------------------------- validation
+def _check_flow_options(args) -> None:
+    inputs.fraction_in_unit_interval(args.fraction)
+    if args.seed < 0:
+        raise inputs.InputError(f"--seed: expected a non-negative integer, got {args.seed}")
+
+
+def validate_recalibrate(args) -> None:
+    inputs.npz_file(args.data, "--data")
+    inputs.npz_file(args.eval_data, "--eval-data")
+    _check_flow_options(args)
+    dataset = inputs.load_data(args.data, args.input_kind)
+    evaluation = (None if args.eval_data is None
+                  else inputs.load_data(args.eval_data, dataset.input_kind))
+    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed)
+
+
+def validate_demo(args) -> None:
+    if args.data is not None:
+        validate_recalibrate(argparse.Namespace(**{**vars(args), "eval_data": None}))
+    else:
+        _check_flow_options(args)
+
+
+def validate_monitor(args) -> None:
+    inputs.npz_file(args.data, "--data")
+    _check_flow_options(args)
+    inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
+    inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
+    inputs.registered_model(args.tracking_uri, args.model_name, "champion")
+    batch = inputs.load_data(args.data, args.input_kind)
+    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed)
+
+
+def validate_schedule(args) -> None:
+    args.cron = inputs.check_cron(args.cron, "--cron")
+    args.monitor_cron = (inputs.monitor_cron_for(args.cron) if args.monitor_cron is None
+                         else inputs.check_cron(args.monitor_cron, "--monitor-cron"))
+    for path, option in ((args.data, "--data"), (args.eval_data, "--eval-data"),
+                         (args.monitor_data, "--monitor-data")):
+        inputs.npz_file(path, option)
+    validate_recalibrate(args)
+    inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
+    inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
+    if args.monitor_data is not None:
+        inputs.load_data(args.monitor_data, args.input_kind)
+
+
+def validate_predict(args) -> None:
+    inputs.npz_file(args.input, "--input")
+    inputs.model_reference(args.tracking_uri, args.model)
+    inputs.writable_output(args.output, "--output", args.input)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise inputs.InputError(f"--batch-size: expected a positive integer, got "
+                                f"{args.batch_size}")
+
+
+def validate_model_command(args) -> None:
+    """status / promote / rollback: the model must be registered in an existing store."""
+    inputs.registered_model(args.tracking_uri, args.model_name)
+
+
+def validate_ui(args) -> None:
+    if not 1 <= args.port <= 65535:
+        raise inputs.InputError(f"--port: expected 1-65535, got {args.port}")
+
+
 # ---------------------------------------------------------------- commands
 def _flow_options(args) -> dict:
     return {"calibrator": args.calibrator, "fraction": args.fraction, "seed": args.seed,
-            "model_name": args.model_name, "input_kind": args.input_kind, "dtype": args.dtype}
+            "model_name": args.model_name, "input_kind": args.input_kind, "dtype": args.dtype,
+            "lock_timeout": args.lock_timeout, "store_timeout": args.store_timeout}
+
+
+def _gate_options(args) -> dict:
+    return {"min_calibration": args.min_calibration, "min_evaluation": args.min_evaluation,
+            "max_class_share": args.max_class_share, "max_label_shift": args.max_label_shift}
 
 
 def cmd_recalibrate(args) -> int:
@@ -80,7 +297,8 @@ def cmd_recalibrate(args) -> int:
 
     result = recalibrate(data=str(args.data),
                          eval_data=None if args.eval_data is None else str(args.eval_data),
-                         promote=not args.no_promote, **_flow_options(args))
+                         promote=not args.no_promote, tracking_uri=args.tracking_uri,
+                         lock=args.lock, **_flow_options(args), **_gate_options(args))
     _print_result(result, args.started)
     return 0
 
@@ -100,7 +318,8 @@ def cmd_demo(args) -> int:
               f"({digits.n} x {digits.n_classes}) -> {path}")
     else:
         path = args.data
-    result = recalibrate(data=str(path), promote=True, **_flow_options(args))
+    result = recalibrate(data=str(path), promote=True, tracking_uri=args.tracking_uri,
+                         lock=args.lock, **_flow_options(args))
     _print_result(result, args.started)
     return 0
 
@@ -112,7 +331,10 @@ def cmd_monitor(args) -> int:
                      max_ece_increase=args.max_ece_increase,
                      max_nll_increase=args.max_nll_increase, input_kind=args.input_kind,
                      recalibrate_on_drift=not args.no_recalibrate, calibrator=args.calibrator,
-                     fraction=args.fraction, seed=args.seed, dtype=args.dtype)
+                     fraction=args.fraction, seed=args.seed, dtype=args.dtype,
+                     gate_options=_gate_options(args), tracking_uri=args.tracking_uri)
+    if result is None:  # the champion went away between the check and the run
+        return _error(f"model '{args.model_name}' has no @champion in {args.tracking_uri}")
     print(f"champion v{result.champion_version} on {args.data}:")
     for name in ("ece", "nll"):
         print(f"  {name}: {result.metrics[name]:.5f} (baseline {result.baseline[name]:.5f}, "
@@ -123,35 +345,77 @@ def cmd_monitor(args) -> int:
     return 0
 
 
+def _stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
 def cmd_schedule(args) -> int:
+    # SIGTERM before serving starts (while the managed server comes up) ends the command
+    # like Ctrl-C; once serving, Prefect's runner takes SIGTERM over and shuts down.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     from flows import schedule
 
     # Absolute paths: runs start later, from the runner's or the worker's directory.
     recal = {"data": str(args.data.resolve()),
              "eval_data": args.eval_data and str(args.eval_data.resolve()),
-             **_flow_options(args)}
+             "tracking_uri": args.tracking_uri, **_flow_options(args)}
     mon = {"data": str((args.monitor_data or args.data).resolve()), "model_name": args.model_name,
            "max_ece_increase": args.max_ece_increase, "max_nll_increase": args.max_nll_increase,
            "calibrator": args.calibrator, "fraction": args.fraction, "seed": args.seed,
-           "dtype": args.dtype}
-    if args.work_pool:
-        ids = schedule.deploy_to_work_pool(args.work_pool, args.cron, recal, mon,
-                                           args.monitor_cron)
-        print(f"deployed to work pool '{args.work_pool}': {', '.join(ids)}")
-        print(f"next: prefect worker start --pool {args.work_pool}")
-        return 0
-    deployments = schedule.build_deployments(args.cron, recal, mon, args.monitor_cron)
-    schedule.serve_deployments(deployments)
+           "dtype": args.dtype, "tracking_uri": args.tracking_uri,
+           "skip_without_champion": True}
+    # Prefect's own cron parser has the last word, still before any server is involved.
+    schedule.prefect_cron(args.cron)
+    schedule.prefect_cron(args.monitor_cron)
+    with flow_context(args, start_managed=True) as managed:
+        print(f"recalibrate: cron {args.cron!r}; monitor: cron {args.monitor_cron!r}; "
+              f"tracking {args.tracking_uri}", flush=True)
+        if args.work_pool:
+            ids = schedule.deploy_to_work_pool(args.work_pool, args.cron, recal, mon,
+                                               args.monitor_cron)
+            print(f"deployed to work pool '{args.work_pool}': {', '.join(ids)}")
+            api = f"PREFECT_API_URL={managed.api_url} " if managed is not None else ""
+            print(f"next: {api}prefect worker start --pool {args.work_pool}")
+        else:
+            if managed is not None:
+                print(f"serving until Ctrl-C or SIGTERM; the Prefect server keeps running "
+                      f"after that: stop it with `{_server_hint(args)}`", flush=True)
+            deployments = schedule.build_deployments(args.cron, recal, mon, args.monitor_cron)
+            schedule.serve_deployments(deployments)
+            print("stopped serving")
+    if managed is not None and args.work_pool:
+        print(f"the Prefect server keeps running: stop it with `{_server_hint(args)}`")
     return 0
 
 
-def local_model_path(model: str, folder: Path) -> Path:
+def cmd_server(args) -> int:
+    folder = server.state_folder(args.tracking_uri)
+    if args.action == "start":
+        managed, started = server.start(folder)
+        print(f"{'started' if started else 'already running:'} {managed.describe()}")
+        print(f"stop it with: {_server_hint(args)}")
+        return 0
+    if args.action == "stop":
+        pid = server.stop(folder)
+        print(f"stopped the Prefect server (pid {pid}) of {folder}" if pid is not None
+              else f"no managed Prefect server running for {folder}")
+        return 0
+    managed = server.running(folder)
+    if managed is None:
+        print(f"not running (state folder {folder}); start it with: cord-ops server start")
+        return NOT_RUNNING
+    print(f"running: {managed.describe()}")
+    return 0
+
+
+def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
     """``model`` as a local .onnx file: a path as given, or a registry URI
-    (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``, ``runs:/...``) downloaded to ``folder``.
+    (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``, ``runs:/...``) downloaded from the
+    store ``tracking_uri`` to ``folder``.
     """
     if ":/" not in model:
         return Path(model)
-    local = tracking.download(tracking.store_uri(), model, folder)
+    local = tracking.download(tracking_uri, model, folder)
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
     if len(found) != 1:
         raise ValueError(f"{model}: expected one .onnx file in the model, found {len(found)}")
@@ -164,7 +428,7 @@ def cmd_predict(args) -> int:
     from onnx_export.predict import predict_file
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as folder:
-        path = local_model_path(args.model, Path(folder))
+        path = local_model_path(args.model, Path(folder), args.tracking_uri)
         summary = predict_file(path, args.input, args.output, batch_size=args.batch_size,
                                provider=args.provider, progress=True)
     print(f"wrote {summary['rows']} rows x {summary['n_classes']} classes to "
@@ -173,17 +437,48 @@ def cmd_predict(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    uri = tracking.store_uri()
+    uri = args.tracking_uri
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                "--host", "127.0.0.1", "--port", str(args.port)]
     if tracking.is_embedded(uri):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         command += ["--default-artifact-root", str(Path.cwd() / tracking.STORE_DIR)]
     print(f"MLflow UI on http://127.0.0.1:{args.port} ({uri}); Ctrl-C stops it", flush=True)
     # Become the server (no parent left behind), so a signal to this PID stops the UI.
-    os.execv(sys.executable, command)
+    os.execve(sys.executable, command, {**tracking.QUIET_ENVIRONMENT, **os.environ})
+
+
+def cmd_serve(args) -> int:
+    from flows.serve import serve
+
+    serve(tracking.tracking_uri(), args.model_name, alias=args.alias, host=args.host,
+          port=args.port, poll_interval=args.poll_interval,
+          batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
+          provider=args.provider)
+    return 0
 
 
 # ---------------------------------------------------------------- parser
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors ending in one ``error:`` line like every other."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
+def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
+    """``--tracking-uri`` and ``--verbose``, accepted before or after the command name
+    (after it, the defaults are suppressed so they do not undo a value given before)."""
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--tracking-uri", default=default,
+                        help="MLflow store (default: MLFLOW_TRACKING_URI, else "
+                             "sqlite:///<working folder>/mlruns/mlflow.db)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        default=False if top else argparse.SUPPRESS,
+                        help="show tracebacks of errors")
+
+
 def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-ops") -> None:
     parser.add_argument("--calibrator", default="vs", choices=CALIBRATOR_NAMES,
                         help="calibration map fitted before the CORD repair (default: vs)")
@@ -196,6 +491,29 @@ def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-o
                         help="what the .npz holds (default: whichever array is present)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                         help="float type of the exported ONNX graph (default: float32)")
+    parser.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT,
+                        metavar="SECONDS",
+                        help="wait at most this long for another recalibration of the same "
+                             f"model to leave the registry (default: {DEFAULT_LOCK_TIMEOUT:g})")
+    parser.add_argument("--store-timeout", type=float,
+                        default=tracking.DEFAULT_STORE_TIMEOUT, metavar="SECONDS",
+                        help="fail within about this long when the tracking store is down "
+                             f"(default: {tracking.DEFAULT_STORE_TIMEOUT:g})")
+
+
+def _add_gate_options(parser: argparse.ArgumentParser) -> None:
+    """Overrides of the champion gate's evidence rules (defaults depend on K; flows.gate)."""
+    parser.add_argument("--min-calibration", type=int, default=None,
+                        help="calibration rows needed to promote (default: max(100, 10 K))")
+    parser.add_argument("--min-evaluation", type=int, default=None,
+                        help="evaluation rows needed to promote (default: max(100, 10 K))")
+    parser.add_argument("--max-class-share", type=float, default=None,
+                        help="largest share one class may hold in a split "
+                             "(default: min(0.9, max(0.5, 5 / K)))")
+    parser.add_argument("--max-label-shift", type=float, default=None,
+                        help="total-variation distance allowed between the evaluation labels "
+                             "and the champion's reference split's, beyond sampling noise "
+                             "(default: 0.2)")
 
 
 def _add_thresholds(parser: argparse.ArgumentParser) -> None:
@@ -206,9 +524,10 @@ def _add_thresholds(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cord-ops",
         description="Prediction-preserving recalibration (CORD) with Prefect, MLflow and ONNX.")
+    _add_common(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("recalibrate", help="fit calibrator + CORD, export ONNX, register, gate")
@@ -216,9 +535,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data", type=Path,
                    help="separate evaluation .npz (then all of --data calibrates)")
     _add_flow_options(p)
+    _add_gate_options(p)
     p.add_argument("--no-promote", action="store_true",
                    help="record the gate decision but never move @champion")
-    p.set_defaults(func=cmd_recalibrate)
+    p.set_defaults(func=cmd_recalibrate, validate=validate_recalibrate, prefect=True)
 
     p = sub.add_parser("monitor", help="score @champion on a labelled batch; recalibrate on drift")
     p.add_argument("--data", required=True, type=Path, help="labelled batch (.npz)")
@@ -226,19 +546,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-recalibrate", action="store_true",
                    help="only report drift, never start a recalibration")
     _add_flow_options(p)
-    p.set_defaults(func=cmd_monitor)
+    _add_gate_options(p)
+    p.set_defaults(func=cmd_monitor, validate=validate_monitor, prefect=True)
 
-    p = sub.add_parser("schedule", help="serve cron deployments of recalibrate and monitor")
+    p = sub.add_parser(
+        "schedule", help="serve cron deployments of recalibrate and monitor",
+        description="Register cron deployments of the recalibration and monitoring flows and "
+                    "serve them from this process. Without PREFECT_API_URL they run on the "
+                    "local Prefect server cord-ops manages (started here if needed; see "
+                    "`cord-ops server`), whose scheduler creates the runs.")
     p.add_argument("--cron", required=True, help='recalibration schedule, e.g. "0 3 * * *"')
-    p.add_argument("--monitor-cron", help="monitoring schedule (default: --cron)")
+    p.add_argument("--monitor-cron",
+                   help=f"monitoring schedule (default: --cron {inputs.MONITOR_OFFSET_MINUTES} "
+                        f"minutes later within the hour, else {inputs.MONITOR_OFFSET_SECONDS} s "
+                        "later)")
     p.add_argument("--data", required=True, type=Path, help=".npz re-read on every run")
     p.add_argument("--eval-data", type=Path, help="separate evaluation .npz")
     p.add_argument("--monitor-data", type=Path, help="labelled batch to monitor (default: --data)")
-    p.add_argument("--work-pool", help="register with this work pool of the server "
-                                       "PREFECT_API_URL names instead of serving here")
+    p.add_argument("--work-pool", help="register with this work pool instead of serving here")
     _add_thresholds(p)
     _add_flow_options(p)
-    p.set_defaults(func=cmd_schedule)
+    p.set_defaults(func=cmd_schedule, validate=validate_schedule)
 
     p = sub.add_parser("predict", help="run an exported graph on an .npz file, in batches")
     p.add_argument("--model", required=True, help="PATH.onnx or models:/NAME@ALIAS")
@@ -248,43 +576,113 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per batch (default: about 2^20 scores, 256..4096 rows)")
     p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
                    help="onnxruntime execution provider (default: cuda when available)")
-    p.set_defaults(func=cmd_predict)
+    p.set_defaults(func=cmd_predict, validate=validate_predict)
 
     p = sub.add_parser("demo", help="no-argument demo: digits classifier -> full flow")
     p.add_argument("--data", type=Path, help="use this .npz instead of the digits classifier")
     _add_flow_options(p, model_name=DEMO_MODEL)
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo, validate=validate_demo, prefect=True)
 
     p = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 over the tracking store")
     p.add_argument("--port", type=int, default=UI_PORT, help=f"port (default: {UI_PORT})")
-    p.set_defaults(func=cmd_ui)
+    p.set_defaults(func=cmd_ui, validate=validate_ui)
+
+    p = sub.add_parser(
+        "server", help="the local Prefect server cord-ops manages (start | stop | status)",
+        description="A Prefect server on 127.0.0.1 with its scheduler, state kept next to the "
+                    "MLflow store (<store folder>/prefect). While it runs, every cord-ops "
+                    "command uses it instead of starting a temporary one.")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    p.set_defaults(func=cmd_server)
+
+    p = sub.add_parser("serve", help="HTTP scoring of NAME@ALIAS that follows the alias")
+    p.add_argument("--model-name", required=True, help="registered model name")
+    p.add_argument("--alias", default="champion", help="alias to follow (default: champion)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=5005, help="port (default: 5005)")
+    p.add_argument("--poll-interval", type=float, default=10.0,
+                   help="seconds between alias polls (default: 10)")
+    p.add_argument("--batch-window-ms", type=float, default=2.0,
+                   help="longest wait for concurrent requests to batch (default: 2)")
+    p.add_argument("--batch-max-rows", type=int, default=4096,
+                   help="most rows per onnxruntime run (default: 4096)")
+    p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="onnxruntime execution provider (default: cuda when available)")
+    p.set_defaults(func=cmd_serve)
 
     reproduce_cli.add_cli(sub)
+    operator_cli.add_cli(sub)
+    for name in ("status", "promote", "rollback"):
+        sub.choices[name].set_defaults(validate=validate_model_command)
+    for name in ("reproduce", "bench"):
+        sub.choices[name].set_defaults(prefect=True)
+    for command in sub.choices.values():
+        _add_common(command, top=False)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``cord-ops`` console script; returns the exit status.
+# ---------------------------------------------------------------- running a command
+def _store_involved(exc: BaseException) -> bool:
+    """Whether ``exc`` or an exception it was raised from comes from the tracking store."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__module__.split(".")[0] in STORE_PACKAGES:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
-    The program, unlike the library, owns its process: it switches MLflow and Prefect
-    telemetry off here, for itself and the processes it starts, unless the user's
-    environment already says otherwise.
-    """
-    started = time.perf_counter()
-    for key, value in tracking.QUIET_ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
-    args = build_parser().parse_args(argv)
-    args.started = started
+
+def describe_error(exc: BaseException, tracking_uri: str) -> str:
+    """One line for ``exc``: its own message for the errors cord-ops raises on purpose,
+    ``Type: message`` otherwise, the tracking URI added when the store is involved."""
+    from_cord_ops = isinstance(exc, inputs.InputError | server.ServerError
+                               | tracking.StoreError) or type(exc).__name__ in NAMED_ERRORS
+    message = str(exc) if from_cord_ops else f"{type(exc).__name__}: {exc}"
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    message = lines[0] if lines else type(exc).__name__
+    if len(lines) > 1:
+        message += " (...; --verbose shows all)"
+    if _store_involved(exc) and tracking_uri not in message:
+        message += f" [tracking URI {tracking_uri}]"
+    return message
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, then run ``args.func``; every failure becomes the last line ``error: ...``."""
+    args.tracking_uri_given = args.tracking_uri
+    args.tracking_uri = args.tracking_uri or tracking.tracking_uri()
     try:
-        return args.func(args) or 0
+        validate = getattr(args, "validate", None)
+        if validate is not None:
+            validate(args)
+        with contextlib.ExitStack() as stack:
+            if getattr(args, "prefect", False):  # the command runs Prefect flows
+                stack.enter_context(flow_context(args))
+            return args.func(args) or 0
     except KeyboardInterrupt:
         return _error("interrupted")
     except Exception as exc:  # the CLI's contract: one line naming the cause, exit 1
-        from flows.recalibrate import RecalibrationError
+        if args.verbose:
+            traceback.print_exc()
+        return _error(describe_error(exc, args.tracking_uri))
+    finally:
+        sys.stdout.flush()
 
-        # A RecalibrationError already names the step and the underlying error type.
-        named = isinstance(exc, RecalibrationError)
-        return _error(str(exc) if named else f"{type(exc).__name__}: {exc}")
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``cord-ops`` console script; returns the exit status."""
+    started = time.perf_counter()
+    args = build_parser().parse_args(argv)
+    args.started = started
+    # The process entry point, unlike the library, owns its process: switch MLflow and
+    # Prefect telemetry off and bound MLflow's HTTP retries here (MLflow reads both only
+    # from the environment), for this process and those it starts; a value the user set
+    # wins.
+    for key, value in {**tracking.QUIET_ENVIRONMENT, **tracking.http_environment(
+            getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT))}.items():
+        os.environ.setdefault(key, value)
+    return run(args)
 
 
 if __name__ == "__main__":

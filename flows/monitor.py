@@ -5,6 +5,13 @@ Drift is measured against the champion's own numbers at registration: the ``cord
 and ``cord.nll`` its recalibration run logged on its evaluation split. The batch triggers
 a recalibration when ECE rose by more than ``max_ece_increase`` or NLL by more than
 ``max_nll_increase``.
+
+A champion that cannot be scored on the batch (broken artifact, foreign model, other K or
+input kind) stops the monitor with :class:`flows.gate.ChampionUnhealthyError` and records
+the problem in the registered-model tag ``cord.champion.health``. A drift-triggered
+recalibration fits on the batch but reaches ``@champion`` only through the gate of
+:mod:`flows.gate`, which also scores it on the champion's pinned reference split: a batch
+with broken labels cannot promote a model that learned them.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from cord_ops import data, metrics
-from flows import registry, tracking
+from flows import gate, registry, tracking
 from flows.recalibrate import RecalibrationResult, load_dataset, recalibrate
 from flows.tasks import compute_task, store_task
 
@@ -50,26 +57,45 @@ class MonitorResult:
 
 
 @store_task
-def score_champion_on_batch(uri: str, model_name: str, batch: data.Dataset) -> ChampionOnBatch:
+def score_champion_on_batch(uri: str, model_name: str,
+                            batch: data.Dataset) -> ChampionOnBatch:
     """Run ``model_name@champion`` on the batch; read its baseline from its own run."""
     client = tracking.client(uri)
     current = registry.champion_version(client, model_name)
     if current is None:
         raise LookupError(f"model '{model_name}' has no @{registry.CHAMPION} to monitor; "
                           "run `cord-ops recalibrate` first")
+    version = str(current.version)
     reads = current.tags.get(registry.INPUT_KIND_TAG)  # None: registered without the tag
+    problem = None
     if reads not in (None, batch.input_kind):
-        raise ValueError(f"{batch.path}: holds {batch.input_kind} but {model_name} "
-                         f"v{current.version} reads {reads}")
-    # The version the alias named a moment ago, so metrics and baseline describe one model.
-    outputs = registry.run_registered_model(uri, f"models:/{model_name}/{current.version}",
-                                            batch.scores)
-    repaired = outputs["repaired"].astype(np.float64)
-    original = outputs["original"].astype(np.float64)
-    logged = client.get_run(current.run_id).data.metrics
-    baseline = {name: logged[f"cord.{name}"] for name in DRIFT_METRICS}
-    return ChampionOnBatch(str(current.version),
-                           metrics.evaluate(repaired, batch.labels, reference=original), baseline)
+        problem = f"it reads {reads}, {batch.path} holds {batch.input_kind}"
+    else:
+        try:
+            # The version the alias named a moment ago, so metrics and baseline describe
+            # one model.
+            outputs = registry.run_registered_model(client, f"models:/{model_name}/{version}",
+                                                    batch.scores)
+            repaired = np.asarray(outputs["repaired"], dtype=np.float64)
+            original = np.asarray(outputs["original"], dtype=np.float64)
+            if repaired.shape != batch.scores.shape:
+                raise ValueError(f"'repaired' has shape {repaired.shape}, expected "
+                                 f"{batch.scores.shape}")
+            logged = client.get_run(current.run_id).data.metrics
+            baseline = {name: logged[f"cord.{name}"] for name in DRIFT_METRICS}
+        except Exception as exc:  # whatever breaks, the champion is not servable as is
+            problem = f"{type(exc).__name__}: {exc}"[:1000]
+    gate.record_health(client, model_name, version, problem)
+    if problem is not None:
+        raise gate.ChampionUnhealthyError(model_name, version, problem)
+    return ChampionOnBatch(version, metrics.evaluate(repaired, batch.labels, reference=original),
+                           baseline)
+
+
+@store_task
+def has_champion(uri: str, model_name: str) -> bool:
+    """Whether ``model_name`` has a champion in the store ``uri`` (a missing model: no)."""
+    return registry.champion_version(tracking.client(uri), model_name) is not None
 
 
 @compute_task
@@ -110,16 +136,25 @@ def log_monitoring(uri: str, model_name: str, batch: data.Dataset, scored: Champ
 def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: float = 0.02,
             max_nll_increase: float = 0.05, input_kind: str = "auto",
             recalibrate_on_drift: bool = True, calibrator: str = "vs", fraction: float = 0.5,
-            seed: int = 0, dtype: str = "float32",
-            tracking_uri: str | None = None) -> MonitorResult:
+            seed: int = 0, dtype: str = "float32", gate_options: dict | None = None,
+            tracking_uri: str | None = None,
+            skip_without_champion: bool = False) -> MonitorResult | None:
     """Score ``model_name@champion`` on the labelled batch ``data`` (.npz) and log it.
 
     When ECE or NLL rose past its threshold and ``recalibrate_on_drift`` is set, runs
     :func:`flows.recalibrate.recalibrate` on the batch as a subflow (its gate still decides
-    whether the new version takes ``@champion``). ``tracking_uri``: the MLflow store
-    (default: MLFLOW_TRACKING_URI, else the embedded store of the working directory).
+    whether the new version takes ``@champion``; ``gate_options`` are its threshold
+    overrides, as :func:`flows.recalibrate.recalibrate` takes them).
+
+    ``skip_without_champion`` (set by ``cord-ops schedule``): while the model has no
+    champion yet (the first scheduled recalibration has not finished), log that and return
+    None instead of failing the run.
     """
     uri = tracking.store_uri(tracking_uri)
+    if skip_without_champion and not has_champion(uri, model_name):
+        get_run_logger().info("model '%s' has no @%s in %s yet: nothing to monitor, skipping "
+                              "this pass", model_name, registry.CHAMPION, uri)
+        return None
     batch = load_dataset(str(data), input_kind)
     scored = score_champion_on_batch(uri, model_name, batch)
     drift, reasons = find_drift(scored, max_ece_increase, max_nll_increase)
@@ -132,6 +167,6 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
             recalibration = recalibrate(data=str(data), calibrator=calibrator, fraction=fraction,
                                         seed=seed, model_name=model_name,
                                         input_kind=batch.input_kind, dtype=dtype,
-                                        tracking_uri=uri)
+                                        tracking_uri=uri, **(gate_options or {}))
     return MonitorResult(run_id, scored.version, scored.metrics, scored.baseline, drift,
                          reasons, recalibration)

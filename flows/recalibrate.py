@@ -4,20 +4,41 @@ model and let it take ``@champion`` only when it wins.
 
 Reads top to bottom: load and validate -> split -> fit calibrator -> fit CORD -> evaluate
 uncal / base / cord on the evaluation split -> export ONNX -> verify ONNX parity with
-onnxruntime on the evaluation split -> log to MLflow -> register -> gate.
+onnxruntime on the evaluation split -> log to MLflow (with the evaluation split pinned as
+the run's reference dataset input) -> register -> gate (rules in :mod:`flows.gate`).
 
-Failure contract: a bad data file or option raises before any MLflow run exists. After the
-run is created, any failing task marks it FAILED, withdraws a version it registered (the
-alias goes back to where it was) and raises :class:`RecalibrationError` naming the step.
-Tasks that talk to the tracking store retry on transient store errors.
+Splits too small to fit at all fail before any run exists; splits large enough to fit but
+not to trust are registered and rejected by the gate with the reason. Warnings the
+calibrator raises while fitting (non-convergence, capped iterations) are kept: run tag
+``cord.fit.warnings`` and :attr:`RecalibrationResult.warnings`.
+
+Failure contract: a bad data file or option, or a store that cannot be used, raises
+before any MLflow run exists. After the run is created, any failing task marks it FAILED,
+withdraws a version it registered (the alias goes back to where it was) and raises
+:class:`RecalibrationError` naming the step; when the store itself is what failed, that
+record goes to a local journal (:mod:`flows.journal`) that the next command replays.
+
+Concurrency contract: fitting, evaluation and logging run in parallel with other
+recalibrations; the registry section (clean-up -> register -> score the champion ->
+decide -> move the alias -> finish) holds the model's registry lock (:mod:`flows.lock`)
+and reads the champion only after acquiring it. Every run records its owner process
+(:mod:`flows.owner`), so clean-up touches only what a dead process left.
+
+Tasks that talk to the tracking store retry only a momentarily locked sqlite database
+(:mod:`flows.retries`); with MLflow's bounded HTTP retries, a store that is down fails the
+command within ``store_timeout`` seconds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
+import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -26,24 +47,47 @@ from prefect import flow, get_run_logger
 from cord_ops import CORD, cord, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
-from flows import plots, registry, tracking
+from flows import faults, journal, owner, plots, reference, registry, tracking
+from flows import gate as gating
+from flows import lock as registry_lock
+from flows.retries import is_store_outage
 from flows.tasks import compute_task, store_task
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
-#: Max-abs tolerance of the ONNX graph against cord_ops on the same inputs (docs/contract.md).
-PARITY_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+PARITY_TOLERANCE = gating.PARITY_TOLERANCE
 MODEL_ARTIFACT = "model"
 INPUT_EXAMPLE_ROWS = 5
 
 
-class RecalibrationError(RuntimeError):
-    """A recalibration failed; ``step`` is the task that raised."""
 
-    def __init__(self, step: str, cause: BaseException):
+#: Name of the digest manifest artifact of a run, and the run tag holding its own digest.
+DIGESTS_ARTIFACT = "digests.json"
+DIGESTS_TAG = "cord.artifacts.sha256"
+
+
+class RecalibrationError(RuntimeError):
+    """A recalibration failed; ``step`` is the task that raised.
+
+    The message is one line: the step, the error's type and first line, the tracking URI
+    when the store was involved, and where the failure was journaled when the store could
+    not record it (``journal``).
+    """
+
+    def __init__(self, step: str, cause: BaseException, tracking_uri: str | None = None,
+                 journal: str | None = None):
         self.step = step
-        super().__init__(f"recalibration failed in step '{step}': "
-                         f"{type(cause).__name__}: {cause}")
+        self.journal = journal
+        text = str(cause).strip()
+        first = text.splitlines()[0] if text else ""
+        first = first if len(first) <= 300 else first[:297] + "..."
+        message = f"recalibration failed in step '{step}': {type(cause).__name__}: {first}"
+        if tracking_uri is not None:
+            message += f" (tracking URI {tracking_uri})"
+        if journal is not None:
+            message += (f"; the store could not record this failure, so it was journaled to "
+                        f"{journal} and the next command against this store records it")
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -85,12 +129,13 @@ class RecalibrationResult:
     tracking_uri: str
     model_name: str
     version: str
-    decision: registry.GateDecision
+    decision: gating.GateDecision
     eta_star: float
     reports: dict[str, dict[str, float]]
     changes: dict[str, int]
     onnx_max_abs_diff: float
     timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 class Steps:
@@ -99,6 +144,10 @@ class Steps:
     def __init__(self):
         self.current = "start"
         self.timings: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        """Name a stretch of the flow that is not a task (waiting for the registry lock)."""
+        self.current = name
 
     def __call__(self, step, *args, **kwargs):
         self.current = step.name
@@ -118,21 +167,28 @@ def load_dataset(path: str, input_kind: str) -> data.Dataset:
 
 @compute_task
 def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
-                  dataset: data.Dataset, eval_dataset: data.Dataset | None) -> None:
+                  dataset: data.Dataset, eval_dataset: data.Dataset | None,
+                  gate_options: dict | None = None) -> gating.Policy:
     """Reject a bad option before a run exists: unknown calibrator or dtype, a seed or
-    fraction the split refuses, an evaluation file that does not match ``dataset``."""
+    fraction the split refuses, an evaluation file that does not match ``dataset``, a gate
+    threshold out of range, splits too small to fit at all. Returns the gate's policy."""
     make_calibrator(calibrator, input_kind=dataset.input_kind)
     if dtype not in PARITY_TOLERANCE:
         raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
+    policy = gating.Policy.for_classes(dataset.n_classes, **(gate_options or {}))
     if eval_dataset is None:
-        data.split_indices(dataset.n, seed, fraction)
-        return
+        cal_rows, eval_rows = data.split_indices(dataset.n, seed, fraction)
+        gating.check_fit_floor(cal_rows.size, eval_rows.size,
+                               f"{dataset.path} (split with fraction {fraction!r})")
+        return policy
     if eval_dataset.n_classes != dataset.n_classes:
         raise ValueError(f"{eval_dataset.path}: has {eval_dataset.n_classes} classes but "
                          f"{dataset.path} has {dataset.n_classes}")
     if eval_dataset.input_kind != dataset.input_kind:
         raise ValueError(f"{eval_dataset.path}: holds {eval_dataset.input_kind} but "
                          f"{dataset.path} holds {dataset.input_kind}")
+    gating.check_fit_floor(dataset.n, eval_dataset.n, f"{dataset.path} / {eval_dataset.path}")
+    return policy
 
 
 @compute_task
@@ -145,18 +201,37 @@ def split_dataset(dataset: data.Dataset, eval_dataset: data.Dataset | None, seed
     return data.split(dataset, seed, fraction)
 
 
+def _capturing_warnings(fit):
+    """Call ``fit()``; return (result, the warnings it raised as "Category: message")."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fit()
+    seen = []
+    for w in caught:
+        text = f"{w.category.__name__}: {w.message}"
+        if text not in seen:
+            seen.append(text)
+    if seen:
+        logger = get_run_logger()
+        for text in seen:
+            logger.warning("fit: %s", text)
+    return result, seen
+
+
 @compute_task
 def fit_calibrator(calibration: data.Dataset, name: str):
-    """Fit calibrator ``name`` on the calibration split."""
+    """Fit calibrator ``name`` on the calibration split; returns (fitted, warnings)."""
     fitted = make_calibrator(name, input_kind=calibration.input_kind)
-    return fitted.fit(calibration.scores, calibration.labels)
+    return _capturing_warnings(lambda: fitted.fit(calibration.scores, calibration.labels))
 
 
 @compute_task
-def fit_cord(calibration: data.Dataset, calibrator) -> CORD:
-    """Fit eta* (paper eq. 18) on the calibration split's original and calibrated outputs."""
+def fit_cord(calibration: data.Dataset, calibrator):
+    """Fit eta* (paper eq. 18) on the calibration split's original and calibrated outputs;
+    returns (CORD, warnings)."""
     original = calibration.probabilities()
-    return CORD().fit(original, calibrator.predict_proba(calibration.scores))
+    calibrated = calibrator.predict_proba(calibration.scores)
+    return _capturing_warnings(lambda: CORD().fit(original, calibrated))
 
 
 @compute_task
@@ -208,25 +283,30 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
 @store_task
 def start_run(uri: str, model_name: str, dataset: data.Dataset,
               eval_dataset: data.Dataset | None, options: dict[str, str]) -> tuple[str, str]:
-    """Create the MLflow run (experiment = model name); tags carry data provenance."""
+    """Create the MLflow run (experiment = model name); tags carry data provenance and the
+    owner process (host, pid, start time) that clean-up judges liveness by."""
     client = tracking.client(uri)
     experiment = tracking.experiment_id(client, model_name)
     tags = {"cord.model_name": model_name, **{f"cord.{k}": v for k, v in options.items()},
-            **_data_tags("data", dataset)}
+            **_data_tags("data", dataset), **owner.Owner.current().record()}
     if eval_dataset is not None:
         tags.update(_data_tags("eval_data", eval_dataset))
     flow_run_id = _prefect_flow_run_id()
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
     run = client.create_run(experiment, tags=tags,
-                                    run_name=f"{options['calibrator']}-seed{options['seed']}")
+                            run_name=f"{options['calibrator']}-seed{options['seed']}")
     return run.info.run_id, experiment
 
 
 @store_task
 def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
-                           evaluation: Evaluation, repair: CORD, parity: Parity) -> None:
-    """Every param and metric the MLflow contract (docs/contract.md) names, in one batch."""
+                           evaluation: Evaluation,
+                           repair: CORD, parity: Parity, fit_warnings: list[str] | None = None,
+                           policy: gating.Policy | None = None) -> None:
+    """Every param and metric the MLflow contract (docs/contract.md) names, in one batch,
+    with the fit's
+    warnings (tag ``cord.fit.warnings``, "none" when clean) and the gate's thresholds."""
     values = {"eta_star": repair.eta_}
     for report in REPORTS:
         for name in METRICS:
@@ -235,13 +315,32 @@ def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
         values[f"base.{name}"] = count
     values["onnx.max_abs_diff"] = parity.max_abs_diff
     values["onnx.argmax_agreement"] = parity.argmax_agreement
-    tracking.log_values(tracking.client(uri), run_id, metrics=values, params=params)
+    tags = {"cord.fit.warnings": "; ".join(fit_warnings or [])[:8000] or "none",
+            "cord.fit.warning_count": str(len(fit_warnings or [])),
+            **(policy.as_tags() if policy is not None else {})}
+    tracking.log_values(tracking.client(uri), run_id, metrics=values, params=params,
+                        tags=tags)
+
+
+@store_task
+def log_reference(uri: str, run_id: str, evaluation: data.Dataset) -> dict[str, str]:
+    """Pin the evaluation split: artifact ``reference/evaluation.npz`` and the run's
+    evaluation dataset input (digest and source), so later gates can score on it.
+    Returns its digest by artifact path, for :func:`verify_artifacts`."""
+    from mlflow import MlflowClient
+
+    sha256 = reference.log_reference_split(MlflowClient(uri), run_id, evaluation)
+    return {f"{reference.ARTIFACT_DIR}/{reference.ARTIFACT_NAME}": sha256}
 
 
 @store_task
 def log_report_artifacts(uri: str, run_id: str, evaluation: Evaluation, calibrator,
-                         repair: CORD) -> None:
-    """Reliability PNGs, the metrics table (Markdown and JSON) and both fitted states."""
+                         repair: CORD) -> dict[str, str]:
+    """Reliability PNGs, the metrics table (Markdown and JSON) and both fitted states.
+
+    Returns the SHA-256 of every file as written here, by artifact path, for
+    :func:`verify_artifacts`.
+    """
     with tempfile.TemporaryDirectory(prefix="cord-ops-artifacts-") as tmp:
         root = Path(tmp)
         for folder in ("plots", "report", "state"):
@@ -257,142 +356,330 @@ def log_report_artifacts(uri: str, run_id: str, evaluation: Evaluation, calibrat
         (root / "state" / "calibrator.json").write_text(
             json.dumps(calibrator.to_dict(), indent=2) + "\n")
         (root / "state" / "cord.json").write_text(json.dumps(repair.to_dict(), indent=2) + "\n")
+        digests = file_digests(root)
         tracking.client(uri).log_artifacts(run_id, str(root))
+    return digests
 
 
 @store_task
-def log_onnx_model(uri: str, run_id: str, model, evaluation: data.Dataset, dtype: str):
-    """Log the graph with the ``mlflow.onnx`` flavor: explicit signature, input example and
-    CPU execution provider, so ``mlflow.pyfunc.load_model`` serves it anywhere.
+def log_onnx_model(uri: str, run_id: str, experiment_id: str, model, evaluation: data.Dataset,
+                   dtype: str):
+    """Log the graph as the pyfunc model of :mod:`flows.pyfunc_model`: the ``.onnx`` file
+    (also an ``onnx`` flavour) plus a models-from-code wrapper that validates its input,
+    with the graph's outputs as signature and a few evaluation rows as input example.
 
-    The model is filed under the run's own experiment through explicit ids
-    (:func:`flows.tracking.log_model`), never through MLflow's active experiment. The
-    requirements are the flavor's own (onnx, onnxruntime): stating them skips MLflow's
-    inference, which re-imports the model in a subprocess for several seconds.
+    The requirements are stated (pinned), which skips MLflow's inference: it re-imports
+    the model in a subprocess for several seconds.
     """
-    import mlflow.onnx
+    from mlflow import MlflowClient
 
-    example = {"scores": np.asarray(evaluation.scores[:INPUT_EXAMPLE_ROWS], dtype=dtype)}
+    from flows import pyfunc_model
 
-    def save(path: str, mlflow_model) -> None:
-        mlflow.onnx.save_model(
-            model, path, mlflow_model=mlflow_model, signature=model_signature(model),
-            input_example=example, onnx_execution_providers=["CPUExecutionProvider"],
-            save_as_external_data=False,
-            pip_requirements=mlflow.onnx.get_default_pip_requirements())
-
-    return tracking.log_model(tracking.client(uri), run_id, MODEL_ARTIFACT, save)
+    example = np.asarray(evaluation.scores[:INPUT_EXAMPLE_ROWS], dtype=dtype)
+    return pyfunc_model.log_model(MlflowClient(uri), run_id, experiment_id, model, example,
+                                  name=MODEL_ARTIFACT)
 
 
 @store_task
-def register(uri: str, run_id: str, model_name: str, model_info, parity: Parity,
-             dataset: data.Dataset, repair: CORD, calibrator_name: str) -> tuple[str, str | None]:
-    """Create the model version, last, and only for a graph whose parity was verified.
+def verify_artifacts(uri: str, run_id: str, model_info, model, digests: dict[str, str]) -> str:
+    """Download what was logged and check it byte for byte before anything is registered.
+
+    Run artifacts must match the digests of the files as they were written; the logged
+    model's ``model.onnx`` must match the graph whose parity was verified. The manifest
+    of every artifact's digest (run files and every file of the logged model) is logged
+    as ``digests.json`` and its own digest set as the run tag ``cord.artifacts.sha256``,
+    then read back. Returns that digest. Raises ValueError naming the first artifact
+    that is missing or differs (a partial upload, a full disk).
+    """
+    import mlflow.artifacts
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    with tempfile.TemporaryDirectory(prefix="cord-ops-verify-") as tmp:
+        run_dir = Path(mlflow.artifacts.download_artifacts(
+            run_id=run_id, artifact_path="", dst_path=str(Path(tmp) / "run"), tracking_uri=uri))
+        _check_digests(run_dir, digests, f"run {run_id}")
+        model_dir = tracking.download(uri, model_info.model_uri, Path(tmp) / "model")
+        model_digests = file_digests(model_dir)
+        expected = hashlib.sha256(model.SerializeToString()).hexdigest()
+        onnx_files = [p for p in model_digests if p.endswith(".onnx")]
+        if [model_digests[p] for p in onnx_files] != [expected]:
+            raise ValueError(f"{model_info.model_uri}: the logged ONNX file(s) {onnx_files} do "
+                             "not match the graph whose parity was verified; nothing registered")
+        manifest = {"run": digests, "model": {"uri": model_info.model_uri,
+                                              "files": model_digests}}
+        payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+        (Path(tmp) / DIGESTS_ARTIFACT).write_bytes(payload)
+        client.log_artifact(run_id, str(Path(tmp) / DIGESTS_ARTIFACT))
+        digest = hashlib.sha256(payload).hexdigest()
+        client.set_tag(run_id, DIGESTS_TAG, digest)
+        back = Path(mlflow.artifacts.download_artifacts(
+            run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(Path(tmp) / "back"),
+            tracking_uri=uri))
+        _check_digests(back.parent, {DIGESTS_ARTIFACT: digest}, f"run {run_id}")
+    return digest
+
+
+@store_task
+def ensure_model(uri: str, model_name: str) -> None:
+    """The registered model exists (the ``prefect`` and ``lease`` locks publish on it)."""
+    from mlflow import MlflowClient
+
+    registry.ensure_registered_model(MlflowClient(uri), model_name)
+
+
+@store_task
+def register(uri: str, run_id: str, experiment: str, model_name: str, model_info,
+             parity: Parity, dataset: data.Dataset, repair: CORD,
+             calibrator_name: str) -> tuple[str, str | None]:
+    """Under the registry lock: clean up after dead runs, read the champion, and create the
+    model version, pending, only for a graph whose parity was verified.
 
     Returns (version, champion version before this registration).
     """
+    from mlflow import MlflowClient
+
     if not parity.ok:
         raise ValueError(
             f"ONNX parity failed: max |onnx - cord_ops| = {parity.max_abs_diff:.3g} "
             f"(tolerance {parity.tolerance:g}), argmax agreement {parity.argmax_agreement:.6f}"
             " (expected 1.0); nothing registered")
-    client = tracking.client(uri)
+    client = MlflowClient(uri)
+    for line in registry.clean_up(client, model_name, experiment):
+        get_run_logger().warning("clean-up: %s", line)
     previous = registry.champion_version(client, model_name)
+    previous = None if previous is None else str(previous.version)
     with tracking.registry_lookups(client):
         version = registry.register_version(
             client, model_name, run_id, model_info.model_uri, model_info.model_id,
             tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
-                  registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256},
+                  registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256,
+                  registry.N_CLASSES_TAG: str(dataset.n_classes)},
+            previous_champion=previous,
         )
-    return str(version.version), None if previous is None else str(previous.version)
+    return str(version.version), previous
 
 
 @store_task
 def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
-         evaluation: data.Dataset, report: Evaluation, parity: Parity,
-         promote: bool) -> registry.GateDecision:
-    """Score the champion on the same evaluation split and move the alias only to a winner."""
-    client = tracking.client(uri)
-    champion = registry.score_champion(client, model_name, previous_champion,
-                                       evaluation.scores, evaluation.labels,
-                                       evaluation.input_kind)
-    decision = registry.decide(
+         calibration: data.Dataset, evaluation: data.Dataset, report: Evaluation,
+         parity: Parity, model, dtype: str, policy: gating.Policy,
+         promote: bool) -> gating.GateDecision:
+    """Score candidate and champion on the candidate's evaluation split and on the champion's
+    pinned reference split, weigh the evidence, record the decision on the version and move
+    the alias only to a winner.
+
+    Also records the champion's health as a registered-model tag; a promotion is pushed
+    onto the champion history before the alias moves.
+    """
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    name, kind = model_name, evaluation.input_kind
+    champion = gating.score_champion(client, name, previous_champion, evaluation.scores,
+                                     evaluation.labels, kind)
+    ref_split, ref_problem = gating.champion_reference(client, name, previous_champion,
+                                                       evaluation.n_classes, kind)
+    scored_ref = None
+    if previous_champion is not None:
+        if ref_split is None or champion.problem is not None:
+            scored_ref = gating.ReferenceScore(previous_champion,
+                                               problem=ref_problem or "champion not scored")
+        else:
+            on_ref = gating.score_champion(client, name, previous_champion, ref_split.scores,
+                                           ref_split.labels, kind)
+            scored_ref = gating.ReferenceScore(
+                previous_champion, metrics.nll(_run_graph(model, ref_split.scores, dtype),
+                                               ref_split.labels),
+                on_ref.nll, on_ref.problem)
+    evidence = gating.Evidence(
+        gating.label_counts(calibration.labels, calibration.n_classes),
+        gating.label_counts(evaluation.labels, evaluation.n_classes),
+        None if ref_split is None else gating.label_counts(ref_split.labels,
+                                                           ref_split.n_classes))
+    decision = gating.decide(
         candidate_nll=metrics.nll(parity.repaired, evaluation.labels),
         candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired),
-        parity_ok=parity.ok, champion=champion, promote=promote,
+        parity_ok=parity.ok, champion=champion, evidence=evidence, policy=policy,
+        reference=scored_ref, promote=promote,
     )
-    registry.apply_decision(client, model_name, version, decision)
+    if champion is not None:
+        gating.record_health(client, name, previous_champion, champion.problem)
+    if scored_ref is not None:
+        for key, value in (("reference_version", scored_ref.version),
+                           ("reference_candidate_nll", repr(scored_ref.candidate_nll)),
+                           ("reference_champion_nll", repr(scored_ref.champion_nll)),
+                           ("reference_problem", scored_ref.problem or "none")):
+            client.set_model_version_tag(name, version, f"cord.gate.{key}", value[:5000])
+    registry.record_decision(client, name, version, decision)
+    faults.checkpoint("gate_recorded")
+    if decision.promote:
+        history = gating.read_history(client, name)
+        if previous_champion is not None and not history:  # champion from before history
+            gating.push_history(client, name, {"version": previous_champion, "by": "unknown"})
+        gating.push_history(client, name, {
+            "version": version, "by": "gate", "reason": decision.reason[:300],
+            "at": datetime.now(UTC).isoformat(timespec="seconds")})
+    registry.move_alias(client, name, version, decision)
+    faults.checkpoint("alias_moved")
     get_run_logger().info("gate: %s v%s (%s)", decision.label, version, decision.reason)
     return decision
 
 
+def _run_graph(model, scores: np.ndarray, dtype: str) -> np.ndarray:
+    """The candidate graph's repaired output on ``scores`` (onnxruntime, CPU), float64."""
+    from onnx_export.runtime import open_session
+
+    session = open_session(model, provider="cpu")
+    (repaired,) = session.run(["repaired"], {"scores": np.asarray(scores, dtype=dtype)})
+    return repaired.astype(np.float64)
+
+
 @store_task
-def finish_run(uri: str, run_id: str) -> None:
-    tracking.client(uri).set_terminated(run_id, "FINISHED")
+def finish_run(uri: str, run_id: str, model_name: str, version: str) -> None:
+    """Mark the run FINISHED, then the version complete: the last write of the flow."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    client.set_terminated(run_id, "FINISHED")
+    faults.checkpoint("run_finished")
+    registry.complete_version(client, model_name, version)
+
+
+@compute_task
+def prepare_store(uri: str, store_timeout: float) -> int:
+    """Create or upgrade the store once (under its file lock) and replay the failures
+    journaled while it was down. Returns how many were replayed."""
+    from mlflow import MlflowClient
+
+    tracking.prepare_store(uri, store_timeout)
+    client = MlflowClient(uri)
+    done = journal.replay(uri, tracking.local_store_folder(uri),
+                          lambda entry: registry.record_failure(client, entry))
+    for path in done:
+        get_run_logger().warning("recorded a failure journaled while the store was down: %s",
+                                 path)
+    return len(done)
 
 
 # ---------------------------------------------------------------- the flow
 @flow(name="recalibrate", persist_result=False)
 def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrator: str = "vs",
                 fraction: float = 0.5, seed: int = 0, model_name: str = "cord-ops",
-                input_kind: str = "auto", dtype: str = "float32",
-                promote: bool = True, tracking_uri: str | None = None) -> RecalibrationResult:
+                input_kind: str = "auto", dtype: str = "float32", promote: bool = True,
+                lock_timeout: float = registry_lock.DEFAULT_TIMEOUT,
+                store_timeout: float = tracking.DEFAULT_STORE_TIMEOUT,
+                lock: str = "auto", min_calibration: int | None = None,
+                min_evaluation: int | None = None, max_class_share: float | None = None,
+                max_label_shift: float | None = None,
+                tracking_uri: str | None = None) -> RecalibrationResult:
     """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
 
     ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
     ``data`` with ``fraction`` for calibration (seeded). ``dtype`` is the ONNX graph's
     float type. With ``promote=False`` the gate is evaluated and recorded but the alias
-    never moves. ``tracking_uri``: the MLflow store (default: MLFLOW_TRACKING_URI, else the
-    embedded store of the working directory). Raises :class:`RecalibrationError` naming
-    the failed step.
+    never moves. ``lock_timeout``: seconds to wait for the model's registry lock;
+    ``store_timeout``: seconds a store that is down may take to fail the flow; ``lock``:
+    the registry lock's kind (``auto``: :func:`flows.lock.choose`). Raises
+    :class:`RecalibrationError` naming the failed step. ``min_calibration``,
+    ``min_evaluation``, ``max_class_share`` and ``max_label_shift`` override the gate's
+    defaults for K (:class:`flows.gate.Policy`). When the champion could not be scored,
+    the candidate is registered as rejected, the run finished, and then
+    :class:`flows.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
+    store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
     """
     uri = tracking.store_uri(tracking_uri)
+    folder = tracking.local_store_folder(uri)
+    if lock == "auto":
+        lock = registry_lock.choose(folder, _prefect_api_url())
     steps = Steps()
     try:
         dataset = steps(load_dataset, str(data), input_kind)
         eval_dataset = (steps(load_dataset, str(eval_data), dataset.input_kind)
                         if eval_data is not None else None)
-        steps(check_options, calibrator, dtype, seed, fraction, dataset, eval_dataset)
+        gate_options = {"min_calibration": min_calibration, "min_evaluation": min_evaluation,
+                        "max_class_share": max_class_share, "max_label_shift": max_label_shift}
+        policy = steps(check_options, calibrator, dtype, seed, fraction, dataset, eval_dataset,
+                       gate_options)
+        steps(prepare_store, uri, store_timeout)
         options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
                    "dtype": dtype, "promote": str(promote)}
         run_id, experiment = steps(start_run, uri, model_name, dataset, eval_dataset, options)
     except Exception as exc:
-        raise RecalibrationError(steps.current, exc) from exc
+        raise RecalibrationError(steps.current, exc, _uri_if_store(steps.current, uri)) from exc
+    faults.checkpoint("start_run")
 
-    version = previous_champion = None
+    from mlflow import MlflowClient
+
+    failure = _Failure(uri, folder, run_id, model_name)
+    # Owners on this host are judged by pid; only a store other hosts reach needs beats.
+    beating = owner.Heartbeat(MlflowClient(uri), run_id) if folder is None else nullcontext()
     try:
-        calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed, fraction)
-        fitted = steps(fit_calibrator, calibration, calibrator)
-        repair = steps(fit_cord, calibration, fitted)
-        report = steps(evaluate_reports, evaluation, fitted, repair)
-        model = steps(export_model, fitted, repair, dataset.n_classes, dataset.input_kind, dtype)
-        parity = steps(verify_parity, model, evaluation, report, dtype)
-        params = run_params(calibrator, dataset, calibration, evaluation, seed, repair)
-        steps(log_params_and_metrics, uri, run_id, params, report, repair, parity)
-        steps(log_report_artifacts, uri, run_id, report, fitted, repair)
-        model_info = steps(log_onnx_model, uri, run_id, model, evaluation, dtype)
-        version, previous_champion = steps(register, uri, run_id, model_name, model_info, parity,
-                                           dataset, repair, calibrator)
-        decision = steps(gate, uri, model_name, version, previous_champion, evaluation, report,
-                         parity, promote)
-        steps(finish_run, uri, run_id)
+        with beating:
+            calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed,
+                                            fraction)
+            fitted, calibrator_warnings = steps(fit_calibrator, calibration, calibrator)
+            repair, cord_warnings = steps(fit_cord, calibration, fitted)
+            fit_warnings = calibrator_warnings + cord_warnings
+            report = steps(evaluate_reports, evaluation, fitted, repair)
+            model = steps(export_model, fitted, repair, dataset.n_classes, dataset.input_kind,
+                          dtype)
+            parity = steps(verify_parity, model, evaluation, report, dtype)
+            params = run_params(calibrator, dataset, calibration, evaluation, seed, repair)
+            steps(log_params_and_metrics, uri, run_id, params, report, repair, parity, fit_warnings,
+                  policy)
+            faults.checkpoint("log_params")
+            digests = steps(log_report_artifacts, uri, run_id, report, fitted, repair)
+            digests.update(steps(log_reference, uri, run_id, evaluation))
+            faults.checkpoint("log_artifacts")
+            model_info = steps(log_onnx_model, uri, run_id, experiment, model, evaluation,
+                                        dtype)
+            faults.checkpoint("log_model")
+            steps(verify_artifacts, uri, run_id, model_info, model, digests)
+            steps(ensure_model, uri, model_name)
+            # The registry section: one run of this model at a time, across processes.
+            steps.mark("registry_lock")
+            holder = {"run_id": run_id, **owner.Owner.current().record()}
+            with registry_lock.registry_lock(lock, model_name, lock_timeout,
+                                             get_run_logger(), holder,
+                                             client=MlflowClient(uri), store_folder=folder):
+                faults.checkpoint("lock_acquired")
+                try:
+                    failure.version, failure.previous = steps(
+                        register, uri, run_id, experiment, model_name, model_info, parity,
+                        dataset, repair, calibrator)
+                    faults.checkpoint("registered")
+                    decision = steps(gate, uri, model_name, failure.version, failure.previous,
+                                     calibration, evaluation, report, parity, model, dtype,
+                                     policy, promote)
+                    steps(finish_run, uri, run_id, model_name, failure.version)
+                except BaseException as exc:
+                    failure.record(exc)  # withdraw while still holding the lock
+                    raise
     except BaseException as exc:
-        _fail_run(uri, run_id, model_name, version, previous_champion, exc)
+        failure.record(exc)
         if isinstance(exc, Exception):
-            raise RecalibrationError(steps.current, exc) from exc
+            raise RecalibrationError(steps.current, exc, _uri_if_store(steps.current, uri),
+                                     failure.journal) from exc
         raise
 
+    if decision.champion_problem is not None:
+        # Finished and recorded; the registry is stuck until an operator acts, so say so.
+        raise gating.ChampionUnhealthyError(model_name, decision.champion_version,
+                                            decision.champion_problem,
+                                            candidate=failure.version)
     return RecalibrationResult(
         run_id=run_id, experiment_id=experiment, tracking_uri=uri, model_name=model_name,
-        version=version, decision=decision, eta_star=repair.eta_, reports=report.reports,
-        changes=report.changes, onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings,
+        version=failure.version, decision=decision, eta_star=repair.eta_,
+        reports=report.reports, changes=report.changes,
+        onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings, warnings=fit_warnings,
     )
 
 
 # ---------------------------------------------------------------- helpers
 def run_params(calibrator: str, dataset: data.Dataset, calibration: data.Dataset,
                evaluation: data.Dataset, seed: int, repair: CORD) -> dict[str, str]:
-    """The run params of the MLflow contract in docs/contract.md (floats as exact repr)."""
+    """The run params of SPEC.md's MLflow contract (floats as exact repr)."""
     return {
         "calibrator": calibrator,
         "n_classes": str(dataset.n_classes),
@@ -419,19 +706,10 @@ def metrics_markdown(reports: dict[str, dict[str, float]], eta_star: float) -> s
 
 
 def model_signature(model):
-    """MLflow signature from the graph's own inputs and outputs (name, dtype, shape)."""
-    import onnx
-    from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
+    """The registered model's MLflow signature (see :func:`flows.pyfunc_model.signature`)."""
+    from flows import pyfunc_model
 
-    def spec(value_info) -> TensorSpec:
-        tensor = value_info.type.tensor_type
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
-        return TensorSpec(np.dtype(dtype), shape, value_info.name)
-
-    return ModelSignature(inputs=Schema([spec(v) for v in model.graph.input]),
-                          outputs=Schema([spec(v) for v in model.graph.output]))
+    return pyfunc_model.signature(model)
 
 
 def _data_tags(prefix: str, dataset: data.Dataset) -> dict[str, str]:
@@ -447,18 +725,80 @@ def _prefect_flow_run_id() -> str | None:
     return str(flow_run.id) if flow_run.id else None
 
 
-def _fail_run(uri: str, run_id: str, model_name: str, version: str | None, previous: str | None,
-              exc: BaseException) -> None:
-    """Mark the run FAILED (KILLED on Ctrl-C), record why, and withdraw its version.
+#: Steps that talk to the tracking store: their errors name the tracking URI.
+STORE_STEPS = frozenset({"prepare_store", "start_run", "log_params_and_metrics",
+                         "log_report_artifacts", "log_onnx_model", "verify_artifacts",
+                         "ensure_model", "registry_lock", "register", "gate", "finish_run"})
 
-    A cleanup that fails itself (the store went away) is logged, never raised, so the
-    caller sees the original error; the next registration discards what is left.
+
+def _uri_if_store(step: str, uri: str) -> str | None:
+    return uri if step in STORE_STEPS else None
+
+
+def _prefect_api_url() -> str | None:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``root``, by POSIX path relative to it."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _check_digests(root: Path, expected: dict[str, str], where: str) -> None:
+    for path, digest in sorted(expected.items()):
+        local = root / path
+        if not local.is_file():
+            raise ValueError(f"{where}: artifact {path} is missing after logging; "
+                             "nothing registered")
+        found = hashlib.sha256(local.read_bytes()).hexdigest()
+        if found != digest:
+            raise ValueError(f"{where}: artifact {path} differs from what was written "
+                             f"(sha256 {found[:12]} != {digest[:12]}, {local.stat().st_size} "
+                             "bytes); nothing registered")
+
+
+class _Failure:
+    """Records, once, why a started run failed: through the store, or in the journal.
+
+    ``version``/``previous`` are the version this run registered and the champion before
+    it, known once :func:`register` returned. ``journal`` is the journal file when the
+    store could not take the record.
     """
-    client = tracking.client(uri)
-    try:
-        if version is not None:
-            registry.withdraw_version(client, model_name, version, previous)
-        client.set_tag(run_id, "cord.error", f"{type(exc).__name__}: {exc}"[:5000])
-        client.set_terminated(run_id, "FAILED" if isinstance(exc, Exception) else "KILLED")
-    except Exception:
-        get_run_logger().exception("could not record the failure of run %s", run_id)
+
+    def __init__(self, uri: str, folder: Path | None, run_id: str, model_name: str):
+        self.uri, self.folder, self.run_id, self.model_name = uri, folder, run_id, model_name
+        self.version: str | None = None
+        self.previous: str | None = None
+        self.journal: str | None = None
+        self.recorded = False
+
+    def record(self, exc: BaseException) -> None:
+        """Mark the run FAILED (KILLED on Ctrl-C) with a ``cord.error`` tag and withdraw its
+        version; journal that instead when the store is what failed. Never raises: the
+        caller's error is the one to report."""
+        if self.recorded:
+            return
+        self.recorded = True
+        entry = {"kind": "run_failed", "run_id": self.run_id, "model_name": self.model_name,
+                 "version": self.version, "previous_champion": self.previous,
+                 "error": f"{type(exc).__name__}: {exc}"[:5000],
+                 "status": "FAILED" if isinstance(exc, Exception) else "KILLED"}
+        logger = get_run_logger()
+        if not is_store_outage(exc):  # an unreachable store would only fail again, slowly
+            from mlflow import MlflowClient
+
+            try:
+                registry.record_failure(MlflowClient(self.uri), entry)
+                return
+            except Exception as store_exc:  # noqa: BLE001 - journaled below
+                logger.warning("could not record the failure of run %s in %s (%s: %s)",
+                               self.run_id, self.uri, type(store_exc).__name__,
+                               str(store_exc).splitlines()[0] if str(store_exc) else "")
+        try:
+            self.journal = str(journal.record(self.uri, self.folder, entry))
+        except OSError as journal_exc:
+            logger.error("could not journal the failure of run %s either (%s); the next "
+                         "registration marks it FAILED as abandoned", self.run_id, journal_exc)

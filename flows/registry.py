@@ -1,30 +1,31 @@
 """The model registry side of a recalibration: register a version last, gate it against the
 current ``@champion``, and clean up after crashes.
 
-Life of a version
------------------
-1. :func:`register_version` creates it with the tag ``cord.registration=pending``, in the
-   same call that creates it, after every artifact of its run is logged and ONNX parity is
-   verified. A retried call finds the version of its own run instead of adding a second.
-2. :func:`score_champion` runs the champion on the same evaluation split and
-   :func:`decide` compares the two.
-3. :func:`apply_decision` records the decision and both NLLs as version tags, moves the
-   ``champion`` alias only for a winner, and finally marks the version ``complete``.
+Life of a version (all of it under the model's registry lock, :mod:`flows.lock`)
+---------------------------------------------------------------------------------
+0. :func:`clean_up` undoes what dead owners left (pending versions, an alias held by one,
+   RUNNING runs, PENDING logged models), judged by liveness, never by appearance.
+1. :func:`register_version` creates it with the tag ``cord.registration=pending`` and the
+   champion of that moment, in the same call that creates it, after every artifact of its
+   run is logged and verified. A retried call finds the version of its own run.
+2. :func:`flows.gate.score_champion` runs the champion on the same evaluation split (and
+   on its pinned reference split) and :func:`flows.gate.decide` weighs the evidence.
+3. :func:`record_decision` writes the decision and both NLLs as version tags,
+   :func:`move_alias` moves ``@champion`` for a winner, the run is marked FINISHED and
+   :func:`complete_version` marks the version ``complete``, the last write.
 
-A process killed between 1 and 3 leaves a pending version that holds no alias. The next
-registration of the same model deletes such versions from other runs
-(:func:`discard_orphans`) and marks their runs FAILED, so a rerun leaves nothing orphaned.
-A flow that fails after step 1 calls :func:`withdraw_version`, which puts the alias back
-and deletes the version.
+A process killed anywhere from 1 to 3 leaves a pending version (perhaps holding the
+alias) whose owner is dead: the next registration of the model undoes it in step 0. A
+flow that fails after step 1 calls :func:`withdraw_version` itself, which puts the alias
+back and deletes the version; :func:`record_failure` is the same record written later,
+from the local journal, when the store was down at the time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from cord_ops import metrics
+from flows import owner
 
 CHAMPION = "champion"
 REGISTRATION_TAG = "cord.registration"
@@ -35,69 +36,14 @@ REASON_TAG = "cord.gate.reason"
 CANDIDATE_NLL_TAG = "cord.gate.candidate_nll"
 CHAMPION_NLL_TAG = "cord.gate.champion_nll"
 CHAMPION_VERSION_TAG = "cord.gate.champion_version"
+#: Version tag: the ``@champion`` when this version was registered ("" for none).
+PREVIOUS_CHAMPION_TAG = "cord.registration.previous_champion"
+#: Run tag: why a run FAILED.
+ERROR_TAG = "cord.error"
 #: Version tag saying what the graph's ``scores`` input holds ("logits" or "probs").
 INPUT_KIND_TAG = "cord.input_kind"
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """Outcome of the champion gate.
-
-    ``promote`` is True only when the candidate changes no top-1 decision (TPCR 0), its
-    ONNX parity check passed and its NLL is no worse than the champion's on the same
-    evaluation split (or there is no champion). ``champion_nll`` is None without a
-    champion; ``reason`` says in words why.
-    """
-
-    promote: bool
-    reason: str
-    candidate_nll: float
-    champion_nll: float | None
-    champion_version: str | None
-
-    @property
-    def label(self) -> str:
-        return "promoted" if self.promote else "rejected"
-
-
-@dataclass(frozen=True)
-class ChampionScore:
-    """The current champion's version and its NLL on the candidate's evaluation split."""
-
-    version: str
-    nll: float | None
-    problem: str | None = None
-
-
-def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
-           champion: ChampionScore | None, promote: bool = True) -> GateDecision:
-    """The champion gate as a pure function of the measured numbers.
-
-    Rejects (never promotes) on a top-1 change, a failed parity check, a champion that could
-    not be scored on the split, an NLL above the champion's, or ``promote=False``.
-    """
-    champion_nll = None if champion is None else champion.nll
-    champion_version = None if champion is None else champion.version
-
-    def verdict(ok: bool, reason: str) -> GateDecision:
-        return GateDecision(ok, reason, float(candidate_nll), champion_nll, champion_version)
-
-    if candidate_tpcr != 0.0:
-        return verdict(False, f"repaired output changes top-1 decisions (TPCR {candidate_tpcr!r})")
-    if not parity_ok:
-        return verdict(False, "ONNX parity check failed")
-    if champion is not None and champion.problem is not None:
-        return verdict(False, f"champion v{champion.version} could not be scored on this "
-                              f"evaluation split ({champion.problem})")
-    if champion is not None and not candidate_nll <= champion.nll:
-        return verdict(False, f"NLL {candidate_nll:.6g} is worse than champion "
-                              f"v{champion.version}'s {champion.nll:.6g}")
-    if not promote:
-        return verdict(False, "gates passed but promotion is switched off (promote=False)")
-    if champion is None:
-        return verdict(True, "no champion yet; TPCR 0 and parity verified")
-    return verdict(True, f"NLL {candidate_nll:.6g} <= champion v{champion.version}'s "
-                         f"{champion.nll:.6g}; TPCR 0 and parity verified")
+#: Version tag with the number of classes K the graph reads.
+N_CLASSES_TAG = "cord.n_classes"
 
 
 def ensure_registered_model(client, name: str) -> None:
@@ -131,51 +77,146 @@ def _versions(client, name: str):
     return client.search_model_versions(f"name = '{name}'")
 
 
-def discard_orphans(client, name: str, current_run_id: str) -> list[str]:
-    """Delete pending, alias-free versions of ``name`` left by other (crashed) runs.
+def _run_or_none(client, run_id: str | None):
+    from mlflow.exceptions import MlflowException
 
-    Their runs, still RUNNING after a kill, are marked FAILED. Returns the deleted versions.
-    This assumes one recalibration of a model at a time (the served deployments run with
-    a concurrency limit of 1): a concurrent run inside its register-to-gate window would
-    look orphaned.
+    if not run_id:
+        return None
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        return None
+
+
+def _owner_alive(run) -> bool:
+    """Liveness of the process that owns ``run`` (see :mod:`flows.owner`); a run that no
+    longer exists has no owner left."""
+    if run is None:
+        return False
+    return owner.alive(run.data.tags, last_activity=run.info.start_time / 1000.0)
+
+
+def mark_abandoned(client, run, why: str) -> None:
+    """Mark ``run`` FAILED with a ``cord.error`` tag saying why (unless already FAILED)."""
+    if run is None or run.info.status == "FAILED":
+        return
+    client.set_tag(run.info.run_id, ERROR_TAG, why)
+    client.set_terminated(run.info.run_id, "FAILED")
+
+
+def clean_up(client, name: str, experiment_id: str | None) -> list[str]:
+    """Undo what dead owners left behind for model ``name``; returns what was done, in words.
+
+    Called under the model's registry lock (:mod:`flows.lock`). Decides by liveness of
+    the owning process (:func:`flows.owner.alive`), never by appearance, so a live
+    concurrent run, wherever it is in its flow, is never touched:
+
+    - a pending version of a dead owner: if it holds ``@champion`` the alias goes back to
+      the champion recorded on the version at registration (or is removed when there was
+      none); then the version is deleted and its run marked FAILED;
+    - a RUNNING run of the model's experiment with a dead owner: marked FAILED with a
+      ``cord.error`` tag saying it was abandoned;
+    - a PENDING logged model whose source run's owner is dead: finalized as FAILED.
     """
-    deleted = []
+    from mlflow.entities import LoggedModelStatus
+
+    done: list[str] = []
+    runs: dict[str, object] = {}
+
+    def run_of(run_id):
+        if run_id not in runs:
+            runs[run_id] = _run_or_none(client, run_id)
+        return runs[run_id]
+
     for mv in _versions(client, name):
-        if mv.tags.get(REGISTRATION_TAG) != PENDING or mv.run_id == current_run_id:
+        if mv.tags.get(REGISTRATION_TAG) != PENDING:
             continue
-        if client.get_model_version(name, mv.version).aliases:
+        run = run_of(mv.run_id)
+        if _owner_alive(run):
             continue
-        client.delete_model_version(name, mv.version)
-        deleted.append(str(mv.version))
-        if mv.run_id and client.get_run(mv.run_id).info.status == "RUNNING":
-            client.set_terminated(mv.run_id, "FAILED")
-    return deleted
+        version = str(mv.version)
+        holder = champion_version(client, name)
+        if holder is not None and str(holder.version) == version:
+            previous = mv.tags.get(PREVIOUS_CHAMPION_TAG) or None
+            if previous is not None and _version_exists(client, name, previous):
+                client.set_registered_model_alias(name, CHAMPION, previous)
+                done.append(f"@champion moved back from abandoned v{version} to v{previous}")
+            else:
+                client.delete_registered_model_alias(name, CHAMPION)
+                done.append(f"@champion removed from abandoned v{version}")
+        client.delete_model_version(name, version)
+        done.append(f"deleted pending v{version} of a dead run")
+        mark_abandoned(client, run, f"abandoned: its process died while v{version} was "
+                                    "pending; the version was withdrawn by clean-up")
+    if experiment_id is None:
+        return done
+    for run in client.search_runs([experiment_id], "attributes.status = 'RUNNING'"):
+        if not _owner_alive(run):
+            who = owner.Owner.from_record(run.data.tags)
+            mark_abandoned(client, run, "abandoned: its process "
+                                        f"({who.describe() if who else 'unknown'}) is gone")
+            done.append(f"marked abandoned run {run.info.run_id} FAILED")
+    for model in _pending_logged_models(client, experiment_id):
+        if not _owner_alive(run_of(model.source_run_id)):
+            client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+            done.append(f"marked pending logged model {model.model_id} FAILED")
+    return done
+
+
+def _pending_logged_models(client, experiment_id: str) -> list:
+    """PENDING logged models of the experiment. Filtered here: the stores' search does not
+    filter on status (``status = 'PENDING'`` matches nothing on MLflow 3.17)."""
+    from mlflow.entities import LoggedModelStatus
+
+    found, token = [], None
+    while True:
+        page = client.search_logged_models([experiment_id], page_token=token)
+        found += [m for m in page if m.status == LoggedModelStatus.PENDING]
+        token = page.token
+        if not token:
+            return found
+
+
+def _version_exists(client, name: str, version: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_model_version(name, version)
+        return True
+    except MlflowException:
+        return False
 
 
 def register_version(client, name: str, run_id: str, model_uri: str, model_id: str | None,
-                     tags: dict[str, str]):
-    """Create the version of ``run_id``'s model, pending until :func:`apply_decision`.
+                     tags: dict[str, str], previous_champion: str | None):
+    """Create the version of ``run_id``'s model, pending until :func:`complete_version`.
 
-    Idempotent per run: when a version of this run already exists (a retried call whose
-    first attempt reached the store), that version is returned.
+    ``previous_champion`` (the ``@champion`` read under the registry lock) is recorded on
+    the version, so a clean-up after a crash knows where the alias goes back. Idempotent
+    per run: when a version of this run already exists (a retried call whose first
+    attempt reached the store), that version is returned.
     """
     ensure_registered_model(client, name)
-    discard_orphans(client, name, run_id)
     for mv in _versions(client, name):
         if mv.run_id == run_id:
             return mv
     return client.create_model_version(
         name, source=model_uri, run_id=run_id, model_id=model_id,
-        tags={**tags, REGISTRATION_TAG: PENDING},
+        tags={**tags, REGISTRATION_TAG: PENDING,
+              PREVIOUS_CHAMPION_TAG: previous_champion or ""},
     )
 
 
-def run_registered_model(tracking_uri: str, model_uri: str,
-                         scores: np.ndarray) -> dict[str, np.ndarray]:
-    """Load a registered graph of the store at ``tracking_uri`` with
-    ``mlflow.pyfunc.load_model`` (the path a serving system takes) and run it on ``scores``,
-    fed in the dtype its signature declares. The model is downloaded explicitly from that
-    store, not through MLflow's process-wide tracking URI."""
+def run_registered_model(client, model_uri: str, scores: np.ndarray) -> dict[str, np.ndarray]:
+    """Load a registered model of ``client``'s store with ``mlflow.pyfunc.load_model`` (the
+    path a serving system takes) and run it on ``scores``; returns every graph output by
+    name (``repaired``, ``calibrated``, ``original``, ``label``, ``confidence``). The model
+    is downloaded explicitly from that store, never through MLflow's process-wide URI.
+
+    Versions logged with the pyfunc flavour of :mod:`flows.pyfunc_model` take float32 or
+    float64 and validate the input; versions logged with the plain ``onnx`` flavour (before
+    it) are fed in the dtype their signature declares.
+    """
     import tempfile
 
     import mlflow.pyfunc
@@ -183,52 +224,36 @@ def run_registered_model(tracking_uri: str, model_uri: str,
     from flows import tracking
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp:
-        model = mlflow.pyfunc.load_model(str(tracking.download(tracking_uri, model_uri, tmp)))
-    spec = model.metadata.get_input_schema().inputs[0]
-    outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
+        local = tracking.download(client.tracking_uri, model_uri, tmp)
+        model = mlflow.pyfunc.load_model(str(local))
+        schema = model.metadata.get_input_schema()
+        if schema is None:
+            outputs = model.predict(np.asarray(scores), params={"outputs": ["all"]})
+        else:
+            spec = schema.inputs[0]
+            outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
     return {name: np.asarray(value) for name, value in outputs.items()}
 
 
-def score_champion(client, name: str, champion: str | None, scores: np.ndarray,
-                   labels: np.ndarray, input_kind: str) -> ChampionScore | None:
-    """Run version ``champion`` of ``name`` (the ``@champion`` of the moment the candidate
-    was registered) from the registry on ``scores`` and return its NLL.
-
-    Addressing the version rather than the alias keeps a retried gate idempotent: once the
-    alias has moved to the candidate, a retry still compares against the old champion.
-    None when there was no champion. A champion that cannot run on the split (it reads
-    another ``input_kind`` or K, a broken artifact) comes back with ``problem`` set, which
-    the gate treats as a rejection rather than a win.
-    """
-    if champion is None:
-        return None
-    expected = client.get_model_version(name, champion).tags.get(INPUT_KIND_TAG)
-    if expected not in (None, input_kind):  # None: registered without the tag; try it
-        return ChampionScore(champion, None, f"it reads {expected}, this split holds "
-                                             f"{input_kind}")
-    try:
-        outputs = run_registered_model(client.tracking_uri, f"models:/{name}/{champion}",
-                                       scores)
-        nll = metrics.nll(outputs["repaired"].astype(np.float64), labels)
-    except Exception as exc:  # any failure to score the champion is a reason to reject
-        return ChampionScore(champion, None, f"{type(exc).__name__}: {exc}")
-    return ChampionScore(champion, nll)
-
-
-def apply_decision(client, name: str, version: str, decision: GateDecision) -> None:
-    """Record ``decision`` on ``version``; move ``@champion`` there only if it was promoted.
-
-    The alias moves before the version is marked complete, so a crash in between leaves
-    a champion that :func:`discard_orphans` will not touch (it holds an alias).
-    """
+def record_decision(client, name: str, version: str, decision) -> None:
+    """Record ``decision`` and both NLLs as tags of the (still pending) ``version``."""
     client.set_model_version_tag(name, version, DECISION_TAG, decision.label)
     client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
     client.set_model_version_tag(name, version, CANDIDATE_NLL_TAG, repr(decision.candidate_nll))
     client.set_model_version_tag(name, version, CHAMPION_NLL_TAG, repr(decision.champion_nll))
     client.set_model_version_tag(name, version, CHAMPION_VERSION_TAG,
                                  str(decision.champion_version))
+
+
+def move_alias(client, name: str, version: str, decision) -> None:
+    """Point ``@champion`` at ``version`` when it was promoted (it is still pending: a crash
+    from here until :func:`complete_version` is undone by :func:`clean_up`)."""
     if decision.promote:
         client.set_registered_model_alias(name, CHAMPION, version)
+
+
+def complete_version(client, name: str, version: str) -> None:
+    """The last write of a recalibration: the version is complete."""
     client.set_model_version_tag(name, version, REGISTRATION_TAG, COMPLETE)
 
 
@@ -246,3 +271,30 @@ def withdraw_version(client, name: str, version: str, previous_champion: str | N
         else:
             client.set_registered_model_alias(name, CHAMPION, previous_champion)
     client.delete_model_version(name, version)
+
+
+def record_failure(client, entry: dict) -> None:
+    """Write a failed run's record: withdraw its version if still there and pending, tag
+    the run with ``cord.error`` and terminate it (FAILED, or KILLED on an interrupt).
+
+    ``entry`` holds ``run_id``, ``model_name``, ``version``, ``previous_champion``,
+    ``error`` and ``status``; the flow writes it at once, or the journal replays it.
+    Safe to apply twice.
+    """
+    from mlflow.exceptions import MlflowException
+
+    name, version = entry["model_name"], entry.get("version")
+    if version is not None:
+        try:
+            mv = client.get_model_version(name, version)
+        except MlflowException:
+            mv = None
+        if mv is not None and mv.run_id == entry["run_id"] and (
+                mv.tags.get(REGISTRATION_TAG) == PENDING):
+            withdraw_version(client, name, version, entry.get("previous_champion"))
+    run = _run_or_none(client, entry["run_id"])
+    if run is None:
+        return
+    client.set_tag(entry["run_id"], ERROR_TAG, str(entry["error"])[:5000])
+    client.set_terminated(entry["run_id"], entry.get("status", "FAILED"))
+

@@ -1,20 +1,29 @@
-"""Which tracking-store errors are worth a retry.
+"""Which tracking-store errors are worth a retry, and which mean the store is down.
 
-Tasks that write to MLflow retry only on errors of the store itself being briefly
-unavailable (a locked sqlite file, a dropped connection, a 5xx/429 from a tracking
-server); a bad argument or a missing model fails at once, so a failure path is not
-slowed down by pointless retries.
+One retry layer, not two multiplied. Against a tracking server, MLflow's HTTP client
+already retries refused connections, timeouts and 429/5xx answers (bounded by the
+settings of :func:`flows.tracking.http_environment`); a Prefect task retry on top would
+repeat that whole sequence. So the Prefect store tasks retry only what no lower layer
+does: an embedded sqlite database briefly locked by another process's write.
+
+Everything else fails at once: a bad argument, a missing model, and the store errors
+that waiting does not cure (a read-only database, a full disk, a permission error, a
+schema that does not match).
+
+:func:`is_store_outage` tells apart the errors that mean the store cannot be reached at
+all: the failure is then journaled locally rather than written through that store.
 """
 
 from __future__ import annotations
 
-#: MLflow error codes that describe a momentary condition of the server.
-TRANSIENT_CODES = frozenset({
-    "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED", "ABORTED",
-})
-#: Fragments of messages MLflow uses when it wraps a transient backend error.
-TRANSIENT_MESSAGES = ("database is locked", "connection refused", "connection reset",
-                      "max retries exceeded", "timed out")
+#: sqlite's own words for "another connection holds the write lock right now".
+TRANSIENT_MESSAGES = ("database is locked", "database table is locked")
+#: Fragments of the messages of a store that cannot be reached (requests, urllib3 and
+#: MLflow's wrapping of them).
+OUTAGE_MESSAGES = ("connection refused", "max retries exceeded", "failed to establish",
+                   "connection aborted", "connection reset", "remotedisconnected",
+                   "read timed out", "connect timeout", "name or service not known",
+                   "temporarily unavailable", "service unavailable", "bad gateway")
 
 
 def _chain(exc: BaseException):
@@ -25,20 +34,26 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
-def is_transient(exc: BaseException) -> bool:
-    """True when ``exc`` (or anything in its cause chain) is a passing store outage."""
-    from mlflow.exceptions import MlflowException
-
+def is_store_outage(exc: BaseException) -> bool:
+    """True when ``exc`` (or its cause chain) says the tracking store could not be reached
+    (after MLflow's own HTTP retries)."""
     for err in _chain(exc):
         if isinstance(err, ConnectionError | TimeoutError):
             return True
-        if type(err).__name__ == "OperationalError":  # sqlalchemy / sqlite3, not imported here
+        module = type(err).__module__ or ""
+        if module.startswith(("requests", "urllib3")) and isinstance(err, OSError):
             return True
-        if isinstance(err, MlflowException) and err.error_code in TRANSIENT_CODES:
-            return True
-        if any(fragment in str(err).lower() for fragment in TRANSIENT_MESSAGES):
+        if any(fragment in str(err).lower() for fragment in OUTAGE_MESSAGES):
             return True
     return False
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True only for a momentarily locked sqlite database (see the module docstring)."""
+    if is_store_outage(exc):
+        return False
+    return any(fragment in str(err).lower()
+               for err in _chain(exc) for fragment in TRANSIENT_MESSAGES)
 
 
 def transient_store_error(task, task_run, state) -> bool:

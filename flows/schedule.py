@@ -1,56 +1,142 @@
 """Cron deployments of the recalibration and monitoring flows.
 
-``serve`` runs them from this process (Prefect's embedded server, or the server
-PREFECT_API_URL names); ``deploy_to_work_pool`` registers them with a work pool of a real
-``prefect server`` instead, for a ``prefect worker`` on this host to run.
+:func:`serve_deployments` runs them from this process against the Prefect server the
+caller chose (``cord-ops schedule`` uses PREFECT_API_URL's, else its managed local server,
+:mod:`flows.server`: a server whose scheduler creates the runs); ``deploy_to_work_pool``
+registers them with a work pool instead, for a ``prefect worker`` on this host to run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import os
+import sys
+import threading
+import time
 from pathlib import Path
 
 from prefect.deployments.runner import EntrypointType
+from prefect.runner import Runner
 
+from flows.inputs import InputError, monitor_cron_for
 from flows.monitor import monitor
 from flows.recalibrate import recalibrate
 
 RECALIBRATE_DEPLOYMENT = "cord-ops-recalibrate"
 MONITOR_DEPLOYMENT = "cord-ops-monitor"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: A SIGTERM stops serving within this many seconds (the signal reaches the handler late
+#: on a busy machine, and an operator expects the service gone within 5 s).
+STOP_WITHIN_S = 3.0
+#: How often the runner asks the server for due runs (Prefect's default, 10 s, delays a
+#: run by up to that much; a query of a local server costs milliseconds).
+POLL_S = 2.0
 
 
-def _cron(cron: str) -> str:
+def prefect_cron(cron: str) -> str:
+    """``cron`` as Prefect's own parser accepts it; one line naming it otherwise.
+
+    The CLI already checked the common grammar (:func:`flows.inputs.check_cron`); this is
+    Prefect's word on it, still before anything is registered with the server.
+    """
     from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
 
-    # Validate here so a typo fails before anything is registered with the server.
-    return CronSchedule(cron=cron).cron
+    try:
+        return CronSchedule(cron=cron).cron
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"] if exc.errors() else str(exc).splitlines()[0]
+        raise InputError(f"cron {cron!r}: {reason}") from None
 
 
 def build_deployments(cron: str, recalibrate_parameters: dict,
                       monitor_parameters: dict | None = None, monitor_cron: str | None = None):
     """The runner deployments: recalibration on ``cron``; monitoring on ``monitor_cron``
-    (default: the same cron) when ``monitor_parameters`` are given.
+    (default: ``cron`` shifted by :func:`flows.inputs.monitor_cron_for`, so the two never
+    start together) when ``monitor_parameters`` are given.
 
     Entrypoints are module paths (``flows.recalibrate.recalibrate``), so the run process
     imports the installed package whatever its working directory. Each deployment runs
     one flow at a time (the registry's crash clean-up relies on it).
     """
     deployments = [recalibrate.to_deployment(
-        name=RECALIBRATE_DEPLOYMENT, cron=_cron(cron), parameters=recalibrate_parameters,
+        name=RECALIBRATE_DEPLOYMENT, cron=prefect_cron(cron), parameters=recalibrate_parameters,
         entrypoint_type=EntrypointType.MODULE_PATH, tags=["cord-ops"], concurrency_limit=1)]
     if monitor_parameters is not None:
         deployments.append(monitor.to_deployment(
-            name=MONITOR_DEPLOYMENT, cron=_cron(monitor_cron or cron),
+            name=MONITOR_DEPLOYMENT, cron=prefect_cron(monitor_cron or monitor_cron_for(cron)),
             parameters=monitor_parameters, entrypoint_type=EntrypointType.MODULE_PATH,
             tags=["cord-ops"], concurrency_limit=1))
     return deployments
 
 
-def serve_deployments(deployments, limit: int | None = None) -> None:
-    """Serve ``deployments`` until interrupted (blocks); ``limit`` caps concurrent runs."""
-    from prefect import serve
+def serve_deployments(deployments, limit: int | None = None,
+                      stop_within: float = STOP_WITHIN_S) -> None:
+    """Serve ``deployments`` from this process until Ctrl-C or SIGTERM (blocks); ``limit``
+    caps concurrent runs.
 
-    serve(*deployments, limit=limit)
+    Prefect's runner gives an in-flight run up to 30 s of graceful cancellation on
+    SIGTERM; an operator's ``kill`` (or systemd's stop) expects the service gone in a few
+    seconds. So a SIGTERM here pauses the deployments' schedules at once (nothing piles
+    up for a runner that is gone), lets the runner cancel its runs gracefully, and at
+    ``stop_within`` seconds kills what is still running: such a run is left RUNNING in
+    MLflow for the registry's clean-up of runs whose owner died.
+    """
+    runner = _BoundedStopRunner(stop_within, pause_on_shutdown=True, limit=limit,
+                                query_seconds=POLL_S)
+    runner.deployment_ids = [runner.add_deployment(deployment) for deployment in deployments]
+    try:
+        asyncio.run(runner.start())
+    except KeyboardInterrupt:
+        pass
+
+
+class _BoundedStopRunner(Runner):
+    """Prefect's runner whose SIGTERM shutdown ends within ``stop_within`` seconds."""
+
+    def __init__(self, stop_within: float, **kwargs):
+        super().__init__(**kwargs)
+        self.stop_within = stop_within
+        self.deployment_ids: list = []
+        self._watchdog: threading.Thread | None = None
+
+    def handle_sigterm(self, *args, **kwargs) -> None:
+        if self._watchdog is None:
+            deadline = time.monotonic() + self.stop_within
+            # The thread runs in a copy of this context: it keeps the Prefect API URL
+            # the command set with temporary_settings.
+            context = contextvars.copy_context()
+            self._watchdog = threading.Thread(target=context.run, args=(self._stop_by, deadline),
+                                              name="cord-ops-stop", daemon=True)
+            self._watchdog.start()
+        super().handle_sigterm(*args, **kwargs)
+
+    def _stop_by(self, deadline: float) -> None:
+        from prefect.client.orchestration import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                for deployment_id in self.deployment_ids:
+                    client.pause_deployment(deployment_id)
+        except Exception as exc:  # the server may be gone too; stopping matters more
+            self._logger.warning("could not pause the schedules: %s", exc)
+        # Wait out the deadline even when serving has ended: the interpreter's exit (Prefect
+        # flushing logs and events from atexit hooks) can take seconds of its own.
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        if children:
+            self._logger.warning("stopped after %.0f s: killed %d flow-run process(es) that "
+                                 "were still running", self.stop_within, len(children))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def deploy_to_work_pool(work_pool: str, cron: str, recalibrate_parameters: dict,
@@ -66,12 +152,13 @@ def deploy_to_work_pool(work_pool: str, cron: str, recalibrate_parameters: dict,
     specs = [("flows/recalibrate.py:recalibrate", RECALIBRATE_DEPLOYMENT, cron,
               recalibrate_parameters)]
     if monitor_parameters is not None:
-        specs.append(("flows/monitor.py:monitor", MONITOR_DEPLOYMENT, monitor_cron or cron,
+        specs.append(("flows/monitor.py:monitor", MONITOR_DEPLOYMENT,
+                      monitor_cron or monitor_cron_for(cron),
                       monitor_parameters))
     ids = []
     for entrypoint, name, when, parameters in specs:
         remote = Flow.from_source(source=str(REPO_ROOT), entrypoint=entrypoint)
-        ids.append(str(remote.deploy(name=name, work_pool_name=work_pool, cron=_cron(when),
+        ids.append(str(remote.deploy(name=name, work_pool_name=work_pool, cron=prefect_cron(when),
                                      parameters=parameters, tags=["cord-ops"],
                                      concurrency_limit=1,
                                      print_next_steps=False, ignore_warnings=True)))

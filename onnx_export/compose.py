@@ -13,7 +13,7 @@ from __future__ import annotations
 import onnx
 from onnx import compose, version_converter
 
-from onnx_export.export import INPUT, OUTPUTS
+from onnx_export.export import INPUT
 
 CLASSIFIER_PREFIX = "classifier/"
 PIPELINE_PREFIX = "cord/"
@@ -85,7 +85,7 @@ def compose_with_classifier(classifier: onnx.ModelProto, pipeline: onnx.ModelPro
     merged = compose.merge_models(
         first, second,
         io_map=[(CLASSIFIER_PREFIX + logits_output, PIPELINE_PREFIX + INPUT)],
-        outputs=list(OUTPUTS),
+        outputs=[output.name for output in pipeline.graph.output],
         producer_name=pipeline.producer_name,
         producer_version=pipeline.producer_version,
     )

@@ -3,9 +3,10 @@
 Graph contract (docs/contract.md, "The ONNX graph"): input ``scores`` [N, K] (logits or
 probabilities, in the export dtype, symbolic N); outputs ``repaired``, ``calibrated``,
 ``original`` [N, K], ``label`` [N] int64 (original top-1, smallest index on ties) and
-``confidence`` [N] (= repaired[label]). Model metadata: ``cord.eta_star`` (repr),
-``cord.calibrator``, ``cord.n_classes``, ``cord.version``, plus ``cord.input_kind`` and
-``cord.dtype``.
+``confidence`` [N] (= repaired[label]); ``outputs="lean"`` keeps only ``repaired``,
+``label`` and ``confidence``. Model metadata: ``cord.eta_star`` (repr), ``cord.calibrator``,
+``cord.n_classes``, ``cord.version``, plus ``cord.input_kind``, ``cord.dtype`` and
+``cord.outputs`` (the output names, comma-separated).
 
 float64 graphs repeat the numpy operations of cord_ops in the same order and agree with it
 to rounding (onnxruntime's double Exp differs from numpy's by up to 2 ulps, which isotonic
@@ -58,6 +59,45 @@ from onnx_export.repair import CHANGED_FROM_RUNNER_UP, build_repair, on_boundary
 
 INPUT = "scores"
 OUTPUTS = ("repaired", "calibrated", "original", "label", "confidence")
+#: What a server needs: the repaired row, its label and its confidence (``outputs="lean"``).
+LEAN_OUTPUTS = ("repaired", "label", "confidence")
+#: Metadata key listing the graph's outputs, comma-separated in graph order, so a logger,
+#: registry or server can tell a lean model from a full one without opening a session.
+OUTPUTS_KEY = "cord.outputs"
+
+
+def _requested_outputs(outputs) -> tuple[str, ...]:
+    """The output names asked for, in graph order: "full" (all of OUTPUTS), "lean"
+    (LEAN_OUTPUTS) or a non-empty collection of names from OUTPUTS."""
+    if isinstance(outputs, str):
+        presets = {"full": OUTPUTS, "lean": LEAN_OUTPUTS}
+        if outputs not in presets:
+            raise ValueError(
+                f"outputs: expected 'full', 'lean' or names from {OUTPUTS}, got {outputs!r}"
+            )
+        return presets[outputs]
+    try:
+        names = list(outputs)
+    except TypeError:
+        raise ValueError(
+            f"outputs: expected 'full', 'lean' or names from {OUTPUTS}, got {outputs!r}"
+        ) from None
+    unknown = [name for name in names if name not in OUTPUTS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(
+            f"outputs: expected distinct names from {OUTPUTS}, got {names!r}"
+        )
+    return tuple(name for name in OUTPUTS if name in names)
+
+
+def _prune(nodes: list, initializers: list, keep: tuple[str, ...]) -> tuple[list, list]:
+    """The nodes and initializers that ``keep`` depends on, in their original order."""
+    needed, kept = set(keep), []
+    for node in reversed(nodes):
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+    return kept[::-1], [init for init in initializers if init.name in needed]
 
 
 def _check_fitted(calibrator, cord, n_classes: int, input_kind: str, dtype: str) -> None:
@@ -85,12 +125,14 @@ def _check_fitted(calibrator, cord, n_classes: int, input_kind: str, dtype: str)
         raise ValueError(f"cord: eta_ must be finite, got {cord.eta_!r}")
 
 
-def _label_and_original_float32(gb: GraphBuilder, input_kind: str) -> tuple[str, str]:
-    """([N, 1] label, original) of a float32 graph; ``label`` is strictly on top of
-    ``original`` (see the module docstring)."""
+def _label_and_original_float32(gb: GraphBuilder, input_kind: str) -> tuple[str, str, str]:
+    """([N, 1] label, original, [N, 1] original[label]) of a float32 graph; ``label`` is
+    strictly on top of ``original`` (see the module docstring). original[label] is built
+    without reading ``original``, so a graph that does not output it drops it."""
     if input_kind == "probs":
         # Same array, same tie rule: ArgMax of the input already is its first maximum.
-        return gb.row_argmax(INPUT, hint="label_col"), gb.op("Identity", INPUT, out="original")
+        label = gb.row_argmax(INPUT, hint="label_col")
+        return label, gb.op("Identity", INPUT, out="original"), gb.take(INPUT, label)
     # TopK puts the lower index first among equal values, so column 0 is the smallest
     # maximising index (the tie rule) and column 1 the runner-up logit, at the cost of one
     # ArgMax. Softmax is monotone, so the runner-up logit's probability is the largest one
@@ -102,7 +144,7 @@ def _label_and_original_float32(gb: GraphBuilder, input_kind: str) -> tuple[str,
     p = gb.softmax(INPUT)
     nudge = gb.const(1.0 + 2.0 * np.finfo(np.float32).eps)
     top = gb.op("Max", gb.take(p, label), gb.mul(gb.take(p, runner), nudge), hint="p0_top")
-    return label, gb.put(p, label, top, out="original")
+    return label, gb.put(p, label, top, out="original"), top
 
 
 #: At or below this eta*, a float32 graph computes q and the repair in float64 (module
@@ -111,7 +153,7 @@ WIDE_REPAIR_BELOW_ETA = -0.5
 
 
 def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
-                dtype: str = "float32") -> onnx.ModelProto:
+                dtype: str = "float32", outputs="full") -> onnx.ModelProto:
     """Build the pipeline graph of a fitted calibrator and a fitted ``cord_ops.CORD``.
 
     Parameters
@@ -121,10 +163,16 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
     n_classes : K, checked against both
     input_kind : "logits" or "probs", what ``scores`` holds; must be the calibrator's
     dtype : "float32" or "float64", the dtype of the input, the outputs and the arithmetic
+    outputs : "full" (default: all five outputs), "lean" (``repaired``, ``label``,
+        ``confidence``: what a server needs) or a collection of names from OUTPUTS. Only
+        the operations the chosen outputs depend on stay in the graph; every output kept
+        is the same, bit for bit, as in the full graph. The metadata key ``cord.outputs``
+        lists them.
 
     Returns a model that passes ``onnx.checker.check_model(full_check=True)``.
     """
     _check_fitted(calibrator, cord, n_classes, input_kind, dtype)
+    keep = _requested_outputs(outputs)
     family = family_of(calibrator)
     gb = GraphBuilder(dtype)
     gb.fresh(INPUT)
@@ -140,8 +188,7 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
         _, confidence = build_repair(gb, gb.take(original, label), on_boundary(gb, original),
                                      q, label, changed, eta, weight, k)
     else:
-        label, original = _label_and_original_float32(gb, input_kind)
-        p0_a = gb.take(original, label)
+        label, _, p0_a = _label_and_original_float32(gb, input_kind)
         if family.float64_inside or eta <= WIDE_REPAIR_BELOW_ETA:
             wide = gb.retyped("float64")
             q = family.build(wide, wide.cast(INPUT, np.float64), calibrator)
@@ -159,14 +206,18 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
     gb.op("Reshape", confidence, flat, out="confidence")
 
     elem = gb.onnx_dtype
+    info = {"repaired": tensor_info("repaired", elem, ["N", k]),
+            "calibrated": tensor_info("calibrated", elem, ["N", k]),
+            "original": tensor_info("original", elem, ["N", k]),
+            "label": tensor_info("label", TensorProto.INT64, ["N"]),
+            "confidence": tensor_info("confidence", elem, ["N"])}
+    nodes, initializers = _prune(gb.nodes, gb.initializers, keep)
     graph = helper.make_graph(
-        gb.nodes,
+        nodes,
         f"cord_{calibrator.name}_{dtype}",
         [tensor_info(INPUT, elem, ["N", k])],
-        [tensor_info("repaired", elem, ["N", k]), tensor_info("calibrated", elem, ["N", k]),
-         tensor_info("original", elem, ["N", k]), tensor_info("label", TensorProto.INT64, ["N"]),
-         tensor_info("confidence", elem, ["N"])],
-        initializer=gb.initializers,
+        [info[name] for name in keep],
+        initializer=initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="cord-ops", producer_version=cord_ops.__version__,
@@ -178,6 +229,7 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
         "cord.version": cord_ops.__version__,
         "cord.input_kind": input_kind,
         "cord.dtype": dtype,
+        OUTPUTS_KEY: ",".join(keep),
     })
     onnx.checker.check_model(model, full_check=True)
     return model

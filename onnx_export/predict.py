@@ -15,13 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from cord_ops.atomic import atomic_path
-from cord_ops.validation import check_probabilities, check_scores
+from cord_ops.validation import PROBABILITY_SUM_ATOL, check_probabilities, check_scores
 from onnx_export.export import load_model, model_metadata
 from onnx_export.runtime import input_dtype, open_session, run_batched
 
 WRITTEN = ("repaired", "calibrated", "label", "confidence")
 #: Keys looked up in the input archive, in order, when it holds more than one array.
 INPUT_KEYS = ("scores", "logits", "probs")
+#: Array names that say which input kind the file holds.
+KINDS = ("logits", "probs")
 
 
 class _StderrBar:
@@ -65,6 +67,11 @@ def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype) -> np.nda
     Raises ValueError/TypeError naming the file, and for bad values the first bad row:
     a missing or pickled array, a non-float dtype, a shape other than (n >= 1, n_classes),
     NaN/inf, and for probability models negative entries or rows not summing to 1.
+
+    The input kind must match the model's: an array named ``logits`` for a model that reads
+    probabilities (or ``probs`` for one that reads logits) is refused, and so is an
+    unnamed array of probability rows (non-negative, summing to 1) for a logits model,
+    which would run without error and return garbage.
     """
     path = Path(path)
     try:
@@ -83,11 +90,22 @@ def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype) -> np.nda
         except ValueError as exc:  # object arrays need pickle, which is refused
             raise ValueError(f"{path}: array {key!r} cannot be read without pickle") from exc
     name = f"{path.name}[{key!r}]"
+    if key in KINDS and key != input_kind:
+        raise ValueError(f"{path}: holds {key} but the model reads {input_kind}")
     if scores.dtype.kind != "f":
         raise TypeError(f"{name}: expected a floating-point array, got dtype {scores.dtype}")
     check = check_probabilities if input_kind == "probs" else check_scores
     check(scores, name, n_classes=n_classes)
+    if input_kind == "logits" and key not in KINDS and _all_probability_rows(scores):
+        raise ValueError(f"{name}: every row is a probability vector (non-negative, sums to 1) "
+                         "but the model reads logits; save the array as 'logits' if these "
+                         "really are logits")
     return scores.astype(dtype, copy=False)
+
+
+def _all_probability_rows(scores: np.ndarray) -> bool:
+    return bool(np.all(scores >= 0)) and bool(
+        np.allclose(scores.sum(axis=1, dtype=np.float64), 1.0, atol=PROBABILITY_SUM_ATOL))
 
 
 def write_npz_atomic(path, arrays: dict[str, np.ndarray]) -> Path:
@@ -119,7 +137,10 @@ def predict_file(model_path, input_path, output_path, batch_size: int | None = N
 
     bar = _progress_bar(scores.shape[0], progress)
     try:
-        outputs = run_batched(session, scores, batch_size=batch_size, outputs=list(WRITTEN),
+        # A lean model (export_onnx(outputs="lean")) has no ``calibrated``: write what it has.
+        available = {output.name for output in session.get_outputs()}
+        written = [name for name in WRITTEN if name in available]
+        outputs = run_batched(session, scores, batch_size=batch_size, outputs=written,
                               on_batch=bar.update if bar is not None else None)
     finally:
         if bar is not None:

@@ -125,4 +125,4 @@ class TemperatureScaling(Calibrator):
                                              name=self.name)
 
     def _predict(self, x):
-        return softmax(self.beta_ * self._logits(x))
+        return softmax(self.beta_ * self._logits(x), overwrite=True)

@@ -27,3 +27,39 @@ def test_success_replaces_and_creates_folders(tmp_path):
         tmp.write_bytes(b"new")
     assert target.read_bytes() == b"new"
     assert oct(target.stat().st_mode & 0o777) == "0o644"
+
+
+WRITER = """
+import os, signal, sys, time
+from cord_ops.atomic import atomic_path
+with atomic_path(sys.argv[1]) as tmp:
+    tmp.write_bytes(b"half")
+    print(tmp, flush=True)
+    if sys.argv[2] == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+"""
+
+
+def test_next_write_sweeps_tmp_files_of_killed_writers_but_not_live_ones(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run([sys.executable, "-c", WRITER, str(tmp_path / "out.npz"), "die"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert killed.returncode == -9
+    orphan = tmp_path / killed.stdout.strip().rsplit("/", 1)[-1]
+    assert orphan.exists()  # kill -9 ran no clean-up
+    live = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "other.npz"), "wait"],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        in_use = tmp_path / live.stdout.readline().strip().rsplit("/", 1)[-1]
+        write_json_atomic(tmp_path / "state.json", {"eta": 1.0})
+        assert not orphan.exists()
+        assert in_use.exists()  # the live writer's file is left alone
+    finally:
+        live.kill()
+        live.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [in_use.name, "state.json"]

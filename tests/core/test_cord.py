@@ -8,14 +8,16 @@ import json
 import numpy as np
 import pytest
 from conftest import load_shared, requires_shared
+from core import cord_listing as listing
 from core import cord_reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from sklearn.exceptions import NotFittedError
 
-from cord_ops import CORD, minimal_repair
-from cord_ops.cord import EPS_NUM
+from cord_ops import CORD, minimal_repair, validation
+from cord_ops import cord as cord_module
+from cord_ops.cord import EPS_NUM, pairwise_column_sum
 
 TOL = 1e-9
 
@@ -319,6 +321,78 @@ def test_local_weight_moves_only_flipped_rows():
     kept = q.argmax(axis=1) == p0.argmax(axis=1)
     np.testing.assert_array_equal(zero[kept], one[kept])
     assert not np.allclose(zero[~kept], one[~kept])
+
+
+# --- the whole-array listing and the row-blocked sweep ----------------------------------
+
+@pytest.mark.parametrize("n, k", [(700, 3), (2000, 10), (900, 33), (300, 1000)])
+def test_matches_numpy_listing(n, k):
+    """cord_ops against tests/core/cord_listing.py, the numpy listing the benchmark times."""
+    p0, q = pairs(np.random.default_rng(k), n, k)
+    q[::7, -1] = 0.0  # boundary rows of q
+    q /= q.sum(axis=1, keepdims=True)
+    model = CORD().fit(p0, q)
+    eta, mu = listing.fit(p0, q)
+    assert model.mu_ == pytest.approx(mu, rel=1e-13)
+    slope = ref.mean_slope(eta, p0, q)
+    assert abs(model.eta_ - eta) <= TOL * (1.0 + abs(eta)) + 8 * np.spacing(mu) / slope
+    np.testing.assert_allclose(model.transform(p0, q), listing.transform(eta, p0, q),
+                               rtol=0, atol=TOL)
+
+
+def _fit_and_transform(p0, q):
+    model = CORD().fit(p0, q)
+    return model.eta_, model.mu_, model.transform(p0, q)
+
+
+@settings(max_examples=40, deadline=None)
+@given(output_pairs(max_n=60, max_k=40), st.sampled_from([64, 200, 1 << 18]),
+       st.booleans())
+def test_blocks_layouts_and_screening_do_not_change_a_bit(pair, block_bytes, columns):
+    """The sweep's block size, its row- or column-wise kernel and the bisection's cheap
+    screening are speed choices only: every output is identical bit for bit to one block,
+    row-wise reductions and exact evaluations at every bisection step."""
+    p0, q = pair
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cord_module, "COLUMNWISE_MAX_K", 0)
+        mp.setattr(cord_module, "screen_margin", lambda n: np.inf)
+        mp.setattr(validation, "BLOCK_BYTES", 1 << 40)
+        eta, mu, out = _fit_and_transform(p0, q)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cord_module, "COLUMNWISE_MAX_K", 1000 if columns else 0)
+        mp.setattr(validation, "BLOCK_BYTES", block_bytes)
+        eta2, mu2, out2 = _fit_and_transform(p0, q)
+    assert (eta2, mu2) == (eta, mu)
+    np.testing.assert_array_equal(out2, out)
+
+
+@pytest.mark.parametrize("k", [2, 5, 7, 8, 9, 16, 17, 100, 128, 129, 257, 1000])
+def test_column_sums_follow_numpys_row_order(k):
+    """pairwise_column_sum must add in the order numpy sums a row; a numpy that changes
+    its summation order fails here (the sweep would then differ from it by an ulp)."""
+    rng = np.random.default_rng(k)
+    rows = rng.random((64, k)) * rng.choice([1e-12, 1.0, 1e9], size=(64, k))
+    np.testing.assert_array_equal(pairwise_column_sum(np.ascontiguousarray(rows.T)),
+                                  rows.sum(axis=1))
+
+
+@pytest.mark.parametrize("columns", [True, False])
+def test_bad_row_in_a_later_block_is_named(columns, monkeypatch):
+    monkeypatch.setattr(cord_module, "COLUMNWISE_MAX_K", 1000 if columns else 0)
+    monkeypatch.setattr(validation, "BLOCK_BYTES", 8 * 3 * 5)  # five rows per block
+    p0, q = pairs(np.random.default_rng(5), 40, 3)
+    bad_q = q.copy()
+    bad_q[23, 1] = np.nan
+    with pytest.raises(ValueError, match=r"calibrated: row 23 contains NaN or inf"):
+        CORD().fit(p0, bad_q)
+    bad_p0 = p0.copy()
+    bad_p0[31] *= 1.01
+    bad_q[2, 0] = -1.0
+    with pytest.raises(ValueError, match=r"original: row 31 sums to .*expected rows"):
+        CORD().fit(bad_p0, bad_q)  # p0's error is reported before q's, as before
+    model = CORD().fit(p0, q)
+    with pytest.raises(ValueError, match=r"original: row 31 sums to"):
+        model.transform(bad_p0, q)
 
 
 # --- real data ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cord_ops import data
-from flows import tracking
+from flows import pyfunc_model, tracking
 from flows.cli import main
 
 
@@ -61,7 +61,8 @@ def test_demo_registers_and_predict_serves_the_champion(tmp_path, cli_env, cord_
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     local = Path(mlflow.artifacts.download_artifacts(
         artifact_uri="models:/cord-ops-demo@champion", dst_path=str(tmp_path / "dl")))
-    assert main(["predict", "--model", str(local / "model.onnx"), "--input", str(batch.path),
+    graph = local / pyfunc_model.ONNX_PATH_IN_MODEL
+    assert main(["predict", "--model", str(graph), "--input", str(batch.path),
                  "--output", str(tmp_path / "local.npz"), "--provider", "cpu"]) == 0
     with np.load(tmp_path / "local.npz", allow_pickle=False) as out:
         assert np.array_equal(out["repaired"], repaired)

@@ -100,7 +100,7 @@ def test_the_demo_flow_in_process_changes_nothing_process_wide(tmp_path, monkeyp
     assert model.experiment_id == run.info.experiment_id == result.experiment_id != "0"
     assert model.source_run_id == result.run_id
     assert str(model.status) in ("READY", "LoggedModelStatus.READY")
-    served = registry.run_registered_model(uri, f"models:/cord-ops-demo/{result.version}",
+    served = registry.run_registered_model(client, f"models:/cord-ops-demo/{result.version}",
                                            digits.scores)
     assert served["repaired"].shape == digits.scores.shape
     assert dict(os.environ) == environ and mlflow.get_tracking_uri() == tracking_uri

@@ -16,6 +16,7 @@ import pytest
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import calibrator_from_dict
 from flows import registry
+from flows.gate import HEALTH_TAG, ChampionUnhealthyError
 from flows.recalibrate import RecalibrationError, recalibrate
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -96,7 +97,11 @@ def test_flow_logs_the_contract_registers_and_serves(store, digits_file, digits)
     assert version.tags[registry.CHAMPION_NLL_TAG] == "None"
 
     served = mlflow.pyfunc.load_model("models:/m@champion")
-    assert served.metadata.get_input_schema().inputs[0].name == "scores"
+    # The pyfunc flavour validates its own input (no MLflow input schema), and the graph
+    # stays available to onnxruntime users as the onnx flavour.
+    assert served.metadata.get_input_schema() is None
+    assert served.metadata.metadata["cord.n_classes"] == "10"
+    assert {"python_function", "onnx"} <= set(served.metadata.flavors)
     assert served.metadata.saved_input_example_info is not None
     out = served.predict({"scores": evaluation.scores.astype(np.float32)})
     assert np.max(np.abs(out["repaired"] - expected)) <= 1e-5
@@ -132,9 +137,10 @@ def test_gate_keeps_the_champion_against_a_loser_and_a_failed_run(store, tmp_pat
     as_probs = {name: data.save_npz(tmp_path / f"{name}_probs.npz", d.probabilities(),
                                     d.labels, "probs")
                 for name, d in (("cal", data.load_npz(good)), ("eval", data.load_npz(held_out)))}
-    other_kind = recalibrate(data=str(as_probs["cal"]), eval_data=str(as_probs["eval"]),
-                             model_name="m")
-    assert not other_kind.decision.promote and "reads logits" in other_kind.decision.reason
+    with pytest.raises(ChampionUnhealthyError, match="champion v1 .* reads logits"):
+        recalibrate(data=str(as_probs["cal"]), eval_data=str(as_probs["eval"]), model_name="m")
+    assert client.get_model_version("m", "3").tags[registry.DECISION_TAG] == "rejected"
+    assert "reads logits" in client.get_registered_model("m").tags[HEALTH_TAG]
     assert _champion(client, "m") == "1"
 
     # A task that raises: the experiment's artifact folder is blocked by a plain file.
@@ -181,7 +187,7 @@ from flows.recalibrate import recalibrate
 def killed(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
-registry.apply_decision = killed  # the version exists; the gate never finishes
+registry.record_decision = killed  # the version exists; the gate never finishes
 recalibrate(data=sys.argv[1], model_name="m")
 """
 

@@ -1,61 +1,44 @@
-"""The champion gate's rule, crash clean-up and rollback on a real (sqlite) registry, and
-which store errors count as transient. No flow runs here: these are the pieces the flow
-tests rely on, checked directly."""
+"""Crash clean-up by liveness and rollback on a real (sqlite) registry, the registry lock
+across real processes, and which store errors count as transient (the gate's rules:
+test_gate.py). No flow runs here: these are the pieces the flow tests rely on, checked
+directly."""
 
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from flows import registry
 from flows.retries import is_transient
 
-nll = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
 
-
-@given(candidate=nll, champion=st.one_of(st.none(), nll),
-       tpcr=st.sampled_from([0.0, 0.001, 0.5]), parity=st.booleans(), promote=st.booleans())
-def test_gate_promotes_exactly_when_every_condition_holds(candidate, champion, tpcr, parity,
-                                                           promote):
-    score = None if champion is None else registry.ChampionScore("3", champion)
-    decision = registry.decide(candidate, tpcr, parity, score, promote=promote)
-    wins = tpcr == 0.0 and parity and (champion is None or candidate <= champion)
-    assert decision.promote == (wins and promote)
-    assert decision.candidate_nll == candidate
-    assert decision.champion_nll == champion
-    assert decision.label == ("promoted" if decision.promote else "rejected")
-
-
-def test_gate_reasons_name_the_failed_condition():
-    champ = registry.ChampionScore("2", 0.30)
-    assert "TPCR" in registry.decide(0.1, 0.01, True, champ).reason
-    assert "parity" in registry.decide(0.1, 0.0, False, champ).reason
-    worse = registry.decide(0.31, 0.0, True, champ)
-    assert not worse.promote and "worse than champion v2" in worse.reason
-    broken = registry.decide(0.1, 0.0, True, registry.ChampionScore("2", None, "K mismatch"))
-    assert not broken.promote and "K mismatch" in broken.reason
-    assert registry.decide(0.30, 0.0, True, champ).promote  # a tie is "no worse"
-
-
-def test_transient_errors_are_store_outages_only():
+def test_only_a_locked_sqlite_database_is_retried():
     from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, TEMPORARILY_UNAVAILABLE
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
     from sqlalchemy.exc import OperationalError
 
-    locked = OperationalError("INSERT ...", {}, sqlite3.OperationalError("database is locked"))
-    assert is_transient(locked)
-    assert is_transient(MlflowException("busy", error_code=TEMPORARILY_UNAVAILABLE))
+    from flows.retries import is_store_outage
+
+    def sql(message):
+        return OperationalError("INSERT ...", {}, sqlite3.OperationalError(message))
+
+    assert is_transient(sql("database is locked"))
+    for permanent in ("attempt to write a readonly database", "database or disk is full",
+                      "unable to open database file", "no such table: experiments"):
+        assert not is_transient(sql(permanent)), permanent
+        assert not is_store_outage(sql(permanent)), permanent
     try:
         try:
             raise ConnectionRefusedError(111, "Connection refused")
         except ConnectionRefusedError as inner:
             raise MlflowException("API request failed") from inner
     except MlflowException as wrapped:
-        assert is_transient(wrapped)
+        # MLflow's HTTP layer already retried it: an outage, not retried again.
+        assert is_store_outage(wrapped) and not is_transient(wrapped)
     assert not is_transient(ValueError("labels: row 3 is out of range"))
     assert not is_transient(MlflowException("no such model", error_code=RESOURCE_DOES_NOT_EXIST))
 
@@ -67,50 +50,85 @@ def client(store):
     return MlflowClient()
 
 
-def _version(client, name, run_status="RUNNING", pending=True):
-    experiment = client.get_experiment_by_name("registry")
+@pytest.fixture(scope="module")
+def dead_owner() -> dict:
+    """The owner record of a process that really ran on this host and has exited."""
+    import subprocess
+
+    from flows import owner
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    record = owner.Owner(owner.Owner.current().host, child.pid,
+                         psutil.Process(child.pid).create_time()).record()
+    child.wait()
+    return record
+
+
+def _version(client, name, owner_tags, run_status="RUNNING", pending=True, previous=None):
+    experiment = client.get_experiment_by_name(name)
     run = client.create_run(experiment.experiment_id if experiment
-                            else client.create_experiment("registry"))
+                            else client.create_experiment(name), tags=owner_tags)
     if run_status != "RUNNING":
         client.set_terminated(run.info.run_id, run_status)
     registry.ensure_registered_model(client, name)
     tags = {registry.REGISTRATION_TAG: registry.PENDING} if pending else {}
+    if previous is not None:
+        tags[registry.PREVIOUS_CHAMPION_TAG] = str(previous)
     return client.create_model_version(name, source=str(Path.cwd()), tags=tags,
                                        run_id=run.info.run_id)
 
 
-def test_orphans_of_crashed_runs_are_discarded_but_champions_kept(client):
-    champion = _version(client, "m", run_status="FINISHED", pending=False)
+def test_clean_up_undoes_dead_owners_only(client, dead_owner):
+    from mlflow.entities import LoggedModelStatus
+
+    from flows import owner
+
+    live = owner.Owner.current().record()
+    champion = _version(client, "m", live, run_status="FINISHED", pending=False)
     client.set_registered_model_alias("m", registry.CHAMPION, champion.version)
-    orphan = _version(client, "m")  # crashed between register and gate
-    pending_champion = _version(client, "m")  # crashed after the alias moved
+    orphan = _version(client, "m", dead_owner)  # killed between register and gate
+    live_pending = _version(client, "m", live)  # a concurrent run inside its window
+    # Killed after the alias moved: the alias must go back to the recorded champion.
+    pending_champion = _version(client, "m", dead_owner, previous=champion.version)
     client.set_registered_model_alias("m", registry.CHAMPION, pending_champion.version)
-    current = _version(client, "m")
+    experiment = client.get_experiment_by_name("m").experiment_id
+    dead_run = client.create_run(experiment, tags=dead_owner)  # killed before registering
+    live_run = client.create_run(experiment, tags=live)
+    dead_model = client.create_logged_model(experiment, source_run_id=dead_run.info.run_id)
+    live_model = client.create_logged_model(experiment, source_run_id=live_run.info.run_id)
 
-    deleted = registry.discard_orphans(client, "m", current.run_id)
+    done = registry.clean_up(client, "m", experiment)
 
-    assert deleted == [str(orphan.version)]
-    left = {mv.version for mv in client.search_model_versions("name = 'm'")}
-    assert left == {champion.version, pending_champion.version, current.version}
-    assert client.get_run(orphan.run_id).info.status == "FAILED"
-    assert client.get_run(current.run_id).info.status == "RUNNING"
+    assert done, "clean-up reported nothing"
+    left = {str(mv.version) for mv in client.search_model_versions("name = 'm'")}
+    assert left == {str(champion.version), str(live_pending.version)}
+    assert str(registry.champion_version(client, "m").version) == str(champion.version)
+    for run_id in (orphan.run_id, pending_champion.run_id, dead_run.info.run_id):
+        run = client.get_run(run_id)
+        assert run.info.status == "FAILED"
+        assert run.data.tags[registry.ERROR_TAG].startswith("abandoned")
+    for run_id in (live_pending.run_id, live_run.info.run_id):
+        assert client.get_run(run_id).info.status == "RUNNING"
+    assert client.get_logged_model(dead_model.model_id).status == LoggedModelStatus.FAILED
+    assert client.get_logged_model(live_model.model_id).status == LoggedModelStatus.PENDING
 
 
-def test_register_version_is_idempotent_per_run(client):
-    first = _version(client, "m")
+def test_register_version_is_idempotent_per_run(client, dead_owner):
+    first = _version(client, "m", dead_owner)
     again = registry.register_version(client, "m", first.run_id, str(Path.cwd()), None,
-                                      tags={})
+                                      tags={}, previous_champion=None)
     assert str(again.version) == str(first.version)
     assert len(client.search_model_versions("name = 'm'")) == 1
 
 
 @pytest.mark.parametrize("had_champion", [True, False])
-def test_withdraw_restores_the_alias_and_deletes_the_version(client, had_champion):
+def test_withdraw_restores_the_alias_and_deletes_the_version(client, had_champion, dead_owner):
     previous = None
     if had_champion:
-        previous = _version(client, "m", run_status="FINISHED", pending=False).version
+        previous = _version(client, "m", dead_owner, run_status="FINISHED",
+                            pending=False).version
         client.set_registered_model_alias("m", registry.CHAMPION, previous)
-    failed = _version(client, "m")
+    failed = _version(client, "m", dead_owner)
     client.set_registered_model_alias("m", registry.CHAMPION, failed.version)
 
     registry.withdraw_version(client, "m", str(failed.version), previous and str(previous))
@@ -145,3 +163,57 @@ def test_store_tasks_retry_transient_errors_and_only_those():
     with pytest.raises(ValueError, match="experiment name"):
         bad_argument()
     assert calls == ["locked_once", "locked_once", "bad_argument"]
+
+
+HOLD_LOCK = """
+import logging, sys, time
+from pathlib import Path
+from flows import lock, owner
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+folder, timeout, run_id = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+hold = float(sys.argv[4])
+holder = {"run_id": run_id, **owner.Owner.current().record()}
+try:
+    with lock.registry_lock("file", "m", timeout, logging.getLogger(), holder,
+                            store_folder=folder):
+        print("acquired", repr(time.time()), flush=True)
+        time.sleep(hold)
+except lock.LockTimeout as exc:
+    print("timeout:", exc, flush=True)
+    sys.exit(3)
+"""
+
+
+def _holder(folder, timeout, run_id, hold):
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder), str(timeout),
+                             run_id, str(hold)], stdout=subprocess.PIPE, text=True, env=env)
+
+
+def test_file_lock_serialises_processes_names_the_holder_and_survives_a_kill_9(tmp_path):
+    import signal
+    import time
+
+    first = _holder(tmp_path, 5, "run-A", 120)
+    try:
+        assert first.stdout.readline().startswith("acquired")
+        waiter = _holder(tmp_path, 60, "run-B", 0)
+        impatient = _holder(tmp_path, 0.5, "run-C", 0)
+        out, _ = impatient.communicate(timeout=60)
+        assert impatient.returncode == 3
+        assert "still held by run run-A" in out and f"pid {first.pid}" in out
+        line = waiter.stdout.readline()
+        assert "held by run run-A" in line and "waiting up to 60 s" in line, line
+        killed_at = time.time()
+        first.send_signal(signal.SIGKILL)  # the kernel releases a dead holder's lock
+        out, _ = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0, out
+        acquired = float(next(x for x in out.splitlines() if x.startswith("acquired")).split()[1])
+        assert acquired >= killed_at
+        assert "acquired after" in out
+    finally:
+        first.kill()
+        first.wait()

@@ -48,7 +48,7 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
                                          process, log)
             watch = _wait_for_deployment(client, f"monitor/{MONITOR_DEPLOYMENT}", process, log)
         assert [s.schedule.cron for s in recal.schedules] == ["0 3 * * *"]
-        assert [s.schedule.cron for s in watch.schedules] == ["0 3 * * *"]
+        assert [s.schedule.cron for s in watch.schedules] == ["30 3 * * *"]  # offset
         assert recal.parameters["model_name"] == "scheduled"
         assert recal.global_concurrency_limit.limit == 1
 
@@ -88,3 +88,20 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
     assert recal.entrypoint == "flows/recalibrate.py:recalibrate"
     assert recal.global_concurrency_limit.limit == watch.global_concurrency_limit.limit == 1
     assert recal.parameters == parameters
+
+
+def test_scheduled_monitoring_skips_while_there_is_no_champion(prefect_harness, store,
+                                                               digits_file, caplog):
+    from mlflow import MlflowClient
+
+    from flows.monitor import monitor
+
+    with caplog.at_level("INFO"):
+        result = monitor(data=str(digits_file), model_name="fresh", tracking_uri=store,
+                         skip_without_champion=True)
+    assert result is None
+    assert any("no @champion" in r.getMessage() and "skipping" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert MlflowClient(store).get_experiment_by_name("fresh") is None  # nothing logged
+    with pytest.raises(LookupError, match="no @champion"):  # unscheduled: still an error
+        monitor(data=str(digits_file), model_name="fresh", tracking_uri=store)

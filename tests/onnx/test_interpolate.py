@@ -72,3 +72,48 @@ def test_single_knot_map_is_constant(value):
     knots = [(np.array([2.0]), np.array([0.25]))]
     got = interp_graph(knots, 1).run(None, {"t": np.array([[value]])})[0]
     assert got[0, 0] == np.interp(value, [2.0], [0.25]) == 0.25
+
+
+def _clustered_knots(rng, n):
+    """Knots as PAV leaves them on real probabilities: most within 1e-6 of 0 or of 1, some
+    1e-12 apart, the rest spread between."""
+    x = np.concatenate([rng.uniform(0.0, 1e-6, n // 3), 1.0 - rng.uniform(0.0, 1e-6, n // 3),
+                        rng.uniform(0.0, 1.0, n - 2 * (n // 3)),
+                        0.5 + np.arange(20) * 1e-12])
+    x = np.unique(x)
+    return x, np.sort(rng.uniform(0.0, 1.0, len(x)))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_clustered_knots_and_queries_at_knots_and_cell_edges(shared):
+    rng = np.random.default_rng(1 if shared else 2)
+    knots = [_clustered_knots(rng, 3000)] if shared else [_clustered_knots(rng, m)
+                                                         for m in (5, 400, 3000)]
+    k = 3
+    columns = []
+    for col in range(k):
+        kx = knots[0 if shared else col][0]
+        span = kx[-1] - kx[0]
+        edges = kx[0] + np.arange(0, 4097) * (span / 4096)  # any grid's cell edges
+        columns.append(np.concatenate([kx, np.nextafter(kx, -np.inf), np.nextafter(kx, np.inf),
+                                       edges, rng.uniform(-0.1, 1.1, 500)]))
+    n = min(len(c) for c in columns)
+    t = np.stack([c[:n] for c in columns], axis=1)
+    expected = np.stack([np.interp(t[:, c], *knots[0 if shared else c]) for c in range(k)],
+                        axis=1)
+    got = interp_graph(knots, k).run(None, {"t": t})[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_lookup_steps_do_not_grow_with_the_knot_count():
+    rng = np.random.default_rng(3)
+
+    def operations(n_knots):
+        x = np.sort(rng.uniform(0.0, 1.0, n_knots))
+        gb = GraphBuilder("float64")
+        gb.fresh("t")
+        interpolate(gb, "t", [(x, np.sort(rng.uniform(0.0, 1.0, n_knots)))])
+        return [node.op_type for node in gb.nodes]
+
+    assert operations(10_000) == operations(100)
+    assert operations(100).count("Gather") == 2

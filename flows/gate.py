@@ -1,0 +1,407 @@
+"""The champion gate: when a candidate version may take ``@champion``.
+
+A candidate is promoted only when every one of these holds (:func:`decide`):
+
+1. **It preserves decisions.** TPCR 0 on its evaluation split, and ONNX parity verified.
+2. **There is enough evidence** (:class:`Policy`, :func:`evidence_problems`):
+
+   - the calibration and evaluation splits hold at least ``min_calibration`` /
+     ``min_evaluation`` rows. The default is ``max(100, 10 * K)`` for both: the default
+     calibrator (vector scaling) fits 2K parameters, and 10 rows per class under balanced
+     labels is 5 rows per parameter, the least at which each class's scale and bias are
+     estimated from data rather than from the optimiser's start; below 100 rows the
+     evaluation itself is noise (the standard error of a mean NLL is about sd / sqrt(n),
+     with sd near 1 nat for a classifier's per-row NLL, i.e. 0.1 nat at n = 100, more than
+     the gap between most calibrators). Both are overridable.
+   - no class dominates either split: the largest class's share is at most
+     ``max_class_share``, by default ``min(0.9, max(0.5, 5 / K))``: five times its share
+     under balanced labels, at least one half (so K >= 10 keeps a majority class out) and at
+     most 0.9 (so a binary or 3-class problem may be imbalanced but not single-class). A
+     file whose labels are all one class (a broken labelling job, an all-zeros default)
+     is caught here whatever its NLL.
+   - the evaluation labels are not far from those the champion was evaluated on: the
+     total-variation distance between the two label distributions is at most
+     ``max_label_shift`` (default 0.2) **plus** the distance two samples of these sizes
+     drawn from one distribution show by chance (:func:`sampling_tv`), so small splits
+     of many classes are not flagged for noise.
+
+3. **The champion can be scored.** A champion that cannot run on the split (broken
+   artifact, foreign model, other K or input kind) is a rejection and a health problem
+   (:class:`ChampionUnhealthyError`), never a free win.
+4. **No worse on both splits.** The candidate's NLL is no worse than the champion's on the
+   candidate's evaluation split *and* on the champion's pinned reference split (its own
+   evaluation split, logged as an MLflow dataset input) when that is available and
+   compatible (same K and input kind). "No worse" means
+   ``candidate <= champion + max(nll_abs_tolerance, nll_rel_tolerance * champion)``,
+   defaults 1e-4 nat and 1 %: a refit on fresh data of the same distribution differs from
+   the champion by sampling noise of that order on a few thousand rows, and a strict
+   comparison would keep a stale champion by chance. The tolerance allows slow decay over
+   many promotions, which the reference split bounds per step.
+5. ``promote`` is not switched off.
+
+:func:`decide` is a pure function of numbers. The helpers after it score a registered
+champion (:func:`score_champion`, :func:`champion_reference`) and read and write the
+registered-model tags of champion health and history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from cord_ops import data, metrics
+from flows import reference, registry
+
+#: Below these a split is too small to fit and evaluate at all: the recalibration fails
+#: before any run exists. 5 calibration rows is what the most demanding calibrator
+#: (dir-odir's 5-fold search) needs; one rule for every calibrator keeps it predictable.
+MIN_FIT_CALIBRATION = 5
+MIN_FIT_EVALUATION = 2
+
+#: Max-abs tolerance of an ONNX graph against cord_ops on the same inputs, per float type.
+PARITY_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+
+DEFAULT_MAX_LABEL_SHIFT = 0.2
+DEFAULT_NLL_REL_TOLERANCE = 0.01
+DEFAULT_NLL_ABS_TOLERANCE = 1e-4
+
+#: Registered-model tags.
+HEALTH_TAG = "cord.champion.health"
+HISTORY_TAG = "cord.champion.history"
+HEALTHY = "ok"
+#: Entries kept in the champion history (a tag value holds at most 100,000 characters).
+HISTORY_LIMIT = 50
+
+
+def default_min_rows(n_classes: int) -> int:
+    """``max(100, 10 * K)`` (see the module docstring for why)."""
+    return max(100, 10 * int(n_classes))
+
+
+def default_max_class_share(n_classes: int) -> float:
+    """``min(0.9, max(0.5, 5 / K))`` (see the module docstring for why)."""
+    return min(0.9, max(0.5, 5.0 / int(n_classes)))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The gate's thresholds for one K; build with :meth:`for_classes`."""
+
+    min_calibration: int
+    min_evaluation: int
+    max_class_share: float
+    max_label_shift: float = DEFAULT_MAX_LABEL_SHIFT
+    nll_rel_tolerance: float = DEFAULT_NLL_REL_TOLERANCE
+    nll_abs_tolerance: float = DEFAULT_NLL_ABS_TOLERANCE
+
+    @classmethod
+    def for_classes(cls, n_classes: int, **overrides) -> Policy:
+        """The defaults for K = ``n_classes``; ``overrides`` set to None keep the default."""
+        policy = cls(default_min_rows(n_classes), default_min_rows(n_classes),
+                     default_max_class_share(n_classes))
+        given = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(given) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"unknown gate option(s): {sorted(unknown)}")
+        policy = replace(policy, **given)
+        policy.check()
+        return policy
+
+    def check(self) -> None:
+        """Reject a threshold no split could meet or one that switches a check off by
+        accident (negative sizes, shares outside (0, 1], negative tolerances)."""
+        for name in ("min_calibration", "min_evaluation"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        if not 0.0 < self.max_class_share <= 1.0:
+            raise ValueError(f"max_class_share: expected a share in (0, 1], "
+                             f"got {self.max_class_share!r}")
+        for name in ("max_label_shift", "nll_rel_tolerance", "nll_abs_tolerance"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
+
+    def allowed_nll(self, champion_nll: float) -> float:
+        """The largest candidate NLL that is "no worse" than ``champion_nll``."""
+        return champion_nll + max(self.nll_abs_tolerance,
+                                  self.nll_rel_tolerance * abs(champion_nll))
+
+    def as_tags(self) -> dict[str, str]:
+        return {f"cord.gate.policy.{k}": repr(v) for k, v in self.__dict__.items()}
+
+
+def check_fit_floor(n_calibration: int, n_evaluation: int, where: str) -> None:
+    """Raise one ValueError line when a split is too small to fit or evaluate at all."""
+    if n_calibration < MIN_FIT_CALIBRATION or n_evaluation < MIN_FIT_EVALUATION:
+        raise ValueError(
+            f"{where}: {n_calibration} calibration and {n_evaluation} evaluation rows; "
+            f"fitting needs at least {MIN_FIT_CALIBRATION} and {MIN_FIT_EVALUATION} "
+            "(and promotion far more: see `cord-ops recalibrate --help`, --min-calibration)")
+
+
+def label_counts(labels: np.ndarray, n_classes: int) -> tuple[int, ...]:
+    return tuple(int(c) for c in np.bincount(np.asarray(labels), minlength=n_classes))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the candidate was fitted and evaluated on: label counts per class of the
+    calibration and evaluation splits, and of the champion's reference split (None when
+    there is no champion or its reference split is unavailable or incompatible)."""
+
+    calibration_counts: tuple[int, ...]
+    evaluation_counts: tuple[int, ...]
+    reference_counts: tuple[int, ...] | None = None
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.evaluation_counts)
+
+    @property
+    def n_calibration(self) -> int:
+        return int(sum(self.calibration_counts))
+
+    @property
+    def n_evaluation(self) -> int:
+        return int(sum(self.evaluation_counts))
+
+
+def tv_distance(p_counts, q_counts) -> float:
+    """Total-variation distance between two label histograms (0 same, 1 disjoint)."""
+    p = np.asarray(p_counts, dtype=np.float64)
+    q = np.asarray(q_counts, dtype=np.float64)
+    return float(0.5 * np.abs(p / p.sum() - q / q.sum()).sum())
+
+
+def sampling_tv(p_counts, q_counts) -> float:
+    """The total-variation distance expected by chance between two samples of these sizes
+    from one distribution (the pooled one): per class E|p1 - p2| with the normal
+    approximation sqrt(2 / pi) * sqrt(p (1 - p) (1 / n1 + 1 / n2)), halved and summed."""
+    p = np.asarray(p_counts, dtype=np.float64)
+    q = np.asarray(q_counts, dtype=np.float64)
+    pooled = (p + q) / (p.sum() + q.sum())
+    spread = np.sqrt(pooled * (1 - pooled) * (1 / p.sum() + 1 / q.sum()))
+    return float(0.5 * math.sqrt(2 / math.pi) * spread.sum())
+
+
+def evidence_problems(evidence: Evidence, policy: Policy) -> list[str]:
+    """Why this evidence cannot support a promotion (empty when it can)."""
+    problems = []
+    if evidence.n_calibration < policy.min_calibration:
+        problems.append(f"calibration split has {evidence.n_calibration} rows "
+                        f"(< {policy.min_calibration} needed for K={evidence.n_classes})")
+    if evidence.n_evaluation < policy.min_evaluation:
+        problems.append(f"evaluation split has {evidence.n_evaluation} rows "
+                        f"(< {policy.min_evaluation} needed for K={evidence.n_classes})")
+    for split, counts in (("calibration", evidence.calibration_counts),
+                          ("evaluation", evidence.evaluation_counts)):
+        total = sum(counts)
+        if total == 0:
+            continue
+        top = int(np.argmax(counts))
+        share = counts[top] / total
+        if share > policy.max_class_share:
+            problems.append(f"class {top} holds {share:.1%} of the {split} labels "
+                            f"(> {policy.max_class_share:.0%})")
+    if evidence.reference_counts is not None and sum(evidence.reference_counts) > 0 \
+            and evidence.n_evaluation > 0:
+        shift = tv_distance(evidence.evaluation_counts, evidence.reference_counts)
+        allowed = policy.max_label_shift + sampling_tv(evidence.evaluation_counts,
+                                                       evidence.reference_counts)
+        if shift > allowed:
+            problems.append(f"evaluation labels are far from the champion's reference split "
+                            f"(total variation {shift:.3f} > {allowed:.3f})")
+    return problems
+
+
+@dataclass(frozen=True)
+class ChampionScore:
+    """The current champion's version and its NLL on the candidate's evaluation split;
+    ``problem`` says why it could not be scored (then ``nll`` is None)."""
+
+    version: str
+    nll: float | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ReferenceScore:
+    """Candidate and champion on the champion's pinned reference split, or why that split
+    was not used (``problem``: unavailable, incompatible)."""
+
+    version: str
+    candidate_nll: float | None = None
+    champion_nll: float | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """Outcome of the champion gate; ``reason`` says in words why (every failed rule).
+
+    ``champion_problem`` is set when the champion could not be scored: the registry then
+    needs an operator (``cord-ops promote`` or ``rollback``).
+    """
+
+    promote: bool
+    reason: str
+    candidate_nll: float
+    champion_nll: float | None
+    champion_version: str | None
+    reference: ReferenceScore | None = None
+    champion_problem: str | None = None
+    evidence: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return "promoted" if self.promote else "rejected"
+
+
+def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
+           champion: ChampionScore | None, *, evidence: Evidence, policy: Policy,
+           reference: ReferenceScore | None = None, promote: bool = True) -> GateDecision:
+    """The champion gate as a pure function of the measured numbers (rules in the module
+    docstring). Every failed rule is named in ``reason``."""
+    champion_nll = None if champion is None else champion.nll
+    champion_version = None if champion is None else champion.version
+    failed = []
+    if candidate_tpcr != 0.0:
+        failed.append(f"repaired output changes top-1 decisions (TPCR {candidate_tpcr!r})")
+    if not parity_ok:
+        failed.append("ONNX parity check failed")
+    problems = evidence_problems(evidence, policy)
+    if problems:
+        failed.append(f"not enough evidence ({'; '.join(problems)})")
+    champion_problem = None
+    if champion is not None and champion.problem is not None:
+        champion_problem = champion.problem
+        failed.append(f"champion v{champion.version} could not be scored on this evaluation "
+                      f"split ({champion.problem})")
+    elif champion is not None and not candidate_nll <= policy.allowed_nll(champion.nll):
+        failed.append(f"NLL {candidate_nll:.6g} is worse than champion v{champion.version}'s "
+                      f"{champion.nll:.6g}")
+    used_reference = (reference is not None and reference.problem is None
+                      and champion_problem is None)
+    if used_reference and not reference.candidate_nll <= policy.allowed_nll(
+            reference.champion_nll):
+        failed.append(f"NLL {reference.candidate_nll:.6g} on champion v{reference.version}'s "
+                      f"reference split is worse than its {reference.champion_nll:.6g}")
+    if not failed and not promote:
+        failed.append("gates passed but promotion is switched off (promote=False)")
+
+    if failed:
+        reason = "; ".join(failed)
+    elif champion is None:
+        reason = "no champion yet; enough evidence, TPCR 0 and parity verified"
+    else:
+        reason = (f"NLL {candidate_nll:.6g} no worse than champion v{champion.version}'s "
+                  f"{champion.nll:.6g}")
+        if used_reference:
+            reason += (f" (and {reference.candidate_nll:.6g} vs {reference.champion_nll:.6g} "
+                       "on its reference split)")
+        elif reference is not None and reference.problem:
+            reason += f" (reference split not used: {reference.problem})"
+        reason += "; TPCR 0 and parity verified"
+    return GateDecision(not failed, reason, float(candidate_nll), champion_nll, champion_version,
+                        reference, champion_problem, problems)
+
+
+class ChampionUnhealthyError(RuntimeError):
+    """``@champion`` of a model cannot be scored; the registry needs an operator."""
+
+    def __init__(self, model_name: str, version: str, problem: str, candidate: str | None = None):
+        self.model_name, self.version, self.problem = model_name, version, problem
+        extra = f"; candidate v{candidate} registered as rejected" if candidate else ""
+        super().__init__(
+            f"champion v{version} of '{model_name}' cannot be scored ({problem}){extra}; "
+            f"fix with `cord-ops promote --model-name {model_name} --version N --reason TEXT` "
+            f"or `cord-ops rollback --model-name {model_name}`")
+
+
+def health_message(version: str, problem: str | None) -> str:
+    """The value of :data:`HEALTH_TAG`: "ok" or "v<N> cannot be scored: <problem>"."""
+    return HEALTHY if problem is None else f"v{version} cannot be scored: {problem}"[:5000]
+
+
+def record_health(client, name: str, version: str, problem: str | None) -> None:
+    """Set the registered-model health tag (only when it changes, to spare the store)."""
+    value = health_message(version, problem)
+    current = client.get_registered_model(name).tags.get(HEALTH_TAG)
+    if current != value:
+        client.set_registered_model_tag(name, HEALTH_TAG, value)
+
+
+def read_history(client, name: str) -> list[dict]:
+    """The champion history (oldest first), [] when never recorded or unreadable."""
+    raw = client.get_registered_model(name).tags.get(HISTORY_TAG)
+    try:
+        history = json.loads(raw) if raw else []
+    except json.JSONDecodeError:
+        return []
+    return [h for h in history if isinstance(h, dict) and "version" in h]
+
+
+def write_history(client, name: str, history: list[dict]) -> None:
+    client.set_registered_model_tag(name, HISTORY_TAG,
+                                    json.dumps(history[-HISTORY_LIMIT:], separators=(",", ":")))
+
+
+def push_history(client, name: str, entry: dict) -> None:
+    """Append the champion about to take the alias. Written *before* the alias moves: a
+    crash in between leaves an entry for a version that never held it, which rollback
+    skips (it is not the alias holder), never a champion missing from the history."""
+    write_history(client, name, [*read_history(client, name), entry])
+
+
+# ---------------------------------------------------------------- scoring from the registry
+def score_champion(client, name: str, champion: str | None, scores: np.ndarray,
+                   labels: np.ndarray, input_kind: str) -> ChampionScore | None:
+    """Run version ``champion`` of ``name`` (the ``@champion`` of the moment the candidate
+    was registered) from the registry on ``scores`` and return its NLL.
+
+    Addressing the version rather than the alias keeps a retried gate idempotent: once the
+    alias has moved to the candidate, a retry still compares against the old champion.
+    None when there was no champion. A champion that cannot run on the split (it reads
+    another ``input_kind`` or K, a broken artifact, a foreign model) comes back with
+    ``problem`` set, which the gate treats as a rejection and a health problem.
+    """
+    if champion is None:
+        return None
+    expected = client.get_model_version(name, champion).tags.get(registry.INPUT_KIND_TAG)
+    if expected not in (None, input_kind):  # None: registered without the tag; try it
+        return ChampionScore(champion, None, f"it reads {expected}, this split holds "
+                                             f"{input_kind}")
+    try:
+        outputs = registry.run_registered_model(client, f"models:/{name}/{champion}",
+                                                 scores)
+        repaired = np.asarray(outputs["repaired"], dtype=np.float64)
+        if repaired.shape != (len(labels), scores.shape[1]):
+            raise ValueError(f"'repaired' has shape {repaired.shape}, expected "
+                             f"{(len(labels), scores.shape[1])}")
+        nll = metrics.nll(repaired, labels)
+    except Exception as exc:  # any failure to score the champion is a reason to reject
+        return ChampionScore(champion, None, f"{type(exc).__name__}: {exc}"[:1000])
+    if not math.isfinite(nll):
+        return ChampionScore(champion, None, f"its NLL on this split is {nll!r}")
+    return ChampionScore(champion, nll)
+
+
+def champion_reference(client, name: str, champion: str | None, n_classes: int,
+                       input_kind: str) -> tuple[data.Dataset | None, str | None]:
+    """(the champion's pinned reference split, None) when it is available and compatible
+    with a candidate of ``n_classes`` / ``input_kind``, else (None, why not)."""
+    if champion is None:
+        return None, None
+    run_id = client.get_model_version(name, champion).run_id
+    try:
+        split = reference.load_reference_split(client, run_id)
+    except reference.ReferenceUnavailable as exc:
+        return None, f"unavailable: {exc}"
+    if split.n_classes != n_classes or split.input_kind != input_kind:
+        return None, (f"incompatible: it holds {split.n_classes} classes of {split.input_kind}, "
+                      f"the candidate reads {n_classes} of {input_kind}")
+    return split, None

@@ -1,0 +1,319 @@
+"""Checks of a command's inputs that run before anything is started, contacted or written.
+
+Every ``cord-ops`` command validates its files, options, cron expressions and model names
+here first, so a typo costs well under the 8-15 s a Prefect server takes to start and
+leaves no store, run or deployment behind. Nothing in this module imports Prefect or
+MLflow, and nothing creates the tracking store: a registered model is looked up read-only
+in an embedded sqlite store, and only a remote store is asked through ``MlflowClient``.
+
+Each check raises :class:`InputError` with one line that names the file, option or model
+and the expectation.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sqlite3
+import zipfile
+from pathlib import Path
+
+CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31),
+               ("month", 1, 12), ("day of week", 0, 7))
+CRON_NAMES = {
+    "month": ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
+              "dec"],
+    "day of week": ["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
+}
+CRON_ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight",
+                "@hourly")
+CRON_EXAMPLE = '"0 3 * * *" (minute hour day-of-month month day-of-week)'
+#: Seconds or minutes by which the default monitoring schedule follows recalibration.
+MONITOR_OFFSET_MINUTES = 30
+MONITOR_OFFSET_SECONDS = 30
+#: Seconds a remote store's /health may take to answer during validation.
+STORE_PROBE_TIMEOUT_S = 3.0
+
+
+class InputError(ValueError):
+    """A bad command input; the message is the whole one-line explanation."""
+
+
+# ---------------------------------------------------------------- files and options
+def existing_file(path: Path | str | None, option: str) -> Path | None:
+    """``path`` if it is a readable file (None passes through); checked before numpy is
+    even imported, so a typo'd name fails at once."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file (given as {option})")
+    if not path.is_file():
+        raise InputError(f"{path}: is not a file (given as {option})")
+    return path
+
+
+def npz_file(path: Path | str | None, option: str) -> Path | None:
+    """``path`` if it is a file that can be an .npz archive (a zip); None passes through.
+    Only the container is checked here, without numpy: :func:`load_data` reads the arrays.
+    """
+    path = existing_file(path, option)
+    if path is not None:
+        with open(path, "rb") as handle:
+            head = handle.read(6)
+        if head != b"\x93NUMPY" and not zipfile.is_zipfile(path):
+            raise InputError(f"{path}: not an .npz archive (numpy.savez's zip of .npy arrays); "
+                             f"expected 'logits' or 'probs' and 'labels' (given as {option})")
+    return path
+
+
+def load_data(path: Path, input_kind: str = "auto"):
+    """The validated dataset in ``path`` (see :func:`cord_ops.data.load_npz`)."""
+    from cord_ops import data
+
+    try:
+        return data.load_npz(path, input_kind=input_kind)
+    except (ValueError, TypeError, OSError) as exc:
+        raise InputError(str(exc)) from exc
+
+
+def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
+                        seed: int) -> None:
+    """The options a recalibration of ``dataset`` would refuse, refused now: a calibrator
+    that cannot read the file's input kind, a seed or fraction the split rejects, an
+    evaluation file with other classes or another input kind."""
+    from cord_ops import data
+
+    if eval_dataset is not None:
+        if eval_dataset.n_classes != dataset.n_classes:
+            raise InputError(f"{eval_dataset.path}: has {eval_dataset.n_classes} classes but "
+                             f"{dataset.path} has {dataset.n_classes}")
+        if eval_dataset.input_kind != dataset.input_kind:
+            raise InputError(f"{eval_dataset.path}: holds {eval_dataset.input_kind} but "
+                             f"{dataset.path} holds {dataset.input_kind}")
+    try:
+        if eval_dataset is None:
+            data.split_indices(dataset.n, seed, fraction)
+        # last: it imports scikit-learn
+        from cord_ops.calibrators import make_calibrator
+
+        make_calibrator(calibrator, input_kind=dataset.input_kind)
+    except ValueError as exc:
+        raise InputError(f"{dataset.path}: {exc}") from exc
+
+
+def non_negative(value: float, option: str) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise InputError(f"{option}: expected a finite number >= 0, got {value!r}")
+    return value
+
+
+def fraction_in_unit_interval(value: float, option: str = "--fraction") -> float:
+    if not 0.0 < value < 1.0:
+        raise InputError(f"{option}: expected a calibration share in (0, 1), got {value!r}")
+    return value
+
+
+def writable_output(path: Path, option: str, *inputs: Path | None) -> Path:
+    """An output path whose folder exists and that is not one of the inputs."""
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise InputError(f"{path}: folder {folder} does not exist (given as {option})")
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; expected a file name (given as {option})")
+    for source in inputs:
+        if source is not None and source.exists() and path.exists() and path.samefile(source):
+            raise InputError(f"{path}: is also the input; choose another {option}")
+    return path
+
+
+# ---------------------------------------------------------------- cron
+def _cron_value(token: str, field: str, low: int, high: int, where: str) -> int:
+    names = CRON_NAMES.get(field)
+    if names and token.lower() in names:
+        return names.index(token.lower()) + (1 if field == "month" else 0)
+    if not token.isdigit() or not low <= int(token) <= high:
+        raise InputError(f"{where}: {field} {token!r} is not in {low}-{high}; expected "
+                         f"{CRON_EXAMPLE}")
+    return int(token)
+
+
+def check_cron(cron: str, option: str = "--cron") -> str:
+    """``cron`` if it is a 5-field cron expression (numbers, ``*``, ranges ``a-b``, lists
+    ``a,b``, steps ``/n``, month and weekday names) or an alias such as ``@daily``.
+
+    Prefect's own parser accepts a few extensions (``L``, ``#``, a seconds field); this
+    stricter check keeps the common grammar and fails in one line without importing
+    Prefect.
+    """
+    text = " ".join(cron.split())
+    if text.lower() in CRON_ALIASES:
+        return text.lower()
+    fields = text.split(" ") if text else []
+    if len(fields) != len(CRON_FIELDS):
+        raise InputError(f"{option} {cron!r}: has {len(fields)} fields; expected {CRON_EXAMPLE}")
+    for value, (field, low, high) in zip(fields, CRON_FIELDS, strict=True):
+        for item in value.split(","):
+            base, _, step = item.partition("/")
+            if step and (not step.isdigit() or int(step) == 0):
+                raise InputError(f"{option} {cron!r}: {field} step {step!r} is not a positive "
+                                 f"integer; expected {CRON_EXAMPLE}")
+            if base in ("*", "?") and (base == "*" or field in ("day of month", "day of week")):
+                continue
+            first, dash, last = base.partition("-")
+            if step and not dash:
+                raise InputError(f"{option} {cron!r}: {field} step '{item}' needs * or a range "
+                                 f"before it (e.g. */15 or 0-30/15); expected {CRON_EXAMPLE}")
+            where = f"{option} {cron!r}"
+            start = _cron_value(first, field, low, high, where)
+            if dash and _cron_value(last, field, low, high, where) < start:
+                raise InputError(f"{option} {cron!r}: {field} range {base!r} runs backwards")
+            if dash and field == "day of week" and start == 7:
+                # Prefect's parser reads 7-7 as every day; Sunday starts a range as 0.
+                raise InputError(f"{option} {cron!r}: day of week range {base!r} starts at 7; "
+                                 "write Sunday as 0 at the start of a range")
+    return text
+
+
+def monitor_cron_for(cron: str) -> str:
+    """The default monitoring schedule: ``cron`` shifted so monitoring never starts at
+    the same moment as the recalibration it watches, and follows it within the hour.
+
+    A minute field that is one number below 30 moves :data:`MONITOR_OFFSET_MINUTES` later
+    (``0 3 * * *`` -> ``30 3 * * *``). Any other (``45``, ``*``, ``*/5``, lists, an alias's
+    expansion) keeps its minutes and gains a seconds field (Prefect's cron takes a sixth,
+    seconds, field): ``* * * * *`` -> ``* * * * * 30``, 30 s after each recalibration
+    starts. (Shifting past the hour would move the hour field, and with it days.)
+    """
+    cron = check_cron(cron)
+    aliases = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+               "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+               "@hourly": "0 * * * *"}
+    fields = aliases.get(cron, cron).split(" ")
+    if re.fullmatch(r"\d+", fields[0]) and int(fields[0]) + MONITOR_OFFSET_MINUTES < 60:
+        fields[0] = str(int(fields[0]) + MONITOR_OFFSET_MINUTES)
+        return " ".join(fields)
+    # Prefect's cron parser refuses a Sunday written as 7 once a seconds field follows
+    # ("* * * * 7 30"), so such a day-of-week field is spelled out with 0 instead.
+    fields[4] = _sunday_as_zero(fields[4])
+    return " ".join([*fields, str(MONITOR_OFFSET_SECONDS)])
+
+
+def _sunday_as_zero(field: str) -> str:
+    """A day-of-week field with every item that reaches 7 replaced by its days as numbers
+    0-6 (``5-7`` -> ``5,6,0``, ``0-7/2`` -> ``0,2,4,6``); other items are kept as written."""
+    items = []
+    for item in field.split(","):
+        base, _, step = item.partition("/")
+        if base in ("*", "?"):
+            items.append(item)
+            continue
+        first, _, last = base.partition("-")
+        low = _cron_value(first, "day of week", 0, 7, "day of week")
+        high = _cron_value(last, "day of week", 0, 7, "day of week") if last else low
+        if high == 7:
+            items.extend(str(day % 7) for day in range(low, 8, int(step) if step else 1))
+        else:
+            items.append(item)
+    return ",".join(dict.fromkeys(items))
+
+
+# ---------------------------------------------------------------- the tracking store
+def embedded_database(uri: str) -> Path | None:
+    """The sqlite file of an embedded store URI, None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def existing_store(uri: str) -> str:
+    """``uri`` if its store exists; for an embedded store, its database file must be there
+    (a read must never create an empty store somewhere else)."""
+    database = embedded_database(uri)
+    if database is not None and not database.is_file():
+        raise InputError(
+            f"no MLflow store at {uri}: the default store is ./mlruns/mlflow.db in the "
+            "working folder; run from the folder that holds it, or pass --tracking-uri "
+            "(or set MLFLOW_TRACKING_URI)")
+    if uri.startswith(("http://", "https://")):
+        from flows import tracking
+
+        # A server that is down fails here in seconds, not after a client's retries.
+        try:
+            tracking.prepare_store(uri, STORE_PROBE_TIMEOUT_S)
+        except tracking.StoreError as exc:
+            raise InputError(str(exc)) from None
+    return uri
+
+
+def _sqlite_versions(database: Path, name: str, alias: str | None) -> tuple[list[str], bool]:
+    """(registered model names, whether ``name`` (at ``alias``) exists), read-only."""
+    connection = sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        names = [row[0] for row in connection.execute(
+            "SELECT name FROM registered_models ORDER BY name")]
+        if name not in names:
+            return names, False
+        if alias is None:
+            return names, True
+        found = connection.execute(
+            "SELECT 1 FROM registered_model_aliases WHERE name = ? AND alias = ?",
+            (name, alias)).fetchone()
+        return names, found is not None
+    finally:
+        connection.close()
+
+
+def _client_versions(uri: str, name: str, alias: str | None) -> tuple[list[str], bool]:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    names = sorted(m.name for m in client.search_registered_models(max_results=1000))
+    if name not in names:
+        return names, False
+    if alias is None:
+        return names, True
+    try:
+        client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return names, False
+    return names, True
+
+
+def registered_model(uri: str, name: str, alias: str | None = None) -> None:
+    """Check that model ``name`` (and its ``@alias`` when given) is registered in the
+    store ``uri``; the error names the store and the models it does hold."""
+    existing_store(uri)
+    database = embedded_database(uri)
+    try:
+        names, found = (_sqlite_versions(database, name, alias) if database is not None
+                        else _client_versions(uri, name, alias))
+    except sqlite3.DatabaseError as exc:
+        raise InputError(f"{uri}: cannot read the MLflow store ({exc})") from exc
+    if found:
+        return
+    if name not in names:
+        held = ", ".join(names) if names else "none"
+        raise InputError(f"model '{name}' is not registered in {uri} (registered: {held})")
+    raise InputError(f"model '{name}' has no @{alias} in {uri}; run `cord-ops recalibrate "
+                     f"--model-name {name}` first")
+
+
+def model_reference(uri: str, model: str) -> None:
+    """A ``--model`` given as a path (must be a file) or as ``models:/NAME@ALIAS`` /
+    ``models:/NAME/VERSION`` (must be registered in ``uri``)."""
+    if ":/" not in model:
+        existing_file(model, "--model")
+        return
+    if not model.startswith("models:/"):
+        existing_store(uri)  # runs:/ and other artifact URIs are resolved by MLflow
+        return
+    reference = model.removeprefix("models:/").strip("/")
+    if "@" in reference:
+        name, _, alias = reference.partition("@")
+        registered_model(uri, name, alias)
+    else:
+        name, _, version = reference.partition("/")
+        registered_model(uri, name)
+        if version and not version.isdigit():
+            raise InputError(f"--model {model}: version {version!r} is not a number; expected "
+                             "models:/NAME@ALIAS or models:/NAME/VERSION")

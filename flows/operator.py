@@ -1,0 +1,318 @@
+"""What an operator does to a registered model by hand: see its state, promote a version,
+roll ``@champion`` back.
+
+- :func:`status` collects the champion, its health (registered-model tag
+  ``cord.champion.health``) and the recent versions with their gate decisions, NLLs and
+  reasons; :func:`format_status` prints them as a table.
+- :func:`promote` moves ``@champion`` to a version after the checks the gate relies on
+  (:func:`check_promotable`): the version finished registration, its run verified ONNX
+  parity and TPCR 0, it reads the K and input kind of the current champion, and run from
+  the registry on its own pinned reference split it still keeps every top-1 and
+  reproduces the NLL its run logged. Who, when and why are recorded as version tags and
+  in the champion history (registered-model tag ``cord.champion.history``).
+- :func:`rollback` returns ``@champion`` to the champion before the current one in that
+  history, after the same checks.
+
+Both alias moves run inside the model's registry section (:func:`registry_section`),
+the lock recalibrations take between registration and the alias move.
+"""
+
+from __future__ import annotations
+
+import getpass
+import math
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+
+from cord_ops import metrics
+from cord_ops.validation import top1
+from flows import gate, reference, registry
+
+PROMOTED_BY_TAG = "cord.promoted_by"
+PROMOTED_AT_TAG = "cord.promoted_at"
+PROMOTION_REASON_TAG = "cord.promotion_reason"
+#: Relative agreement between the NLL a version reproduces from the registry on its
+#: reference split and the ``cord.nll`` its run logged: float32 graphs agree with cord_ops
+#: to 1e-5 per probability, far inside this.
+NLL_REPRODUCTION_RTOL = 1e-3
+
+
+class PromotionRefused(RuntimeError):
+    """A version cannot take ``@champion``; the message says why, in one line."""
+
+
+class _StderrLog:
+    """The lock's waiting messages, for a command line (no Prefect logger here)."""
+
+    def info(self, message: str, *args) -> None:
+        print(message % args, file=sys.stderr, flush=True)
+
+    warning = info
+
+
+@contextmanager
+def registry_section(client, uri: str, name: str,
+                     timeout: float | None = None) -> Iterator[None]:
+    """Hold the model's registry lock (:mod:`flows.lock`, the one recalibrations take from
+    registration to the alias move) around an operator's alias move, so a promote or
+    rollback never interleaves with a gate reading and moving ``@champion``."""
+    from flows import lock, owner, prefect_server, tracking
+
+    folder = tracking.local_store_folder(uri)
+    kind = lock.choose(folder, prefect_server.configured_api_url())
+    holder = {"run_id": None, "operator": who(), **owner.Owner.current().record()}
+    with lock.registry_lock(kind, name, lock.DEFAULT_TIMEOUT if timeout is None else timeout,
+                            _StderrLog(), holder, client=client, store_folder=folder):
+        yield
+
+
+def who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name in a bare container
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------- status
+@dataclass(frozen=True)
+class VersionRow:
+    version: str
+    aliases: str
+    registration: str
+    decision: str
+    candidate_nll: str
+    champion_nll: str
+    reference_nll: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Status:
+    name: str
+    champion: str | None
+    health: str
+    history: list[dict]
+    rows: list[VersionRow]
+
+
+def _short(value: str | None) -> str:
+    if value in (None, "None", ""):
+        return "-"
+    try:
+        return f"{float(value):.5f}"
+    except ValueError:
+        return value
+
+
+def status(client, name: str, limit: int = 10) -> Status:
+    """The state of registered model ``name`` (raises LookupError when it does not exist)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException:
+        raise LookupError(f"no registered model named '{name}'") from None
+    holder = registry.champion_version(client, name)
+    versions = sorted(client.search_model_versions(f"name = '{name}'"),
+                      key=lambda mv: int(mv.version), reverse=True)[:limit]
+    rows = []
+    for mv in versions:
+        tags = mv.tags
+        ref = "-"
+        if tags.get("cord.gate.reference_version"):
+            problem = tags.get("cord.gate.reference_problem", "none")
+            ref = (f"{_short(tags.get('cord.gate.reference_candidate_nll'))} vs "
+                   f"{_short(tags.get('cord.gate.reference_champion_nll'))}"
+                   if problem == "none" else "not used")
+        manual = tags.get(PROMOTED_BY_TAG)
+        reason = tags.get(registry.REASON_TAG, "-")
+        if manual:
+            reason = (f"promoted by {manual} at {tags.get(PROMOTED_AT_TAG)}: "
+                      f"{tags.get(PROMOTION_REASON_TAG)} | gate: {reason}")
+        rows.append(VersionRow(
+            str(mv.version), ",".join(client.get_model_version(name, mv.version).aliases) or "-",
+            tags.get(registry.REGISTRATION_TAG, "-"), tags.get(registry.DECISION_TAG, "-"),
+            _short(tags.get(registry.CANDIDATE_NLL_TAG)),
+            _short(tags.get(registry.CHAMPION_NLL_TAG)), ref, reason))
+    return Status(name, None if holder is None else str(holder.version),
+                  model.tags.get(gate.HEALTH_TAG, "unknown (not checked yet)"),
+                  gate.read_history(client, name), rows)
+
+
+def format_status(report: Status) -> str:
+    """The status as text: a header, then one row per version (newest first)."""
+    champion = "none" if report.champion is None else f"v{report.champion}"
+    trail = " -> ".join(f"v{h['version']}" for h in report.history[-6:]) or "-"
+    lines = [f"model:    {report.name}",
+             f"champion: {champion}",
+             f"health:   {report.health}",
+             f"history:  {trail}",
+             ""]
+    header = ("version", "aliases", "state", "decision", "cand NLL", "champ NLL",
+              "ref NLL (cand vs champ)", "reason")
+    widths = (7, 9, 9, 9, 9, 9, 23)
+    lines.append(" ".join(f"{h:<{w}}" for h, w in zip(header[:-1], widths, strict=True))
+                 + " " + header[-1])
+    lines.append("-" * (sum(widths) + len(widths) + 6))
+    for row in report.rows:
+        cells = (f"v{row.version}", row.aliases, row.registration, row.decision,
+                 row.candidate_nll, row.champion_nll, row.reference_nll)
+        lines.append(" ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True))
+                     + " " + row.reason)
+    if not report.rows:
+        lines.append("(no versions)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- checks
+def check_promotable(client, name: str, version: str) -> float:
+    """The checks an alias move needs; returns the version's NLL on its reference split.
+
+    Raises :class:`PromotionRefused` naming the first failed check.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = client.get_model_version(name, version)
+    except MlflowException:
+        raise PromotionRefused(f"{name} has no version {version}") from None
+    tags = mv.tags
+    state = tags.get(registry.REGISTRATION_TAG)
+    if state != registry.COMPLETE:
+        raise PromotionRefused(f"v{version} has not finished registration "
+                               f"({registry.REGISTRATION_TAG}={state})")
+    if not mv.run_id:
+        raise PromotionRefused(f"v{version} has no run to check")
+    run = client.get_run(mv.run_id)
+    logged = run.data.metrics
+    dtype = run.data.tags.get("cord.dtype", "float32")
+    diff, agreement = logged.get("onnx.max_abs_diff"), logged.get("onnx.argmax_agreement")
+    if diff is None or agreement is None or not (
+            diff <= gate.PARITY_TOLERANCE.get(dtype, 1e-5) and agreement == 1.0):
+        raise PromotionRefused(f"v{version}'s run did not verify ONNX parity "
+                               f"(max abs diff {diff}, argmax agreement {agreement})")
+    if logged.get("cord.tpcr") != 0.0:
+        raise PromotionRefused(f"v{version} changes top-1 decisions "
+                               f"(cord.tpcr {logged.get('cord.tpcr')})")
+    kind = tags.get(registry.INPUT_KIND_TAG)
+    holder = registry.champion_version(client, name)
+    if holder is not None and str(holder.version) != str(version):
+        held_kind = holder.tags.get(registry.INPUT_KIND_TAG)
+        held_k = holder.tags.get(registry.N_CLASSES_TAG)
+        k = tags.get(registry.N_CLASSES_TAG)
+        if held_kind is not None and held_kind != kind:
+            raise PromotionRefused(f"v{version} reads {kind} but @champion v{holder.version} "
+                                   f"reads {held_kind}: its clients would send the wrong input")
+        if held_k is not None and k is not None and held_k != k:
+            raise PromotionRefused(f"v{version} reads {k} classes but @champion "
+                                   f"v{holder.version} reads {held_k}")
+    try:
+        split = reference.load_reference_split(client, mv.run_id)
+    except reference.ReferenceUnavailable as exc:
+        raise PromotionRefused(f"v{version}: no reference split to check it on ({exc})") from None
+    if kind is not None and split.input_kind != kind:
+        raise PromotionRefused(f"v{version} reads {kind} but its reference split holds "
+                               f"{split.input_kind}")
+    try:
+        outputs = registry.run_registered_model(client, f"models:/{name}/{version}",
+                                                 split.scores)
+        repaired = np.asarray(outputs["repaired"], dtype=np.float64)
+        nll = metrics.nll(repaired, split.labels)
+    except Exception as exc:
+        raise PromotionRefused(f"v{version} cannot be run from the registry "
+                               f"({type(exc).__name__}: {exc})"[:1000]) from None
+    if repaired.shape != split.scores.shape or not np.array_equal(top1(repaired),
+                                                                  top1(split.scores)):
+        raise PromotionRefused(f"v{version} changes top-1 decisions on its reference split")
+    expected = logged.get("cord.nll")
+    if expected is None or not math.isclose(nll, expected, rel_tol=NLL_REPRODUCTION_RTOL):
+        raise PromotionRefused(f"v{version} gives NLL {nll:.6g} on its reference split, its "
+                               f"run logged {expected}: the artifact is not what was gated")
+    return nll
+
+
+# ---------------------------------------------------------------- alias moves
+def _move(client, name: str, version: str, reason: str, how: str) -> None:
+    """Tag ``version`` with who/when/why and move the alias; health becomes ok."""
+    at, by = now(), who()
+    client.set_model_version_tag(name, version, PROMOTED_BY_TAG, by)
+    client.set_model_version_tag(name, version, PROMOTED_AT_TAG, at)
+    client.set_model_version_tag(name, version, PROMOTION_REASON_TAG, f"{how}: {reason}"[:5000])
+    client.set_registered_model_alias(name, registry.CHAMPION, version)
+    gate.record_health(client, name, version, None)
+
+
+def promote(client, uri: str, name: str, version: str, reason: str,
+            lock_timeout: float | None = None) -> str | None:
+    """Move ``@champion`` of ``name`` to ``version``; returns the previous champion.
+
+    Raises :class:`PromotionRefused` when a check fails or ``reason`` is empty.
+    """
+    version = str(version)
+    if not reason or not reason.strip():
+        raise PromotionRefused("--reason: say why this version should serve")
+    with registry_section(client, uri, name, lock_timeout):
+        holder = registry.champion_version(client, name)
+        previous = None if holder is None else str(holder.version)
+        if previous == version:
+            raise PromotionRefused(f"v{version} already holds @{registry.CHAMPION}")
+        check_promotable(client, name, version)
+        history = gate.read_history(client, name)
+        if previous is not None and (not history or history[-1]["version"] != previous):
+            history.append({"version": previous, "by": "unknown"})
+        history.append({"version": version, "by": who(), "at": now(), "how": "promote",
+                        "reason": reason[:300]})
+        gate.write_history(client, name, history)  # before the alias: see push_history
+        _move(client, name, version, reason, "promote")
+    return previous
+
+
+def rollback(client, uri: str, name: str, reason: str = "rollback",
+             lock_timeout: float | None = None) -> tuple[str | None, str]:
+    """Return ``@champion`` of ``name`` to the champion before the current one in the
+    history; returns (from, to). Versions deleted since are skipped; a target that fails
+    :func:`check_promotable` refuses the rollback (say which, fix by ``promote``)."""
+    from mlflow.exceptions import MlflowException
+
+    with registry_section(client, uri, name, lock_timeout):
+        holder = registry.champion_version(client, name)
+        current = None if holder is None else str(holder.version)
+        history = gate.read_history(client, name)
+        # Entries after the holder's last one never held the alias (a crash between the
+        # history write and the alias move); drop them with the holder's own entry.
+        mine = [i for i, h in enumerate(history) if str(h["version"]) == current]
+        if mine:
+            history = history[:mine[-1]]
+        target = None
+        while history:
+            candidate = str(history[-1]["version"])
+            if candidate != current:
+                try:
+                    client.get_model_version(name, candidate)
+                    target = candidate
+                    break
+                except MlflowException:
+                    pass  # deleted since it served
+            history.pop()
+        if target is None:
+            raise PromotionRefused(f"{name}: no earlier champion recorded to roll back to "
+                                   f"(use `cord-ops promote --model-name {name} --version N`)")
+        try:
+            check_promotable(client, name, target)
+        except PromotionRefused as exc:
+            raise PromotionRefused(f"cannot roll back to v{target}: {exc}") from None
+        history[-1] = {**history[-1], "rolled_back_at": now(), "rolled_back_by": who()}
+        gate.write_history(client, name, history)
+        _move(client, name, target, reason, f"rollback from v{current}")
+    return current, target

@@ -1,0 +1,84 @@
+"""``cord-ops status | promote | rollback``: the operator's commands on a registered model
+(logic in :mod:`flows.operator`). None of them imports Prefect; each talks to the tracking
+store :func:`flows.tracking.tracking_uri` names."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _client(args):
+    """(client, uri) of the store ``--tracking-uri`` or the environment names, checked
+    (and created) first."""
+    from flows import tracking
+
+    uri = tracking.store_uri(getattr(args, "tracking_uri", None))
+    tracking.prepare_store(uri)
+    return tracking.client(uri), uri
+
+
+def cmd_status(args) -> int:
+    from flows import operator
+
+    client, _ = _client(args)
+    print(operator.format_status(operator.status(client, args.model_name, args.limit)))
+    return 0
+
+
+def cmd_promote(args) -> int:
+    from flows import operator
+
+    client, uri = _client(args)
+    previous = operator.promote(client, uri, args.model_name, str(args.version), args.reason,
+                                args.lock_timeout)
+    before = "none" if previous is None else f"v{previous}"
+    print(f"{args.model_name}@champion: {before} -> v{args.version} ({args.reason}); "
+          f"undo with `cord-ops rollback --model-name {args.model_name}`")
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    from flows import operator
+
+    client, uri = _client(args)
+    current, target = operator.rollback(client, uri, args.model_name, args.reason,
+                                        args.lock_timeout)
+    print(f"{args.model_name}@champion: v{current} -> v{target} (rollback: {args.reason})")
+    return 0
+
+
+def add_cli(sub) -> None:
+    """Add the operator subcommands to the ``cord-ops`` parser's subparsers."""
+    p = sub.add_parser("status", help="champion, health and recent versions of a model")
+    p.add_argument("--model-name", required=True, help="registered model name")
+    p.add_argument("--limit", type=_positive, default=10, help="versions shown (default: 10)")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("promote", help="move @champion to a version, after the gate's checks")
+    p.add_argument("--model-name", required=True, help="registered model name")
+    p.add_argument("--version", required=True, type=_positive, help="version to promote")
+    p.add_argument("--reason", required=True, help="why (recorded as a version tag)")
+    _add_lock_timeout(p)
+    p.set_defaults(func=cmd_promote)
+
+    p = sub.add_parser("rollback", help="return @champion to the previous champion")
+    p.add_argument("--model-name", required=True, help="registered model name")
+    p.add_argument("--reason", default="rollback", help="why (recorded as a version tag)")
+    _add_lock_timeout(p)
+    p.set_defaults(func=cmd_rollback)
+
+
+def _add_lock_timeout(parser) -> None:
+    parser.add_argument("--lock-timeout", type=float, default=None, metavar="SECONDS",
+                        help="wait at most this long for a recalibration of the model to "
+                             "leave the registry (default: the recalibration's)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value

@@ -1,0 +1,127 @@
+"""Who is running a recalibration, and whether that process is still alive.
+
+Clean-up after a crash must decide by liveness, never by appearance: a pending version of
+a run that is still fitting in another process looks exactly like the leftover of a run
+that was killed. Every run therefore records its owner as run tags (host, pid and the
+process's start time, which tells a live process from a later one that reused the pid)
+plus, for stores other machines can reach, a heartbeat the owner refreshes while it runs.
+
+An owner is alive when
+
+- it runs on this host: its pid exists and that process started when the record says
+  (to 10 ms); the answer is certain;
+- it runs on another host: its last heartbeat is younger than ``stale_after`` seconds
+  (:data:`STALE_AFTER`); a heartbeat cannot tell a hung owner from a slow one, so a
+  heartbeat older than that is taken as dead.
+
+A run with no owner record (logged by an older cord-ops) counts as alive until its last
+activity is ``stale_after`` seconds old.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+HOST_TAG = "cord.owner.host"
+PID_TAG = "cord.owner.pid"
+STARTED_TAG = "cord.owner.started"
+HEARTBEAT_TAG = "cord.owner.heartbeat"
+#: Seconds without a heartbeat after which an owner on another host is taken as dead.
+STALE_AFTER = 300.0
+#: Seconds between two heartbeats (a fifth of STALE_AFTER: four may be lost).
+HEARTBEAT_EVERY = STALE_AFTER / 5
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A process: host name, pid and start time (seconds since the epoch, as psutil has it)."""
+
+    host: str
+    pid: int
+    started: float
+
+    @classmethod
+    def current(cls) -> Owner:
+        return cls(socket.gethostname(), os.getpid(), psutil.Process().create_time())
+
+    @classmethod
+    def from_record(cls, record: dict) -> Owner | None:
+        """The owner in a tag (or lock holder) dict, or None when it holds no owner."""
+        try:
+            return cls(str(record[HOST_TAG]), int(record[PID_TAG]), float(record[STARTED_TAG]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def record(self) -> dict[str, str]:
+        return {HOST_TAG: self.host, PID_TAG: str(self.pid), STARTED_TAG: repr(self.started),
+                HEARTBEAT_TAG: repr(time.time())}
+
+    def describe(self) -> str:
+        since = time.strftime("%H:%M:%S", time.localtime(self.started))
+        return f"pid {self.pid} on {self.host}, process started {since}"
+
+    def is_local(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def process_alive(self) -> bool:
+        """For an owner on this host: its process still runs (not a reused pid)."""
+        try:
+            return abs(psutil.Process(self.pid).create_time() - self.started) < 0.01
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return False
+        except psutil.AccessDenied:  # exists, owned by someone else: assume alive
+            return True
+
+
+def alive(record: dict, last_activity: float | None = None,
+          stale_after: float = STALE_AFTER, now: float | None = None) -> bool:
+    """Whether the owner ``record`` (run tags, or a lock holder record) names is alive.
+
+    ``last_activity`` (seconds since the epoch) stands in for the heartbeat of a record
+    without one, e.g. a run's start time.
+    """
+    now = time.time() if now is None else now
+    owner = Owner.from_record(record)
+    if owner is not None and owner.is_local():
+        return owner.process_alive()
+    try:
+        beat = float(record[HEARTBEAT_TAG])
+    except (KeyError, TypeError, ValueError):
+        beat = last_activity
+    return beat is not None and now - beat < stale_after
+
+
+class Heartbeat:
+    """Refresh a run's heartbeat tag every ``every`` seconds from a daemon thread.
+
+    Only stores that other hosts can reach need one (an owner on this host is checked by
+    pid); a failed beat is ignored: the next one may get through, and a store that stays
+    down fails the run anyway.
+    """
+
+    def __init__(self, client, run_id: str, every: float = HEARTBEAT_EVERY):
+        self._client, self._run_id, self._every = client, run_id, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="cord-ops-heartbeat",
+                                        daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self._client.set_tag(self._run_id, HEARTBEAT_TAG, repr(time.time()))
+            except Exception:  # noqa: BLE001 - see the class docstring
+                pass
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

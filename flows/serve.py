@@ -1,0 +1,600 @@
+"""``cord-ops serve``: an HTTP scoring server that follows a registry alias.
+
+It serves the ONNX graph of ``models:/NAME@ALIAS`` with one onnxruntime session (CUDA when
+onnxruntime-gpu and a GPU are present, else CPU) on uvicorn + Starlette, and moves to a new
+version without a restart:
+
+- a :class:`RegistryFollower` thread polls the alias every ``poll_interval`` seconds; when it
+  points at a version that is not the one served, the thread downloads that version's
+  graph, opens a session and verifies it (:func:`verify`): every repaired row keeps its
+  input's top-1, is finite and sums to 1, and agrees with cord_ops run from the version's
+  logged state within the export's parity tolerance. Only then is the served model
+  replaced, by one reference assignment, so a request is answered wholly by the version it
+  was validated against. A version that fails to load or verify is never served, is
+  remembered (``/version``, ``/metrics``) and is not retried until the alias moves again;
+  a store that cannot be reached is retried at the next poll.
+- ``POST /invocations`` takes MLflow's scoring payloads (:func:`flows.scoring_input.
+  from_payload`), refuses bad input with HTTP 400 and a one-line ``error`` (the rules of
+  :mod:`flows.scoring_input`, shared with the registered model's pyfunc flavour), and
+  answers ``{"predictions": {"repaired", "label", "confidence"}, "model": {"name",
+  "version"}}`` with the version also in the ``X-Model-Version`` header.
+- concurrent requests are micro-batched (:class:`MicroBatcher`): one session run scores every
+  request waiting for it, up to ``batch_max_rows`` rows, and waits at most
+  ``batch_window`` seconds for requests still being read; a lone request never waits.
+- ``GET /health`` (200 only with a verified model), ``GET /version``, ``GET /metrics``
+  (Prometheus text: requests, errors by reason, latency, batch sizes, current version,
+  swaps and failed swaps).
+- SIGTERM (or Ctrl-C) stops accepting connections, answers the requests in flight and
+  exits within ``SHUTDOWN_GRACE`` seconds.
+
+Nothing is process-wide: the tracking store is addressed through ``MlflowClient(uri)`` and
+the metrics live in the server's own registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from flows.scoring_input import REASONS, InputContract, InputError, from_payload, score_matrix
+
+DEFAULT_PORT = 5005
+DEFAULT_POLL_INTERVAL = 10.0
+DEFAULT_BATCH_WINDOW = 0.002
+DEFAULT_BATCH_MAX_ROWS = 4096
+#: uvicorn's limit for finishing in-flight requests after SIGTERM; start-up to exit stays
+#: under 5 s.
+SHUTDOWN_GRACE = 3.0
+VERSION_HEADER = "X-Model-Version"
+OUTPUTS = ("repaired", "label", "confidence")
+#: Rows of the synthetic probe batch every new version is verified on.
+PROBE_ROWS = 256
+ERROR_REASONS = (*REASONS, "bad_json", "unsupported_media_type", "no_model", "internal")
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class VersionRejected(RuntimeError):
+    """A version that must not be served (unreadable graph, failed verification)."""
+
+
+@dataclass(frozen=True, eq=False)
+class ServedModel:
+    """One verified version and its session; immutable once built."""
+
+    name: str
+    version: str
+    run_id: str | None
+    contract: InputContract
+    eta_star: str | None
+    calibrator: str | None
+    session: object
+    providers: tuple[str, ...]
+    verification: dict
+    loaded_at: float = field(default_factory=time.time)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "version": self.version, "run_id": self.run_id,
+                "input_kind": self.contract.input_kind, "n_classes": self.contract.n_classes,
+                "dtype": str(self.contract.dtype), "eta_star": self.eta_star,
+                "calibrator": self.calibrator, "providers": list(self.providers),
+                "verification": self.verification, "loaded_at": self.loaded_at}
+
+
+# ---------------------------------------------------------------- loading and verification
+def _download(uri: str, dst: Path, tracking_uri: str) -> Path:
+    import mlflow.artifacts
+
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst),
+                                                   tracking_uri=tracking_uri))
+
+
+def model_location(client, name: str, version: str) -> str:
+    """Artifact URI of a version's model folder, as the registry resolves it."""
+    return client.get_model_version_download_uri(name, version)
+
+
+def fetch_graph(client, tracking_uri: str, name: str, version: str, folder: Path) -> Path:
+    """Download the ``.onnx`` file of ``name`` v``version`` (the ``onnx`` flavour's file)
+    into ``folder``. Store errors propagate (the follower retries them)."""
+    import yaml
+
+    location = model_location(client, name, version).rstrip("/")
+    mlmodel = _download(f"{location}/MLmodel", folder, tracking_uri)
+    flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
+    relative = (flavors.get("onnx") or {}).get("data")
+    if not relative:
+        raise VersionRejected(f"v{version}: the model has no onnx flavour (flavours: "
+                              f"{sorted(flavors)})")
+    return _download(f"{location}/{relative}", folder / "graph", tracking_uri)
+
+
+def _probe_scores(contract: InputContract, seed: int = 0) -> np.ndarray:
+    """A seeded batch spanning confident, flat and tied rows, in the graph's input kind."""
+    from scipy.special import softmax
+
+    rng = np.random.default_rng(seed)
+    k = contract.n_classes
+    logits = rng.normal(0.0, 1.0, (PROBE_ROWS, k)) * rng.choice([0.1, 1.0, 4.0, 12.0],
+                                                                 (PROBE_ROWS, 1))
+    logits[:4] = 0.0  # all-tied rows: the tie rule picks class 0
+    if contract.input_kind == "probs":
+        return softmax(logits, axis=1)
+    return logits
+
+
+def _logged_state(client, run_id: str | None, folder: Path):
+    """(calibrator, CORD) rebuilt from the run's ``state/`` JSON, or None without them."""
+    from mlflow.exceptions import MlflowException
+
+    from cord_ops import CORD
+    from cord_ops.calibrators import calibrator_from_dict
+
+    if not run_id:
+        return None
+    try:
+        state = Path(client.download_artifacts(run_id, "state", str(folder)))
+    except (MlflowException, OSError):
+        return None
+    paths = state / "calibrator.json", state / "cord.json"
+    if not all(p.is_file() for p in paths):
+        return None
+    return (calibrator_from_dict(json.loads(paths[0].read_text())),
+            CORD.from_dict(json.loads(paths[1].read_text())))
+
+
+def verify(session, contract: InputContract, state=None) -> dict:
+    """Check a session before it serves: on the probe batch every ``repaired`` row is
+    finite, sums to 1 and keeps the input's top-1 (== ``label``); with the logged
+    ``state`` (calibrator, CORD), ``repaired`` matches cord_ops within the export's parity
+    tolerance. Returns what was checked; raises VersionRejected naming the failure."""
+    from cord_ops.validation import top1
+    from flows.gate import PARITY_TOLERANCE
+
+    # The graph's own input, upcast: parity is defined against cord_ops on the same inputs.
+    probe = _probe_scores(contract).astype(contract.dtype).astype(np.float64)
+    try:
+        repaired, label = session.run(["repaired", "label"],
+                                      {session.get_inputs()[0].name: probe.astype(contract.dtype)})
+    except Exception as exc:  # any runtime failure on valid input disqualifies the graph
+        raise VersionRejected(f"the graph failed on the probe batch ({exc})") from exc
+    repaired = repaired.astype(np.float64)
+    expected_top1 = top1(probe)
+    tolerance = PARITY_TOLERANCE[str(contract.dtype)]
+    if repaired.shape != probe.shape or not np.isfinite(repaired).all():
+        raise VersionRejected("repaired output is not a finite [N, K] array")
+    if not np.array_equal(label, expected_top1) or not np.array_equal(top1(repaired),
+                                                                      expected_top1):
+        raise VersionRejected("repaired output changes a top-1 decision on the probe batch")
+    if np.max(np.abs(repaired.sum(axis=1) - 1.0)) > max(tolerance, 1e-6) * contract.n_classes:
+        raise VersionRejected("repaired rows do not sum to 1 on the probe batch")
+    report = {"probe_rows": int(probe.shape[0]), "top1_kept": True, "reference": None}
+    if state is not None:
+        calibrator, cord = state
+        reference = cord.transform(
+            probe if contract.input_kind == "probs" else _softmax(probe),
+            calibrator.predict_proba(probe))
+        diff = float(np.max(np.abs(repaired - reference)))
+        if not diff <= tolerance:
+            raise VersionRejected(f"max |onnx - cord_ops| = {diff:.3g} on the probe batch "
+                                  f"exceeds the parity tolerance {tolerance:g}")
+        report.update(reference="cord_ops from the run's logged state", max_abs_diff=diff,
+                      tolerance=tolerance)
+    return report
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    from scipy.special import softmax
+
+    return softmax(x, axis=1)
+
+
+def load_version(client, tracking_uri: str, name: str, version: str,
+                 provider: str = "auto") -> ServedModel:
+    """Download, open and verify ``name`` v``version``. Raises VersionRejected for a graph
+    that must not be served; store errors propagate unchanged."""
+    from onnx_export.export import load_model, model_metadata
+    from onnx_export.runtime import open_session
+
+    mv = client.get_model_version(name, version)
+    with tempfile.TemporaryDirectory(prefix="cord-ops-serve-") as tmp:
+        folder = Path(tmp)
+        path = fetch_graph(client, tracking_uri, name, version, folder)
+        try:
+            graph = load_model(path)
+            meta = model_metadata(graph)
+            contract = InputContract.from_metadata(meta)
+            session = open_session(graph, provider=provider)
+        except (ValueError, RuntimeError) as exc:
+            raise VersionRejected(f"v{version}: cannot load its graph ({exc})") from exc
+        state = _logged_state(client, mv.run_id, folder / "state")
+    try:
+        report = verify(session, contract, state)
+    except VersionRejected as exc:
+        raise VersionRejected(f"v{version}: {exc}") from exc
+    return ServedModel(name=name, version=str(version), run_id=mv.run_id, contract=contract,
+                       eta_star=meta.get("cord.eta_star"), calibrator=meta.get("cord.calibrator"),
+                       session=session, providers=tuple(session.get_providers()),
+                       verification=report)
+
+
+# ---------------------------------------------------------------- metrics
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("cord_serve_requests", "Scoring requests by HTTP status",
+                                ["status"], registry=r)
+        self.errors = Counter("cord_serve_errors", "Refused or failed scoring requests",
+                              ["reason"], registry=r)
+        for reason in ERROR_REASONS:
+            self.errors.labels(reason)
+        self.latency = Histogram("cord_serve_request_duration_seconds",
+                                 "Time from reading a scoring request to its answer",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.rows = Counter("cord_serve_rows", "Rows scored", registry=r)
+        self.batch_rows = Histogram("cord_serve_batch_rows", "Rows per onnxruntime run",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
+                                    registry=r)
+        self.version = Gauge("cord_serve_model_version", "Registry version being served "
+                             "(0: none yet)", registry=r)
+        self.info = Gauge("cord_serve_model_info", "The served model (value 1)",
+                          ["name", "version", "run_id"], registry=r)
+        self.swaps = Counter("cord_serve_swaps", "Versions swapped in after verification",
+                             registry=r)
+        self.swap_failures = Counter("cord_serve_swap_failures",
+                                     "Versions that failed to load or verify", registry=r)
+        self.poll_errors = Counter("cord_serve_poll_errors",
+                                   "Registry polls that could not reach the store", registry=r)
+        self._info_labels: tuple[str, ...] | None = None
+
+    def served(self, model: ServedModel) -> None:
+        if self._info_labels is not None:
+            self.info.remove(*self._info_labels)
+        self._info_labels = (model.name, model.version, model.run_id or "")
+        self.info.labels(*self._info_labels).set(1)
+        self.version.set(float(model.version) if model.version.isdigit() else math.nan)
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+# ---------------------------------------------------------------- following the alias
+class RegistryFollower:
+    """Keeps ``current`` at the verified version the alias points to.
+
+    Runs in a daemon thread (a hung store call cannot hold up shutdown). ``current`` is
+    replaced by assignment only, so readers always see one whole ServedModel.
+    """
+
+    def __init__(self, tracking_uri: str, name: str, alias: str, interval: float,
+                 metrics: Metrics, provider: str = "auto"):
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri, self.name, self.alias = tracking_uri, name, alias
+        self.interval, self.metrics, self.provider = interval, metrics, provider
+        self.current: ServedModel | None = None
+        self.rejected: dict[str, str] = {}
+        self.last_error: str | None = None
+        self.last_poll: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="registry-follower",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+            self._stop.wait(self.interval)
+
+    def poll_once(self) -> None:
+        """One poll: resolve the alias and swap in its version if new and verified."""
+        try:
+            target = str(self.client.get_model_version_by_alias(self.name, self.alias).version)
+        except Exception as exc:  # store down, or the alias is not set (yet)
+            self._poll_failed(exc, unset=_alias_unset(exc))
+            return
+        self.last_poll = time.time()
+        served = self.current
+        if (served is not None and served.version == target) or target in self.rejected:
+            self.last_error = None
+            return
+        try:
+            model = load_version(self.client, self.tracking_uri, self.name, target,
+                                 self.provider)
+        except VersionRejected as exc:
+            self.rejected[target] = str(exc)
+            self.metrics.swap_failures.inc()
+            self._log(f"not serving {self.name} v{target}: {exc}")
+            return
+        except Exception as exc:  # the store failed mid-download: try again next poll
+            self._poll_failed(exc, unset=False)
+            return
+        self.current = model
+        self.last_error = None
+        self.metrics.served(model)
+        if served is not None:
+            self.metrics.swaps.inc()
+        self._log(f"serving {self.name} v{model.version} ({model.contract.input_kind}, "
+                  f"K={model.contract.n_classes}, {model.providers[0]})")
+
+    def _poll_failed(self, exc: BaseException, unset: bool) -> None:
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        if message != self.last_error:
+            self._log(f"registry poll failed: {message}")
+        self.last_error = message
+        if not unset:
+            self.metrics.poll_errors.inc()
+
+    @staticmethod
+    def _log(message: str) -> None:
+        import sys
+
+        print(f"cord-ops serve: {message}", file=sys.stderr, flush=True)
+
+
+def _alias_unset(exc: BaseException) -> bool:
+    """The store answered that the alias (or the model) does not exist: not an outage."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(exc, MlflowException) and exc.error_code in (
+        "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") and "not found" in exc.message
+
+
+# ---------------------------------------------------------------- micro-batching
+@dataclass(eq=False)
+class _Pending:
+    model: ServedModel
+    scores: np.ndarray
+    future: asyncio.Future
+
+
+class MicroBatcher:
+    """Scores queued requests together: one onnxruntime run per version per batch.
+
+    The batch loop takes every request already queued; while requests are still being
+    read (``arriving``) and the batch is under ``max_rows``, it waits up to ``window``
+    seconds for them. Runs happen on one worker thread (onnxruntime releases the GIL and
+    uses its own intra-op threads), so the event loop keeps reading requests meanwhile.
+    """
+
+    def __init__(self, window: float, max_rows: int, metrics: Metrics):
+        self.window, self.max_rows, self.metrics = window, max_rows, metrics
+        self.arriving = 0
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxruntime")
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def score(self, model: ServedModel, scores: np.ndarray) -> dict[str, np.ndarray]:
+        future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(model, scores, future))
+        return await future
+
+    async def _collect(self) -> list[_Pending]:
+        batch = [await self._queue.get()]
+        rows = batch[0].scores.shape[0]
+        deadline = asyncio.get_running_loop().time() + self.window
+        while rows < self.max_rows:
+            if self._queue.empty():
+                remaining = deadline - asyncio.get_running_loop().time()
+                if self.arriving <= 0 or remaining <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+            else:
+                item = self._queue.get_nowait()
+            batch.append(item)
+            rows += item.scores.shape[0]
+        return batch
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            groups: dict[int, list[_Pending]] = {}
+            for item in batch:  # one run per version: a request never mixes versions
+                groups.setdefault(id(item.model), []).append(item)
+            for items in groups.values():
+                try:
+                    outputs = await loop.run_in_executor(self._executor, _run_group, items)
+                except Exception as exc:
+                    for item in items:
+                        if not item.future.done():
+                            item.future.set_exception(exc)
+                    continue
+                self.metrics.batch_rows.observe(sum(i.scores.shape[0] for i in items))
+                for item, result in zip(items, outputs, strict=True):
+                    if not item.future.done():
+                        item.future.set_result(result)
+
+
+def _run_group(items: list[_Pending]) -> list[dict[str, np.ndarray]]:
+    session = items[0].model.session
+    scores = items[0].scores if len(items) == 1 else np.concatenate([i.scores for i in items])
+    values = session.run(list(OUTPUTS), {session.get_inputs()[0].name: scores})
+    results, start = [], 0
+    for item in items:
+        stop = start + item.scores.shape[0]
+        results.append({name: value[start:stop] for name, value in zip(OUTPUTS, values,
+                                                                         strict=True)})
+        start = stop
+    return results
+
+
+# ---------------------------------------------------------------- HTTP
+def _decode(body: bytes):
+    import orjson
+
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        # Python's json (and so MLflow's clients) writes NaN/Infinity, which strict JSON
+        # parsers refuse; read them so such rows get their row-naming 400.
+        return json.loads(body)
+
+
+def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
+              batch_max_rows: int):
+    """The Starlette application; the follower is started and stopped with it."""
+    import contextlib
+
+    import orjson
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    state: dict[str, MicroBatcher] = {}
+
+    def json_response(payload, status: int = 200, headers=None) -> Response:
+        return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
+                        status_code=status, media_type="application/json", headers=headers)
+
+    def refuse(status: int, reason: str, message: str) -> Response:
+        metrics.errors.labels(reason).inc()
+        metrics.requests.labels(str(status)).inc()
+        return json_response({"error": message, "reason": reason}, status)
+
+    async def invocations(request: Request) -> Response:
+        batcher = state["batcher"]
+        started = time.perf_counter()
+        batcher.arriving += 1
+        arrived = True
+        try:
+            media = request.headers.get("content-type", "application/json").split(";")[0]
+            if media.strip().lower() not in ("application/json", ""):
+                return refuse(415, "unsupported_media_type",
+                              f"content-type {media!r}: expected application/json")
+            model = follower.current
+            if model is None:
+                return refuse(503, "no_model", f"no verified version of {follower.name}@"
+                                               f"{follower.alias} is loaded yet")
+            body = await request.body()
+            try:
+                payload = _decode(body)
+            except ValueError as exc:
+                return refuse(400, "bad_json", f"request body is not JSON ({exc})")
+            try:
+                scores = score_matrix(from_payload(payload), model.contract)
+            except InputError as exc:
+                return refuse(400, exc.reason, str(exc))
+            batcher.arriving -= 1
+            arrived = False
+            try:
+                outputs = await batcher.score(model, scores)
+            except Exception as exc:
+                return refuse(500, "internal", f"scoring failed: {type(exc).__name__}: {exc}")
+            metrics.rows.inc(scores.shape[0])
+            metrics.requests.labels("200").inc()
+            return json_response({"predictions": outputs,
+                                  "model": {"name": model.name, "version": model.version}},
+                                 headers={VERSION_HEADER: model.version})
+        finally:
+            if arrived:
+                batcher.arriving -= 1
+            metrics.latency.observe(time.perf_counter() - started)
+
+    async def health(request: Request) -> Response:
+        model = follower.current
+        if model is None:
+            return json_response({"status": "loading", "model": follower.name,
+                                  "alias": follower.alias, "error": follower.last_error}, 503)
+        return json_response({"status": "ready", "version": model.version},
+                             headers={VERSION_HEADER: model.version})
+
+    async def version(request: Request) -> Response:
+        model = follower.current
+        body = {"name": follower.name, "alias": follower.alias,
+                "version": None if model is None else model.version,
+                "rejected": follower.rejected, "last_poll": follower.last_poll,
+                "last_error": follower.last_error, "poll_interval": follower.interval}
+        if model is not None:
+            body.update(model.describe())
+        return json_response(body)
+
+    async def prometheus(request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        state["batcher"] = MicroBatcher(batch_window, batch_max_rows, metrics)
+        state["batcher"].start()
+        follower.start()
+        try:
+            yield
+        finally:
+            follower.stop()
+            await state["batcher"].stop()
+
+    return Starlette(routes=[Route("/invocations", invocations, methods=["POST"]),
+                             Route("/health", health), Route("/ping", health),
+                             Route("/version", version), Route("/metrics", prometheus)],
+                     lifespan=lifespan)
+
+
+def check_options(port: int, poll_interval: float, batch_window: float,
+                  batch_max_rows: int) -> None:
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port: expected 0..65535, got {port}")
+    if not poll_interval > 0:
+        raise ValueError(f"--poll-interval: expected seconds > 0, got {poll_interval}")
+    if not 0 <= batch_window <= 1:
+        raise ValueError(f"--batch-window-ms: expected 0..1000, got {batch_window * 1e3:g}")
+    if batch_max_rows < 1:
+        raise ValueError(f"--batch-max-rows: expected a positive integer, got {batch_max_rows}")
+
+
+def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "127.0.0.1",
+          port: int = DEFAULT_PORT, poll_interval: float = DEFAULT_POLL_INTERVAL,
+          batch_window: float = DEFAULT_BATCH_WINDOW,
+          batch_max_rows: int = DEFAULT_BATCH_MAX_ROWS, provider: str = "auto") -> None:
+    """Run the server until SIGTERM/SIGINT. Raises before binding when the options are
+    bad, the store cannot be reached or registered model ``name`` does not exist."""
+    import uvicorn
+    from mlflow import MlflowClient
+
+    check_options(port, poll_interval, batch_window, batch_max_rows)
+    if provider not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--provider: expected auto, cpu or cuda, got {provider!r}")
+    MlflowClient(tracking_uri).get_registered_model(name)  # a typo fails here, not later
+    metrics = Metrics()
+    follower = RegistryFollower(tracking_uri, name, alias, poll_interval, metrics, provider)
+    app = build_app(follower, metrics, batch_window, batch_max_rows)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE, lifespan="on")
+    server = uvicorn.Server(config)
+    RegistryFollower._log(f"{name}@{alias} on http://{host}:{port} (tracking {tracking_uri}, "
+                          f"polling every {poll_interval:g} s)")
+    server.run()

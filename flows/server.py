@@ -1,0 +1,247 @@
+"""A local Prefect server that cord-ops manages: ``cord-ops server start|stop|status``.
+
+Why it exists: without ``PREFECT_API_URL`` every Prefect command starts a temporary
+server of its own. That costs 8-15 s per command and runs none of Prefect's services, so
+cron deployments never get a scheduled run and deployment concurrency slots are never
+renewed. The managed server is a plain ``prefect server start`` (scheduler and the other
+services on, UI off, analytics off) bound to 127.0.0.1 on a free port, started detached
+so it outlives the command that started it, and stopped by ``cord-ops server stop``.
+
+Its state lives next to the MLflow store it serves (:func:`state_folder`), so one working
+folder holds everything a user has to find or delete::
+
+    <store folder>/prefect/
+        home/          PREFECT_HOME of the server (its prefect.db)
+        server.json    pid, process start time, port and API URL of the running server
+        server.log     the server's output
+        server.lock    held while a server is started or stopped
+
+Nothing here changes this process's environment: the server gets its settings in its own
+environment, and callers point Prefect at :attr:`RunningServer.api_url` explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_DIR = "prefect"
+START_TIMEOUT_S = 120.0  # the first start runs Prefect's database migrations
+STOP_TIMEOUT_S = 10.0
+HEALTH_TIMEOUT_S = 2.0
+
+
+class ServerError(RuntimeError):
+    """The managed server could not be started or stopped; the message says where to look."""
+
+
+def state_folder(tracking_uri: str, cwd: str | os.PathLike | None = None) -> Path:
+    """Where the managed server of the MLflow store ``tracking_uri`` keeps its state.
+
+    A local store keeps it in its own folder (:func:`flows.tracking.local_store_folder`,
+    e.g. ``DIR/prefect`` for ``sqlite:///DIR/mlflow.db``); a remote store (``http://...``,
+    a database server) has no folder here, so the state goes to ``<cwd>/mlruns/prefect``.
+    """
+    from flows import tracking
+
+    folder = tracking.local_store_folder(tracking_uri)
+    if folder is None:
+        folder = Path(cwd or os.getcwd()) / tracking.STORE_DIR
+    return folder.resolve() / STATE_DIR
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A live managed server: its process, where its API answers and where its state is."""
+
+    pid: int
+    port: int
+    folder: Path
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "server.log"
+
+    def describe(self) -> str:
+        return (f"Prefect server {self.api_url} (pid {self.pid}, managed by cord-ops; "
+                f"state {self.folder}, log {self.log})")
+
+
+def _state_file(folder: Path) -> Path:
+    return folder / "server.json"
+
+
+def _process_start_time(pid: int) -> float | None:
+    """When process ``pid`` started; None when there is no such live process (an exited
+    one nobody has reaped yet, a zombie, counts as gone)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def healthy(api_url: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:
+    """Whether the Prefect API at ``api_url`` answers its health check within ``timeout``."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def _recorded(folder: Path) -> dict | None:
+    try:
+        return json.loads(_state_file(folder).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _alive(record: dict) -> bool:
+    """The recorded process still exists and is the one that was started (same start
+    time), so a recycled pid is never taken for the server."""
+    started = _process_start_time(int(record["pid"]))
+    return started is not None and abs(started - float(record["create_time"])) < 1.0
+
+
+def running(folder: Path) -> RunningServer | None:
+    """The managed server of ``folder`` if its process is alive and its API answers."""
+    record = _recorded(folder)
+    if record is None or not _alive(record):
+        return None
+    server = RunningServer(int(record["pid"]), int(record["port"]), folder)
+    return server if healthy(server.api_url) else None
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """An exclusive OS lock on ``folder/server.lock``: one start or stop at a time, across
+    processes (released by the OS if the holder dies)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "server.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _server_environment(home: Path) -> dict[str, str]:
+    """The server's own settings; this process's environment is copied, never changed."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update({
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "true",
+        "DO_NOT_TRACK": "1",
+    })
+    return env
+
+
+def _spawn(folder: Path, port: int) -> subprocess.Popen:
+    home = folder / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+               "--port", str(port), "--no-ui", "--analytics-off", "--scheduler", "--late-runs"]
+    with open(folder / "server.log", "ab") as log:
+        log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n".encode())
+        log.flush()
+        # A session of its own: the server outlives this command and a signal to this
+        # command's process group (Ctrl-C, SIGTERM) does not reach it.
+        return subprocess.Popen(command, env=_server_environment(home), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True)
+
+
+def start(folder: Path, timeout: float = START_TIMEOUT_S) -> tuple[RunningServer, bool]:
+    """Start the managed server of ``folder`` unless it is running; returns it and whether
+    this call started it.
+
+    The state file is written as soon as the process exists, so a command interrupted
+    while the server comes up leaves a server that ``stop`` finds, and a second ``start``
+    waits for the one coming up instead of starting another. Raises :class:`ServerError`
+    naming the log when the server does not answer within ``timeout`` seconds (the
+    half-started process is then stopped).
+    """
+    with _locked(folder):
+        record = _recorded(folder)
+        started = record is None or not _alive(record)
+        if started:
+            port = _free_port()
+            process = _spawn(folder, port)
+            record = {"pid": process.pid, "port": port,
+                      "create_time": _process_start_time(process.pid), "started_at": time.time()}
+            _state_file(folder).write_text(json.dumps(record, indent=2) + "\n")
+        server = RunningServer(int(record["pid"]), int(record["port"]), folder)
+        deadline = time.monotonic() + timeout
+        while not healthy(server.api_url, timeout=1.0):
+            if not _alive(record) or (started and process.poll() is not None):
+                _state_file(folder).unlink(missing_ok=True)
+                raise ServerError(f"the Prefect server exited while starting; see {server.log}")
+            if time.monotonic() > deadline:
+                _terminate(server.pid)
+                _state_file(folder).unlink(missing_ok=True)
+                raise ServerError(f"the Prefect server did not answer on {server.api_url} "
+                                  f"within {timeout:.0f} s; see {server.log}")
+            time.sleep(0.2)
+        return server, started
+
+
+def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM the server's process group, then SIGKILL what is left after ``timeout``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if _process_start_time(pid) is None:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is this process's child (started here)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def stop(folder: Path, timeout: float = STOP_TIMEOUT_S) -> int | None:
+    """Stop the managed server of ``folder``; returns its pid, or None if none was running.
+    A stale state file (dead or recycled pid) is removed either way."""
+    with _locked(folder):
+        record = _recorded(folder)
+        pid = None
+        if record is not None and _alive(record):
+            pid = int(record["pid"])
+            _terminate(pid, timeout)
+        _state_file(folder).unlink(missing_ok=True)
+        return pid

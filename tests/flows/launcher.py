@@ -1,0 +1,74 @@
+"""Run ``cord-ops`` command lines as concurrent processes, forked from one interpreter
+that has imported MLflow, Prefect, onnxruntime and cord-ops once.
+
+A ``cord-ops`` process spends seconds importing before it does anything; on the two
+cores of CI, a dozen of them would spend most of the registry tests' time there. Forked
+children are ordinary separate processes (own pid, own sqlite connections, own Prefect
+client, killed by SIGKILL like any other) that skip the imports. Nothing that opens a
+connection or starts a thread runs before the fork.
+
+Usage: ``python launcher.py PHASES.json`` where the file holds a list of phases; each phase
+is a list of ``{"argv": [...], "cwd": ..., "log": ..., "env": {...}, "finalize_kill":
+bool}``. The phases run one after another, the processes of a phase concurrently. Prints
+``[[[exit code, ended], ...], ...]`` as JSON: a signal is a negative code, as
+``subprocess`` has it; ``ended`` is the wall-clock time the process was reaped.
+``finalize_kill`` kills the child the moment MLflow would mark its logged model READY:
+the one window of the flow inside MLflow, which ``CORD_OPS_TEST_KILL_AT`` cannot reach.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import mlflow  # noqa: F401 - imported before the fork, on purpose
+import mlflow.onnx  # noqa: F401
+import mlflow.tracking.fluent
+import onnxruntime  # noqa: F401
+import prefect  # noqa: F401
+
+import flows.cli
+import flows.recalibrate  # noqa: F401
+
+
+def _child(spec: dict) -> None:
+    os.chdir(spec["cwd"])
+    fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ.update(spec.get("env", {}))
+    if spec.get("finalize_kill"):
+        def killed(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        mlflow.tracking.fluent.finalize_logged_model = killed
+    code = 1
+    try:
+        code = flows.cli.main(spec["argv"])
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main() -> None:
+    with open(sys.argv[1]) as handle:
+        phases = json.load(handle)
+    results = []
+    for phase in phases:
+        children = {}
+        for index, spec in enumerate(phase):
+            pid = os.fork()
+            if pid == 0:
+                _child(spec)
+            children[pid] = index
+        codes = [None] * len(phase)
+        for _ in phase:
+            pid, status = os.wait()
+            codes[children[pid]] = [os.waitstatus_to_exitcode(status), time.time()]
+        results.append(codes)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

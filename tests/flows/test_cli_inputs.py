@@ -1,0 +1,164 @@
+"""Bad input fails first, fast and in one line: the real ``cord-ops`` script in a clean
+folder with no PREFECT_API_URL, so any Prefect server it started would be a temporary one
+(8-15 s, and a ``prefect.db`` in its PREFECT_HOME).
+
+Each case asserts the exit status, the last line of output, no traceback, a wall time far
+below a Prefect start-up, an untouched PREFECT_HOME (no server was started) and no store
+created as a side effect.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cord_ops import data
+
+#: Far below the 8-15 s of a temporary Prefect server; covers interpreter, numpy and
+#: scikit-learn imports on a busy 2-core runner.
+MAX_WALL_S = 6.0
+
+
+def run_cli(command: list[str], args: list[str], cwd: Path, home: Path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    env["PREFECT_HOME"] = str(home)
+    start = time.perf_counter()
+    done = subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+    return done, time.perf_counter() - start
+
+
+@pytest.fixture
+def folder(tmp_path, digits) -> Path:
+    """A clean working folder with a good file, and PREFECT_HOME beside it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    data.save_npz(work / "ok.npz", digits.scores, digits.labels, "logits")
+    (tmp_path / "prefect-home").mkdir()
+    return work
+
+
+def assert_fails_fast(done, wall: float, folder: Path, status: int, *fragments: str) -> str:
+    output = (done.stdout + done.stderr).strip()
+    last = output.splitlines()[-1]
+    assert done.returncode == status, output[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == last  # the error line is the very last
+    assert last.startswith("error: "), output[-2000:]
+    for fragment in fragments:
+        assert fragment in last, last
+    assert "Traceback" not in output
+    assert wall < MAX_WALL_S, f"{wall:.1f} s: {last}"
+    assert list((folder.parent / "prefect-home").iterdir()) == []  # no Prefect server ran
+    return last
+
+
+def _bad_files(folder: Path, digits: data.Dataset) -> None:
+    (folder / "notes.npz").write_text("not an archive\n")
+    (folder / "model.onnx").write_bytes(b"")  # only its existence is checked up front
+    scores = np.array(digits.scores)
+    scores[7] = np.inf
+    np.savez(folder / "inf_row.npz", logits=scores, labels=digits.labels)
+    np.savez(folder / "no_labels.npz", logits=digits.scores)
+    np.savez(folder / "three_classes.npz", logits=digits.scores[:, :3],
+             labels=np.minimum(digits.labels, 2))
+
+
+CASES = {
+    "missing data": (["recalibrate", "--data", "missing.npz"], 1,
+                     ["missing.npz: no such file", "--data"]),
+    "not an npz": (["recalibrate", "--data", "notes.npz"], 1,
+                   ["notes.npz: not an .npz archive"]),
+    "non-finite row": (["recalibrate", "--data", "inf_row.npz"], 1,
+                       ["inf_row.npz", "logits", "row 7"]),
+    "missing key": (["demo", "--data", "no_labels.npz"], 1,
+                    ["no_labels.npz: missing array 'labels'"]),
+    "eval classes": (["recalibrate", "--data", "ok.npz", "--eval-data", "three_classes.npz"], 1,
+                     ["three_classes.npz: has 3 classes but ok.npz has 10"]),
+    "bad fraction": (["recalibrate", "--data", "ok.npz", "--fraction", "1.5"], 1,
+                     ["--fraction", "(0, 1)", "1.5"]),
+    "unknown calibrator": (["recalibrate", "--data", "ok.npz", "--calibrator", "platt"], 2,
+                           ["--calibrator", "invalid choice: 'platt'"]),
+    "cron out of range": (["schedule", "--cron", "61 * * * *", "--data", "ok.npz"], 1,
+                          ["--cron '61 * * * *'", "minute '61' is not in 0-59"]),
+    "cron fields": (["schedule", "--cron", "0 3 * * *", "--monitor-cron", "* * *",
+                     "--data", "ok.npz"], 1, ["--monitor-cron '* * *': has 3 fields"]),
+    "schedule missing data": (["schedule", "--cron", "* * * * *", "--data", "gone.npz"], 1,
+                              ["gone.npz: no such file"]),
+    "schedule bad data": (["schedule", "--cron", "* * * * *", "--data", "inf_row.npz"], 1,
+                          ["inf_row.npz", "row 7"]),
+    "monitor without a store": (["monitor", "--data", "ok.npz"], 1,
+                                ["no MLflow store at sqlite:///", "/work/mlruns/mlflow.db"]),
+    "predict without a store": (["predict", "--model", "models:/cord-ops@champion",
+                                 "--input", "ok.npz", "--output", "out.npz"], 1,
+                                ["no MLflow store at sqlite:///", "--tracking-uri"]),
+    "predict missing onnx": (["predict", "--model", "nope.onnx", "--input", "ok.npz",
+                              "--output", "out.npz"], 1, ["nope.onnx: no such file"]),
+    "predict output folder": (["predict", "--model", "model.onnx", "--input", "ok.npz",
+                               "--output", "no/such/dir/out.npz"], 1, ["does not exist"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_fails_in_one_line_before_anything_starts(case, folder, digits,
+                                                            cord_ops_command):
+    _bad_files(folder, digits)
+    args, status, fragments = CASES[case]
+    done, wall = run_cli(cord_ops_command, args, folder, folder.parent / "prefect-home")
+    last = assert_fails_fast(done, wall, folder, status, *fragments)
+    assert "pickle" not in last
+    assert not (folder / "mlruns").exists()  # no store created by a failed command
+    assert not (folder / "out.npz").exists()
+
+
+def test_wrong_model_names_the_store_and_what_it_holds(folder, cord_ops_command,
+                                                       mlflow_template_db, tmp_path):
+    from mlflow import MlflowClient
+
+    store = tmp_path / "elsewhere"
+    store.mkdir()
+    shutil.copyfile(mlflow_template_db, store / "mlflow.db")
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    client.create_registered_model("cord-ops-demo")
+    client.create_registered_model("no-champion")
+    home = folder.parent / "prefect-home"
+
+    # the README's old example: the demo registers cord-ops-demo, not cord-ops
+    done, wall = run_cli(cord_ops_command, ["--tracking-uri", uri, "predict", "--model",
+                                            "models:/cord-ops@champion", "--input", "ok.npz",
+                                            "--output", "out.npz"], folder, home)
+    assert_fails_fast(done, wall, folder, 1, "model 'cord-ops' is not registered in " + uri,
+                      "(registered: cord-ops-demo, no-champion)")
+
+    # --tracking-uri after the command name works too; monitor needs a champion
+    done, wall = run_cli(cord_ops_command, ["monitor", "--data", "ok.npz", "--model-name",
+                                            "no-champion", "--tracking-uri", uri], folder, home)
+    assert_fails_fast(done, wall, folder, 1, f"model 'no-champion' has no @champion in {uri}")
+    assert not (folder / "mlruns").exists()
+
+
+def test_verbose_shows_the_traceback_and_still_ends_with_the_error(folder, cord_ops_command):
+    done, _ = run_cli(cord_ops_command, ["--verbose", "recalibrate", "--data", "missing.npz"],
+                      folder, folder.parent / "prefect-home")
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: missing.npz: no such file (given as --data)")
+
+
+def test_a_tracking_server_that_is_down_is_named_at_once(folder, cord_ops_command):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    done, wall = run_cli(cord_ops_command, ["monitor", "--data", "ok.npz", "--tracking-uri", uri],
+                         folder, folder.parent / "prefect-home")
+    assert_fails_fast(done, wall, folder, 1, f"tracking store {uri} is unreachable")

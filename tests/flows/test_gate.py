@@ -1,0 +1,146 @@
+"""The champion gate's rules as a pure function (flows.gate.decide): properties over any
+NLLs, the evidence thresholds and their K-dependent defaults, and the label-shift noise
+allowance measured against real sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flows import gate
+
+nll = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
+K = st.integers(min_value=2, max_value=120)
+
+
+def balanced(n: int, k: int) -> tuple[int, ...]:
+    counts = np.full(k, n // k)
+    counts[: n % k] += 1
+    return tuple(int(c) for c in counts)
+
+
+def plenty(k: int) -> gate.Evidence:
+    n = gate.default_min_rows(k)
+    return gate.Evidence(balanced(n, k), balanced(n, k), balanced(n, k))
+
+
+@given(candidate=nll, champion=st.one_of(st.none(), nll), k=K,
+       tpcr=st.sampled_from([0.0, 0.001, 0.5]), parity=st.booleans(), promote=st.booleans())
+def test_with_enough_evidence_the_gate_promotes_exactly_when_every_condition_holds(
+        candidate, champion, k, tpcr, parity, promote):
+    policy = gate.Policy.for_classes(k)
+    score = None if champion is None else gate.ChampionScore("3", champion)
+    decision = gate.decide(candidate, tpcr, parity, score, evidence=plenty(k), policy=policy,
+                           promote=promote)
+    wins = tpcr == 0.0 and parity and (champion is None
+                                       or candidate <= policy.allowed_nll(champion))
+    assert decision.promote == (wins and promote)
+    assert decision.candidate_nll == candidate and decision.champion_nll == champion
+    assert decision.label == ("promoted" if decision.promote else "rejected")
+
+
+@st.composite
+def short_evidence(draw):
+    """Evidence that misses at least one minimum (rows of either split), with any labels."""
+    k = draw(K)
+    policy = gate.Policy.for_classes(
+        k, min_calibration=draw(st.one_of(st.none(), st.integers(1, 5000))),
+        min_evaluation=draw(st.one_of(st.none(), st.integers(1, 5000))))
+    short_cal = draw(st.booleans())
+    short_eval = draw(st.booleans()) or not short_cal
+
+    def counts(minimum: int, short: bool) -> tuple[int, ...]:
+        n = draw(st.integers(0, minimum - 1) if short else st.integers(minimum, minimum + 500))
+        cuts = sorted(draw(st.lists(st.integers(0, n), min_size=k - 1, max_size=k - 1)))
+        return tuple(int(c) for c in np.diff([0, *cuts, n]))
+
+    return k, policy, gate.Evidence(counts(policy.min_calibration, short_cal),
+                                    counts(policy.min_evaluation, short_eval))
+
+
+@settings(max_examples=300)
+@given(case=short_evidence(), candidate=nll, champion=st.one_of(st.none(), nll),
+       ref=st.one_of(st.none(), st.tuples(nll, nll)))
+def test_never_promotes_when_a_minimum_is_not_met_whatever_the_nlls(case, candidate,
+                                                                   champion, ref):
+    k, policy, evidence = case
+    score = None if champion is None else gate.ChampionScore("1", champion)
+    reference = None if ref is None or champion is None else gate.ReferenceScore("1", *ref)
+    decision = gate.decide(candidate, 0.0, True, score, evidence=evidence, policy=policy,
+                           reference=reference)
+    assert not decision.promote
+    assert "not enough evidence" in decision.reason and "rows (<" in decision.reason
+
+
+@pytest.mark.parametrize("k, rows, share", [(2, 100, 0.9), (5, 100, 0.9), (10, 100, 0.5),
+                                            (100, 1000, 0.5), (1000, 10000, 0.5)])
+def test_defaults_depend_on_k(k, rows, share):
+    policy = gate.Policy.for_classes(k)
+    assert (policy.min_calibration, policy.min_evaluation) == (rows, rows)
+    assert policy.max_class_share == pytest.approx(share)
+    assert gate.Policy.for_classes(k, min_calibration=7).min_calibration == 7
+
+
+@pytest.mark.parametrize("bad", [{"min_calibration": 0}, {"min_evaluation": -3},
+                                 {"max_class_share": 0.0}, {"max_class_share": 1.5},
+                                 {"max_label_shift": -0.1}, {"nll_rel_tolerance": float("nan")}])
+def test_out_of_range_thresholds_are_refused(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        gate.Policy.for_classes(10, **bad)
+
+
+def test_single_class_and_shifted_labels_are_not_promotable_however_good_the_nll():
+    policy = gate.Policy.for_classes(10)
+    one_class = (500,) + (0,) * 9
+    decision = gate.decide(0.001, 0.0, True, gate.ChampionScore("1", 5.0), policy=policy,
+                           evidence=gate.Evidence(one_class, one_class))
+    assert not decision.promote and "class 0 holds 100.0% of the evaluation labels" in (
+        decision.reason)
+    # Balanced labels, but none of classes 5-9 against a champion evaluated on all ten.
+    half = (100,) * 5 + (0,) * 5
+    shifted = gate.decide(0.001, 0.0, True, gate.ChampionScore("1", 5.0), policy=policy,
+                          evidence=gate.Evidence(half, half, balanced(1000, 10)))
+    assert not shifted.promote and "far from the champion's reference split" in shifted.reason
+
+
+def test_reference_split_must_be_no_worse_too():
+    policy = gate.Policy.for_classes(10)
+    champ = gate.ChampionScore("4", 0.30)
+    worse_there = gate.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
+                              reference=gate.ReferenceScore("4", 0.90, 0.25))
+    assert not worse_there.promote and "on champion v4's reference split" in worse_there.reason
+    within = gate.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
+                         reference=gate.ReferenceScore("4", 0.2520, 0.25))  # < 1 % worse
+    assert within.promote and "reference split" in within.reason
+    unavailable = gate.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
+                              reference=gate.ReferenceScore("4", problem="unavailable: gone"))
+    assert unavailable.promote and "not used: unavailable" in unavailable.reason
+    broken = gate.decide(0.1, 0.0, True, gate.ChampionScore("2", None, "K mismatch"),
+                         evidence=plenty(10), policy=policy)
+    assert not broken.promote and broken.champion_problem == "K mismatch"
+    assert "TPCR" in gate.decide(0.1, 0.01, True, champ, evidence=plenty(10),
+                                 policy=policy).reason
+
+
+@pytest.mark.parametrize("k, n", [(10, 100), (100, 1000), (100, 5000)])
+def test_label_shift_allowance_covers_sampling_noise_of_one_distribution(k, n):
+    """Two honest samples of one label distribution pass the label-shift rule (99 % of 200
+    draws), while a real shift (60 % of the mass moved to one class) is caught every time:
+    the noise allowance grows with K and shrinks with n as sampling noise does."""
+    rng = np.random.default_rng(k * n)
+    policy = gate.Policy.for_classes(k, min_calibration=1, min_evaluation=1)
+    weights = rng.dirichlet(np.full(k, 20.0))
+    moved = 0.4 * weights + 0.6 * np.eye(k)[0]
+
+    def flagged(a, b) -> bool:
+        return any("far from" in p for p in gate.evidence_problems(gate.Evidence(a, a, b),
+                                                                   policy))
+
+    same = shifted = 0
+    for _ in range(200):
+        a = gate.label_counts(rng.choice(k, size=n, p=weights), k)
+        same += flagged(a, gate.label_counts(rng.choice(k, size=n, p=weights), k))
+        shifted += flagged(a, gate.label_counts(rng.choice(k, size=n, p=moved), k))
+    assert same <= 2 and shifted == 200

@@ -1,0 +1,418 @@
+"""Registry integrity as an operator breaks it: several ``cord-ops recalibrate`` processes at
+once, ``kill -9`` at every named step, a tracking store that is down, killed mid-run,
+read-only or full. Real sqlite stores, a real ``mlflow server``, a real Prefect server (the
+session's), real processes; nothing of MLflow, Prefect or the filesystem is mocked.
+
+The processes are forked by ``launcher.py`` from one interpreter that imported everything
+once (see there), which saves a dozen import times on CI's two cores; the orphan-process
+and unreachable-store checks run the installed ``cord-ops`` script itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flows import faults, registry
+
+pytestmark = [pytest.mark.slow]
+
+LAUNCHER = Path(__file__).with_name("launcher.py")
+#: Calibrators of the concurrent runs: distinct fits of one data file and seed.
+CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "irova-ts", "irova", "dir-odir")
+GATE_TAGS = (registry.DECISION_TAG, registry.REASON_TAG, registry.CANDIDATE_NLL_TAG,
+             registry.CHAMPION_NLL_TAG, registry.CHAMPION_VERSION_TAG)
+#: Bound on a failing command (the default --store-timeout); the checks allow CI slack
+#: for the process start-up on top.
+STORE_TIMEOUT = 60.0
+
+
+# ---------------------------------------------------------------- helpers
+def _env(prefect_api_url: str | None, **extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")
+           and not k.startswith("CORD_OPS_TEST_")}
+    if prefect_api_url:
+        env["PREFECT_API_URL"] = prefect_api_url
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return {**env, **extra}
+
+
+def _recalibrate(data: Path, calibrator: str, model: str = "m") -> list[str]:
+    return ["recalibrate", "--data", str(data), "--calibrator", calibrator,
+            "--model-name", model]
+
+
+def launch_timed(phases: list[list[dict]], env: dict, folder: Path) -> list[list[list]]:
+    """Run the phases with ``launcher.py``; returns [exit code, end time] per process."""
+    spec = folder / f"phases-{uuid.uuid4().hex[:6]}.json"
+    spec.write_text(json.dumps(phases))
+    done = subprocess.run([sys.executable, str(LAUNCHER), str(spec)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def launch(phases: list[list[dict]], env: dict, folder: Path) -> list[list[int]]:
+    """Run the phases with ``launcher.py``; returns the exit codes."""
+    return [[code for code, _ in phase] for phase in launch_timed(phases, env, folder)]
+
+
+def fault_time(log: Path) -> float:
+    (line,) = [x for x in log.read_text().splitlines() if x.startswith("test fault injected")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def _spec(argv, cwd: Path, log: Path, **env) -> dict:
+    return {"argv": argv, "cwd": str(cwd), "log": str(log), "env": env}
+
+
+def _logs(paths) -> str:
+    return "\n".join(f"--- {p}\n{Path(p).read_text()[-2500:]}" for p in paths)
+
+
+def _error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+def integrity(db: Path) -> str:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+        (result,) = connection.execute("PRAGMA integrity_check").fetchone()
+    connection.close()
+    return result
+
+
+def assert_registry_sound(uri: str, model: str = "m"):
+    """No RUNNING run, no pending version, no PENDING logged model, a complete champion
+    with every gate tag, and the champion the serial gate gives: the passing version
+    with the lowest evaluation NLL. Returns (versions, champion)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import LoggedModelStatus
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(model).experiment_id
+    running = client.search_runs([experiment], "attributes.status = 'RUNNING'")
+    assert not running, [r.info.run_id for r in running]
+    models = client.search_logged_models([experiment])
+    assert not [m.model_id for m in models if m.status == LoggedModelStatus.PENDING]
+    versions = client.search_model_versions(f"name = '{model}'")
+    assert {v.tags.get(registry.REGISTRATION_TAG) for v in versions} == {registry.COMPLETE}
+    champion = client.get_model_version_by_alias(model, registry.CHAMPION)
+    assert all(tag in champion.tags for tag in GATE_TAGS), champion.tags
+    assert champion.tags[registry.DECISION_TAG] == "promoted"
+    assert client.get_run(champion.run_id).info.status == "FINISHED"
+    passing = []
+    for v in versions:
+        metrics = client.get_run(v.run_id).data.metrics
+        if metrics["cord.tpcr"] == 0.0 and metrics["onnx.argmax_agreement"] == 1.0:
+            passing.append(float(v.tags[registry.CANDIDATE_NLL_TAG]))
+    assert float(champion.tags[registry.CANDIDATE_NLL_TAG]) == min(passing)
+    return versions, champion
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class MlflowServer:
+    """A real ``mlflow server`` (sqlite backend, proxied artifacts) in its own process group,
+    restartable on the same database and port."""
+
+    def __init__(self, folder: Path, template_db: Path):
+        self.db = folder / "server.db"
+        shutil.copyfile(template_db, self.db)  # already migrated: starts faster
+        self.folder, self.port = folder, _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.folder / "server.log", "a")  # noqa: SIM115 - closed with the process
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+             f"sqlite:///{self.db}", "--artifacts-destination", str(self.folder / "artifacts"),
+             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        log.close()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, (self.folder / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        pytest.fail(f"mlflow server at {self.url} not healthy after 120 s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        if self.process is not None:
+            self.process.wait()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs mounted for the test (root and mount permission needed: else skip)."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}): "
+                    "read-only and full-disk stores need one")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+# ---------------------------------------------------------------- concurrency
+@pytest.mark.parametrize("n", [4, 8])
+def test_concurrent_recalibrations_on_a_brand_new_embedded_store(n, tmp_path, digits_file,
+                                                                 prefect_api_url):
+    """Issue 17 and 9: n processes on a folder with no ``mlruns/`` yet (the store is
+    created by whichever gets there first, under the store lock)."""
+    work = tmp_path / "fresh"
+    work.mkdir()
+    logs = [tmp_path / f"run-{c}.log" for c in CALIBRATORS[:n]]
+    phase = [_spec(_recalibrate(digits_file, c), work, log)
+             for c, log in zip(CALIBRATORS[:n], logs, strict=True)]
+
+    (codes,) = launch([phase], _env(prefect_api_url), tmp_path)
+
+    assert codes == [0] * n, _logs(logs)
+    db = work / "mlruns" / "mlflow.db"
+    assert integrity(db) == "ok"
+    versions, champion = assert_registry_sound(f"sqlite:///{db}")
+    assert sorted(int(v.version) for v in versions) == list(range(1, n + 1))  # none deleted
+    text = _logs(logs)
+    assert not _error_lines(text)
+
+
+# ---------------------------------------------------------------- kill -9
+def test_kill_9_at_every_named_step_then_one_rerun(tmp_path, digits_file, prefect_api_url):
+    """A champion, then one process killed at each named step (all at once: each dead
+    holder's lock passes to the next), then one rerun. ``ts`` is the champion; the killed
+    runs and the rerun fit ``svs``, which beats it on this split, so the kill after the
+    alias moved leaves a pending version holding @champion."""
+    from mlflow import MlflowClient
+
+    work = tmp_path / "work"
+    work.mkdir()
+    uri = f"sqlite:///{work / 'mlruns' / 'mlflow.db'}"
+    first = _spec(_recalibrate(digits_file, "ts"), work, tmp_path / "champion.log")
+    killed = [_spec(_recalibrate(digits_file, "svs"), work, tmp_path / f"kill-{step}.log",
+                    **{faults.KILL_AT: step}) for step in faults.STEPS]
+    pending_model = {**_spec(_recalibrate(digits_file, "svs"), work,
+                             tmp_path / "kill-logged-model.log"), "finalize_kill": True}
+    rerun = _spec(_recalibrate(digits_file, "svs"), work, tmp_path / "rerun.log")
+    logs = [first["log"], *(k["log"] for k in killed), pending_model["log"], rerun["log"]]
+
+    codes = launch([[first], [*killed, pending_model], [rerun]], _env(prefect_api_url),
+                   tmp_path)
+
+    assert codes == [[0], [-9] * (len(killed) + 1), [0]], _logs(logs)
+    assert integrity(work / "mlruns" / "mlflow.db") == "ok"
+    versions, champion = assert_registry_sound(uri)
+    client = MlflowClient(uri)
+    assert len(versions) == 2  # the first champion and the rerun; every killed one undone
+    assert client.get_run(champion.run_id).data.tags["cord.calibrator"] == "svs"
+    assert "moved back from abandoned" in _logs(logs)  # the alias-holding kill was undone
+    experiment = client.get_experiment_by_name("m").experiment_id
+    runs = client.search_runs([experiment])
+    failed = [r for r in runs if r.info.status == "FAILED"]
+    assert len(failed) == len(killed) + 1
+    assert all(r.data.tags[registry.ERROR_TAG].startswith("abandoned") for r in failed)
+
+
+def test_a_killed_cli_takes_its_temporary_prefect_server_with_it(tmp_path, digits_file,
+                                                                 cord_ops_command):
+    """No PREFECT_API_URL: the command starts its own Prefect server; kill -9 the command
+    after its run started, and no process of it may survive."""
+    marker = uuid.uuid4().hex
+    env = _env(None, CORD_OPS_TEST_MARKER=marker, **{faults.KILL_AT: "start_run"})
+
+    def marked() -> list[psutil.Process]:
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            try:
+                if process.environ().get("CORD_OPS_TEST_MARKER") == marker:
+                    found.append(process)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+    cli = subprocess.Popen([*cord_ops_command, *_recalibrate(digits_file, "ts")], cwd=tmp_path,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    servers_seen = set()
+    while cli.poll() is None:
+        servers_seen |= {p.pid for p in marked() if p.pid != cli.pid
+                         and "uvicorn" in " ".join(p.info["cmdline"] or [])}
+        time.sleep(0.2)
+    output = cli.stdout.read()
+    assert cli.returncode == -9, output[-3000:]
+    assert servers_seen, "no temporary Prefect server was seen: the test proves nothing"
+    deadline = time.monotonic() + 15
+    while marked() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    survivors = [(p.pid, p.info["cmdline"]) for p in marked()]
+    assert not survivors
+
+
+# ---------------------------------------------------------------- failing stores
+def test_unreachable_store_fails_fast_with_one_line(tmp_path, digits_file, cord_ops_command):
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    started = time.monotonic()
+    done = subprocess.run([*cord_ops_command, *_recalibrate(digits_file, "ts")], cwd=tmp_path,
+                          env=_env(None, MLFLOW_TRACKING_URI=url), capture_output=True,
+                          text=True, timeout=300)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1
+    assert elapsed < STORE_TIMEOUT
+    (line,) = _error_lines(done.stderr)
+    assert url in line and "unreachable" in line
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_read_only_store_fails_at_once_and_stays_intact(tmpfs, mlflow_template_db,
+                                                         digits_file, prefect_api_url,
+                                                         tmp_path):
+    store = tmpfs / "mlruns"
+    store.mkdir()
+    shutil.copyfile(mlflow_template_db, store / "mlflow.db")
+    before = (store / "mlflow.db").read_bytes()
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    log = tmp_path / "ro.log"
+    started = time.monotonic()
+
+    (codes,) = launch([[_spec(_recalibrate(digits_file, "ts"), tmpfs, log)]],
+                      _env(prefect_api_url), tmp_path)
+
+    assert codes == [1], log.read_text()[-3000:]
+    assert time.monotonic() - started < STORE_TIMEOUT
+    (line,) = _error_lines(log.read_text())
+    assert f"sqlite:///{store / 'mlflow.db'}" in line and "Read-only file system" in line
+    assert "retry" not in log.read_text().lower()  # not treated as transient
+    assert (store / "mlflow.db").read_bytes() == before
+    assert integrity(store / "mlflow.db") == "ok"
+
+
+def test_disk_full_mid_run_records_the_failure_and_registers_nothing(
+        tmpfs, mlflow_template_db, digits_file, prefect_api_url, tmp_path):
+    from mlflow import MlflowClient
+
+    store = tmpfs / "mlruns"
+    store.mkdir()
+    shutil.copyfile(mlflow_template_db, store / "mlflow.db")
+    with sqlite3.connect(store / "mlflow.db") as connection:  # artifacts inside the tmpfs
+        connection.execute("UPDATE experiments SET artifact_location = ? "
+                           "WHERE experiment_id = 0", (str(store / "0"),))
+    connection.close()
+    filler = tmpfs / "filler"
+    cache = tmp_path / "cache"  # the journal's fallback, on a disk that is not full
+    env = _env(prefect_api_url, XDG_CACHE_HOME=str(cache))
+    full = _spec(_recalibrate(digits_file, "ts"), tmpfs, tmp_path / "full.log",
+                 **{faults.FAULT: f"log_params=fill:{filler}"})
+
+    ((code, ended),) = launch_timed([[full]], env, tmp_path)[0]
+
+    text = Path(full["log"]).read_text()
+    assert code == 1, text[-3000:]
+    assert ended - fault_time(Path(full["log"])) < STORE_TIMEOUT
+    (line,) = _error_lines(text)
+    assert "No space left on device" in line or "disk is full" in line, line
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    if "journaled to" in line:  # the store could not take the record: the journal did
+        assert len(list((cache / "cord-ops").rglob("*.json"))) == 1
+    filler.unlink()  # the operator frees space; the next command replays any journal
+
+    (codes,) = launch([[_spec(_recalibrate(digits_file, "ts"), tmpfs,
+                              tmp_path / "after.log")]], env, tmp_path)
+
+    assert codes == [0], (tmp_path / "after.log").read_text()[-3000:]
+    assert integrity(store / "mlflow.db") == "ok"
+    versions, _ = assert_registry_sound(uri)
+    assert len(versions) == 1
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("m").experiment_id
+    (failed,) = client.search_runs([experiment], "attributes.status = 'FAILED'")
+    error = failed.data.tags[registry.ERROR_TAG]
+    assert "No space left" in error or "disk is full" in error, error
+    assert not list((cache / "cord-ops").rglob("*.json"))  # any journal was replayed
+    assert not list(store.glob(".cord-journal/*.json"))
+
+
+# ---------------------------------------------------------------- a real tracking server
+def test_real_tracking_server_concurrency_outage_and_replay(tmp_path, mlflow_template_db,
+                                                            digits_file, prefect_api_url):
+    """Against a real ``mlflow server`` with the real Prefect server (the registry lock is a
+    Prefect global concurrency limit): four concurrent runs give the serial result. Then
+    the server is killed mid-run: the command fails within the bound with one line naming
+    the tracking URI and the journal, and the next command after a restart records it."""
+    from mlflow import MlflowClient
+
+    server = MlflowServer(tmp_path, mlflow_template_db)
+    server.start()
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        cache = tmp_path / "cache"
+        env = _env(prefect_api_url, MLFLOW_TRACKING_URI=server.url, XDG_CACHE_HOME=str(cache))
+        logs = [tmp_path / f"served-{c}.log" for c in CALIBRATORS[:4]]
+        concurrent = [_spec(_recalibrate(digits_file, c), work, log)
+                      for c, log in zip(CALIBRATORS[:4], logs, strict=True)]
+        outage = _spec(_recalibrate(digits_file, "ts"), work, tmp_path / "outage.log",
+                       **{faults.FAULT: f"log_artifacts=killpg:{server.process.pid}"})
+
+        (four, ((outage_code, ended),)) = launch_timed([concurrent, [outage]], env, tmp_path)
+
+        assert [code for code, _ in four] == [0] * 4, _logs(logs)
+        text = Path(outage["log"]).read_text()
+        assert outage_code == 1, text[-3000:]
+        assert server.process.poll() is not None  # the fault really killed the server
+        assert ended - fault_time(Path(outage["log"])) < STORE_TIMEOUT
+        (line,) = _error_lines(text)
+        assert server.url in line and "journaled to" in line, line
+        journal_files = list((cache / "cord-ops").rglob("*.json"))
+        assert len(journal_files) == 1
+        entry = json.loads(journal_files[0].read_text())
+        server.process.wait()
+        server.start()
+
+        (codes,) = launch([[_spec(_recalibrate(digits_file, "ts"), work,
+                                  tmp_path / "after.log")]], env, tmp_path)
+
+        assert codes == [0], (tmp_path / "after.log").read_text()[-3000:]
+        assert not list((cache / "cord-ops").rglob("*.json"))  # replayed and removed
+        versions, _ = assert_registry_sound(server.url)
+        assert sorted(int(v.version) for v in versions) == [1, 2, 3, 4, 5]
+        failed = MlflowClient(server.url).get_run(entry["run_id"])
+        assert failed.info.status == "FAILED"
+        assert not failed.data.tags[registry.ERROR_TAG].startswith("abandoned")
+    finally:
+        server.stop()
+    assert integrity(server.db) == "ok"

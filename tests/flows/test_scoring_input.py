@@ -1,0 +1,175 @@
+"""The input rules shared by the pyfunc flavour and ``cord-ops serve``, and the server's
+micro-batcher on real onnxruntime sessions (in-process, no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from scipy.special import softmax
+
+from cord_ops import CORD
+from cord_ops.calibrators import make_calibrator
+from flows.scoring_input import InputContract, InputError, from_payload, score_matrix
+from flows.serve import OUTPUTS, Metrics, MicroBatcher, ServedModel, verify
+from onnx_export import export_onnx, open_session
+
+finite = st.floats(-1e6, 1e6, allow_nan=False, width=64)
+
+
+@st.composite
+def score_rows(draw, min_k: int = 2):
+    k = draw(st.integers(min_k, 12))
+    n = draw(st.integers(1, 20))
+    return draw(arrays(np.float64, (n, k), elements=finite))
+
+
+@given(score_rows(), st.sampled_from(["float32", "float64"]))
+def test_every_accepted_form_gives_the_same_matrix(rows, dtype):
+    n, k = rows.shape
+    contract = InputContract(k, "logits", dtype)
+    expected = rows.astype(dtype)
+    columns = [f"c{j}" for j in range(k)]
+    forms = {
+        "float64 array": rows,
+        "float32 array": rows.astype(np.float32),
+        "lists": rows.tolist(),
+        "frame of K columns": pd.DataFrame(rows, columns=columns),
+        "frame of one array column": pd.DataFrame({"scores": list(rows)}),
+        "named input": {"scores": rows},
+        "inputs payload": from_payload({"inputs": rows.tolist()}),
+        "instances payload": from_payload({"instances": [{"scores": r} for r in rows.tolist()]}),
+        "dataframe_split": from_payload({"dataframe_split": {"columns": columns,
+                                                             "data": rows.tolist()}}),
+        "dataframe_split, array column": from_payload({"dataframe_split": {
+            "columns": ["scores"], "data": [[r] for r in rows.tolist()]}}),
+        "dataframe_records": from_payload({"dataframe_records": [
+            dict(zip(columns, r, strict=True)) for r in rows.tolist()]}),
+    }
+    for form, value in forms.items():
+        out = score_matrix(value, contract)
+        assert out.dtype == np.dtype(dtype) and out.flags.c_contiguous, form
+        if form == "float32 array":
+            np.testing.assert_array_equal(out, rows.astype(np.float32).astype(dtype))
+        else:
+            np.testing.assert_array_equal(out, expected, err_msg=form)
+
+
+@given(score_rows(), st.data(), st.sampled_from([np.nan, np.inf, -np.inf]))
+def test_the_first_non_finite_row_is_named(rows, data, bad):
+    n, k = rows.shape
+    marked = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3))
+    rows = rows.copy()
+    for row in marked:
+        rows[row, data.draw(st.integers(0, k - 1))] = bad
+    with pytest.raises(InputError, match=rf"^input: row {min(marked)} contains NaN or inf") \
+            as caught:
+        score_matrix(rows.tolist(), InputContract(k, "logits", "float32"))
+    assert caught.value.reason == "non_finite"
+
+
+@given(score_rows(min_k=4), st.integers(-2, 2).filter(bool))
+def test_a_wrong_width_is_refused(rows, delta):
+    contract = InputContract(rows.shape[1] + delta, "logits", "float64")
+    with pytest.raises(InputError, match="classes \\(columns\\)") as caught:
+        score_matrix(pd.DataFrame(rows), contract)
+    assert caught.value.reason == "wrong_width"
+
+
+@given(arrays(np.float64, (6, 4), elements=st.floats(-5, 5)), st.integers(0, 5),
+       st.floats(0.01, 0.5))
+def test_probability_rows_must_sum_to_one(logits, row, excess):
+    probs = softmax(logits, axis=1)
+    contract = InputContract(4, "probs", "float32")
+    np.testing.assert_allclose(score_matrix(probs, contract), probs, rtol=1e-6)
+    probs[row] *= 1 + excess
+    with pytest.raises(InputError, match=rf"row {row} sums to") as caught:
+        score_matrix(probs, contract)
+    assert caught.value.reason == "not_probabilities"
+
+
+def test_malformed_inputs_get_their_own_reason():
+    contract = InputContract(3, "logits", "float32")
+    cases = {
+        "bad_shape": [[1.0, 2.0, 3.0], [1.0, 2.0]],
+        "out_of_range": np.array([[1e39, 0.0, 0.0]]),
+    }
+    for reason, value in cases.items():
+        with pytest.raises(InputError) as caught:
+            score_matrix(value, contract)
+        assert caught.value.reason == reason, (reason, str(caught.value))
+    for body in ({}, {"inputs": [[1, 2, 3]], "instances": [[1, 2, 3]]}, [1, 2],
+                 {"dataframe_records": [{"a": 1}, {"b": 2}]}):
+        with pytest.raises(InputError) as caught:
+            from_payload(body)
+        assert caught.value.reason == "bad_payload"
+    with pytest.raises(InputError, match="column 'name' has dtype"):
+        score_matrix(pd.DataFrame({"name": ["a"], "x": [1.0], "y": [2.0]}), contract)
+
+
+# ---------------------------------------------------------------- micro-batching
+def _served(version: str, calibrator: str, digits) -> ServedModel:
+    fitted = make_calibrator(calibrator).fit(digits.scores, digits.labels)
+    cord = CORD().fit(softmax(digits.scores, axis=1), fitted.predict_proba(digits.scores))
+    graph = export_onnx(fitted, cord, 10, input_kind="logits", dtype="float32")
+    session = open_session(graph, provider="cpu")
+    contract = InputContract(10, "logits", "float32")
+    report = verify(session, contract, (fitted, cord))
+    return ServedModel("m", version, None, contract, repr(cord.eta_), calibrator, session,
+                       tuple(session.get_providers()), report)
+
+
+def test_concurrent_requests_share_runs_but_never_mix_versions(digits):
+    one, two = _served("1", "vs", digits), _served("2", "ts", digits)
+    rng = np.random.default_rng(0)
+    requests = [(one if i % 3 else two, digits.scores[rng.integers(0, digits.n, 1 + i % 5)]
+                 .astype(np.float32)) for i in range(60)]
+    metrics = Metrics()
+
+    async def scenario():
+        batcher = MicroBatcher(window=0.005, max_rows=64, metrics=metrics)
+        batcher.start()
+        batcher.arriving = 1  # as if more requests were being read: the window applies
+        try:
+            return await asyncio.gather(*(batcher.score(m, s) for m, s in requests))
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(scenario())
+    routed = 0
+    for (model, scores), result in zip(requests, results, strict=True):
+        # The same version alone on these rows; batched float32 kernels may differ in the
+        # last ulp, far below the two versions' difference.
+        alone, other = ({name: value for name, value in zip(
+            OUTPUTS, m.session.run(list(OUTPUTS), {"scores": scores}), strict=True)}
+            for m in (model, two if model is one else one))
+        np.testing.assert_array_equal(result["label"], alone["label"])
+        np.testing.assert_allclose(result["repaired"], alone["repaired"], rtol=0, atol=1e-6)
+        if np.max(np.abs(alone["repaired"] - other["repaired"])) > 1e-4:
+            routed += 1
+    assert routed > len(requests) / 2  # the check above tells the versions apart
+    runs = metrics.registry.get_sample_value("cord_serve_batch_rows_count")
+    assert runs < len(requests) / 4, f"{runs} onnxruntime runs for {len(requests)} requests"
+    assert sum(len(s) for _, s in requests) == metrics.registry.get_sample_value(
+        "cord_serve_batch_rows_sum")
+
+
+def test_a_graph_that_disagrees_with_its_logged_state_is_rejected(digits):
+    from flows.serve import VersionRejected
+
+    fitted = make_calibrator("vs").fit(digits.scores, digits.labels)
+    cord = CORD().fit(softmax(digits.scores, axis=1), fitted.predict_proba(digits.scores))
+    session = open_session(export_onnx(fitted, cord, 10, input_kind="logits"), provider="cpu")
+    contract = InputContract(10, "logits", "float32")
+    assert verify(session, contract, (fitted, cord))["max_abs_diff"] <= 1e-5
+    # The state of another fit (different eta*): a graph that is not what its run logged.
+    other = CORD().fit(softmax(digits.scores[:300], axis=1),
+                       make_calibrator("ts").fit(digits.scores[:300], digits.labels[:300])
+                       .predict_proba(digits.scores[:300]))
+    with pytest.raises(VersionRejected, match="exceeds the parity tolerance"):
+        verify(session, contract, (fitted, other))
