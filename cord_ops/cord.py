@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from cord_ops.atomic import write_json_atomic
@@ -123,8 +124,11 @@ def _sweep(original, calibrated, local_weight: float, n_classes: int | None = No
             rest = None
         found = block_terms(p0[rows], q[rows], rest)
         if found is None:
+            # Raises the whole-array check's error. Should it pass (only conceivable for a
+            # row sum within an ulp of the tolerance, summed in another order for a
+            # non-contiguous input), its verdict stands and the block is used unchecked.
             _validated_pair(original, calibrated, n_classes)
-            raise AssertionError("unreachable: a row check above failed")
+            found = block_terms(p0[rows], q[rows], rest, check=False)
         a, pa, p_edge, q_top, b_block, tail[rows], top[rows] = found
         # Stabilisation preserves every pairwise order, so the tie rule picks the same
         # class from the supplied p0 as from its internal copy (Appendix A); only p0_a is
@@ -146,7 +150,7 @@ def _sweep(original, calibrated, local_weight: float, n_classes: int | None = No
 COLUMNWISE_MAX_K = 32
 
 
-def _rows_block(pb, qb, rest):
+def _rows_block(pb, qb, rest, check: bool = True):
     """Terms of one block by row reductions (K above COLUMNWISE_MAX_K). Returns None when a
     value check fails, else (a, p0_a, p0 on boundary, argmax q, b, tail, runner-up); fills
     ``rest``, a C-contiguous float64 buffer of the block's shape."""
@@ -158,8 +162,8 @@ def _rows_block(pb, qb, rest):
     # is one), and several times faster than ndarray.min for rows of 100 entries.
     p_min, q_min = pb[idx, pb.argmin(axis=1)], qb[idx, qb.argmin(axis=1)]
     pa = pb[idx, a]
-    if not (probability_rows_ok(pb, p_min, pa)
-            and probability_rows_ok(qb, q_min, qb[idx, q_top])):
+    if check and not (probability_rows_ok(pb, p_min, pa)
+                      and probability_rows_ok(qb, q_min, qb[idx, q_top])):
         return None
     rest[...] = qb
     q_edge = q_min <= 0.0
@@ -170,7 +174,7 @@ def _rows_block(pb, qb, rest):
     return a, pa, p_min <= 0.0, q_top, b, rest.sum(axis=1), rest[idx, rest.argmax(axis=1)]
 
 
-def _columns_block(pb, qb, rest):
+def _columns_block(pb, qb, rest, check: bool = True):
     """``_rows_block`` on the transposed block (K <= COLUMNWISE_MAX_K), same results bit for
     bit: minima, maxima and gathers are exact in any order, and row sums use numpy's own
     pairwise order (``pairwise_column_sum``)."""
@@ -180,8 +184,9 @@ def _columns_block(pb, qb, rest):
     idx = np.arange(m)
     p_min, p_max = np.minimum.reduce(pt, axis=0), np.maximum.reduce(pt, axis=0)
     q_min, q_max = np.minimum.reduce(qt, axis=0), np.maximum.reduce(qt, axis=0)
-    if not (probability_rows_ok(pt, p_min, p_max, sums=pairwise_column_sum(pt))
-            and probability_rows_ok(qt, q_min, q_max, sums=pairwise_column_sum(qt))):
+    if check and not (probability_rows_ok(pt, p_min, p_max, sums=pairwise_column_sum(pt))
+                      and probability_rows_ok(qt, q_min, q_max,
+                                              sums=pairwise_column_sum(qt))):
         return None
     a, q_top = top1(pb), top1(qb)  # argmax over short rows is fast, unlike min and max
     pa = pt[a, idx]
@@ -442,8 +447,14 @@ def _validated_pair(original, calibrated, n_classes: int | None = None):
     return p0, q
 
 
-class CORD:
+class CORD(BaseEstimator):
     """Prediction-preserving repair with one fitted scalar eta* (Algorithm 1).
+
+    A scikit-learn estimator (``get_params``, ``set_params``, ``clone``,
+    ``check_is_fitted``): parameters are stored as given and checked in ``fit``. Unlike a
+    transformer, ``fit`` and ``transform`` take two arrays, the original output and the
+    calibrated one; for an estimator that takes the features, see
+    ``cord_ops.CORDCalibratedClassifier``.
 
     Parameters
     ----------
@@ -462,6 +473,8 @@ class CORD:
         The calibration-split target mean the fit enforced.
     n_classes_ : int
         K seen at fit; ``transform`` requires the same.
+    n_features_in_ : int
+        K again (the width of each input), scikit-learn's name for it.
     n_fit_ : int
         Number of calibration rows.
     """
@@ -471,12 +484,13 @@ class CORD:
         self.local_weight = local_weight
 
     def _check_params(self) -> None:
-        if self.mean_target not in MEAN_TARGETS:
+        if not isinstance(self.mean_target, str) or self.mean_target not in MEAN_TARGETS:
             raise ValueError(
                 f"mean_target: expected one of {MEAN_TARGETS}, got {self.mean_target!r}"
             )
         weight = self.local_weight
-        if not isinstance(weight, int | float) or not 0.0 <= float(weight) <= 1.0:
+        if (not isinstance(weight, int | float | np.floating) or isinstance(weight, bool)
+                or not 0.0 <= float(weight) <= 1.0):
             raise ValueError(f"local_weight: expected a number in [0, 1], got {weight!r}")
 
     def fit(self, original, calibrated) -> CORD:
@@ -493,11 +507,22 @@ class CORD:
         self.eta_ = float(eta)
         self.mu_ = float(mu)
         self.n_classes_ = int(k)
+        self.n_features_in_ = self.n_classes_
         self.n_fit_ = int(n)
         return self
 
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "eta_")
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        # Both inputs are probability rows; ``calibrated`` takes the place of y.
+        tags.input_tags.positive_only = True
+        tags.target_tags.required = True
+        return tags
+
     def _check_fitted(self) -> None:
-        if not hasattr(self, "eta_"):
+        if not self.__sklearn_is_fitted__():
             raise NotFittedError("CORD: call fit(original, calibrated) before transform")
 
     def transform(self, original, calibrated) -> np.ndarray:
@@ -565,6 +590,7 @@ class CORD:
         model.eta_ = eta
         model.mu_ = float(state["mu"])
         model.n_classes_ = n_classes
+        model.n_features_in_ = n_classes
         model.n_fit_ = int(state["n_fit"])
         return model
 
@@ -584,10 +610,6 @@ class CORD:
             return cls.from_dict(state)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
-
-    def __repr__(self) -> str:
-        fitted = f", eta_={self.eta_!r}" if hasattr(self, "eta_") else ""
-        return f"CORD(mean_target={self.mean_target!r}, local_weight={self.local_weight!r}{fitted})"
 
 
 def minimal_repair(original, calibrated) -> np.ndarray:

@@ -1,9 +1,20 @@
-"""Classifier outputs on disk: validated .npz loading, atomic saving, the paper's split, and a
-bundled miscalibrated dataset (sklearn digits) for fresh clones and the demo.
+"""Classifier outputs on disk: validated .npz and Parquet loading, atomic saving, the
+paper's split, and a bundled miscalibrated dataset (sklearn digits) for fresh clones and the
+demo.
 
 An .npz file holds exactly one of ``logits`` or ``probs`` (n x K) and ``labels`` (n,). It is
 read with ``allow_pickle=False``; every problem raises before anything is returned, with a
 message that starts with the file path and names the array, the row and the expectation.
+
+A Parquet file (``.parquet`` / ``.pq``) holds the same data as columns (docs/data-formats.md):
+an integer ``labels`` column and the scores either as one list column named ``logits`` or
+``probs`` (every row a list of K floats) or as K float columns ``logits_0`` ..
+``logits_{K-1}`` (or ``probs_0`` ..). Other columns (ids, timestamps) are ignored here and
+carried through by ``cord-ops predict``. Messages name the file, the column and the row.
+
+Parquet is read with pyarrow, imported inside the functions that read it: the numerics of
+cord_ops never need it, so ``import cord_ops`` stays numpy/scipy/scikit-learn only and a
+caller who only has .npz files needs no pyarrow at all.
 """
 
 from __future__ import annotations
@@ -25,6 +36,9 @@ from cord_ops.validation import (
     check_probabilities,
     check_scores,
 )
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+LABEL_COLUMN = "labels"
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,6 +162,160 @@ def load_npz(path, *, input_kind: str = "auto") -> Dataset:
                    hashlib.sha256(raw).hexdigest())
 
 
+def is_parquet(path) -> bool:
+    """Whether ``path`` names a Parquet file (by its suffix)."""
+    return Path(path).suffix.lower() in PARQUET_SUFFIXES
+
+
+def load(path, *, input_kind: str = "auto") -> Dataset:
+    """:func:`load_parquet` for ``.parquet``/``.pq`` files, :func:`load_npz` otherwise."""
+    if is_parquet(path):
+        return load_parquet(path, input_kind=input_kind)
+    return load_npz(path, input_kind=input_kind)
+
+
+def score_columns(names, where: str, input_kind: str = "auto") -> tuple[str, list[str]]:
+    """(kind, columns) of the scores in a table with column ``names``.
+
+    Either one list column ``logits``/``probs``, or ``<kind>_0`` .. ``<kind>_{K-1}``; any
+    other layout raises ValueError naming the file and what was found.
+    """
+    _check_input_kind(input_kind, ("auto", *INPUT_KINDS))
+    found = {}
+    for kind in INPUT_KINDS:
+        numbered = sorted((int(n[len(kind) + 1:]), n) for n in names
+                          if n.startswith(kind + "_") and n[len(kind) + 1:].isdigit())
+        if kind in names and numbered:
+            raise ValueError(f"{where}: holds both a list column '{kind}' and columns "
+                             f"{numbered[0][1]}, ...; expected one layout")
+        if kind in names:
+            found[kind] = [kind]
+        elif numbered:
+            indices = [i for i, _ in numbered]
+            missing = sorted(set(range(max(indices) + 1)) - set(indices))
+            if missing or len(indices) < 2:
+                gap = f"missing {kind}_{missing[0]}" if missing else "only one column"
+                raise ValueError(f"{where}: score columns must be {kind}_0 .. {kind}_(K-1) "
+                                 f"with K >= 2; {gap}")
+            found[kind] = [n for _, n in numbered]
+    if len(found) != 1:
+        which = "both" if found else "neither"
+        raise ValueError(f"{where}: holds {which} of 'logits' and 'probs' score columns "
+                         f"(columns: {sorted(names)}); expected exactly one layout: a list "
+                         "column, or <kind>_0 .. <kind>_(K-1)")
+    kind, columns = next(iter(found.items()))
+    if input_kind != "auto" and input_kind != kind:
+        raise ValueError(f"{where}: input_kind={input_kind!r} but the file holds '{kind}'")
+    return kind, columns
+
+
+def table_scores(table, where: str, input_kind: str = "auto") -> tuple[np.ndarray, str]:
+    """(scores n x K float64, kind) of a pyarrow Table, validated like :func:`load_npz`.
+
+    Messages name ``where`` (the file), the column and the first bad row: a null, a list of
+    the wrong length, a non-numeric column, NaN/inf, and for ``probs`` negative entries or
+    rows not summing to 1.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind, columns = score_columns(table.column_names, where, input_kind)
+    n = table.num_rows
+    if n == 0:
+        raise ValueError(f"{where}: has no rows; expected at least one")
+    if len(columns) == 1:  # one list column of K-element rows
+        name = columns[0]
+        column = table.column(name).combine_chunks()
+        kind_type = column.type
+        if not (pa.types.is_list(kind_type) or pa.types.is_large_list(kind_type)
+                or pa.types.is_fixed_size_list(kind_type)):
+            raise TypeError(f"{where}: column '{name}' has type {kind_type}; expected a list "
+                            "of floats per row")
+        if column.null_count:
+            row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ValueError(f"{where}: column '{name}': row {row} is null; expected a list "
+                             "of scores")
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        k = int(lengths[0])
+        wrong = lengths != k
+        if wrong.any():
+            row = int(np.flatnonzero(wrong)[0])
+            raise ValueError(f"{where}: column '{name}': row {row} has {lengths[row]} scores; "
+                             f"expected {k} like row 0")
+        values = pc.list_flatten(column)
+        _check_numeric(values.type, where, name)
+        if values.null_count:
+            flat = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ValueError(f"{where}: column '{name}': row {flat // k} has a null score; "
+                             "expected finite values")
+        scores = values.to_numpy(zero_copy_only=False).reshape(n, k)
+    else:
+        parts = []
+        for name in columns:
+            column = table.column(name)
+            _check_numeric(column.type, where, name)
+            if column.null_count:
+                row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                raise ValueError(f"{where}: column '{name}': row {row} is null; expected "
+                                 "finite values")
+            values = column.to_numpy()
+            bad = ~np.isfinite(values)
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"{where}: column '{name}': row {row} is "
+                                 f"{values[row].item()!r}; expected finite values")
+            parts.append(values)
+        scores = np.column_stack(parts)
+    check = check_probabilities if kind == "probs" else check_scores
+    return check(scores, f"{where}: {kind}"), kind
+
+
+def _check_numeric(arrow_type, where: str, name: str) -> None:
+    import pyarrow as pa
+
+    if not (pa.types.is_floating(arrow_type) or pa.types.is_integer(arrow_type)):
+        raise TypeError(f"{where}: column '{name}' holds {arrow_type}; expected numbers")
+
+
+def read_parquet_table(path, columns=None):
+    """The pyarrow Table of a Parquet file; a missing or unreadable file raises naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    where = str(path)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{where}: no such file")
+    try:
+        return pq.read_table(path, columns=columns)
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{where}: not a readable Parquet file ({exc})") from None
+
+
+def load_parquet(path, *, input_kind: str = "auto") -> Dataset:
+    """Load and validate classifier outputs and labels from a Parquet file (module docstring).
+
+    The same checks and exceptions as :func:`load_npz`; messages start with the path and
+    name the column and the row.
+    """
+    _check_input_kind(input_kind, ("auto", *INPUT_KINDS))
+    where = str(path)
+    table = read_parquet_table(path)
+    if LABEL_COLUMN not in table.column_names:
+        raise ValueError(f"{where}: missing column '{LABEL_COLUMN}' (columns: "
+                         f"{sorted(table.column_names)})")
+    scores, kind = table_scores(table, where, input_kind)
+    column = table.column(LABEL_COLUMN)
+    _check_numeric(column.type, where, LABEL_COLUMN)
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"{where}: column '{LABEL_COLUMN}': row {row} is null; expected an "
+                         "integer class label")
+    labels = check_labels(column.to_numpy(), scores.shape[0], scores.shape[1],
+                          f"{where}: column '{LABEL_COLUMN}'")
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return Dataset(_frozen(scores), _frozen(labels), kind, where, digest)
+
+
 def save_npz(path, scores, labels, input_kind: str) -> Path:
     """Validate, then write ``{input_kind: scores, "labels": labels}`` to ``path`` atomically.
 
@@ -162,6 +330,39 @@ def save_npz(path, scores, labels, input_kind: str) -> Path:
     with atomic_path(target) as tmp, open(tmp, "wb") as handle:
         np.savez(handle, **{input_kind: scores, "labels": labels})
     return target
+
+
+def save_parquet(path, scores, labels, input_kind: str, *, layout: str = "list") -> Path:
+    """Validate, then write scores and labels to a Parquet file atomically.
+
+    ``layout="list"`` writes one list column named ``input_kind``, ``"columns"`` writes K
+    float64 columns ``<input_kind>_0`` ..; both with an int64 ``labels`` column, so the file
+    loads with :func:`load_parquet`. Same validation and atomicity as :func:`save_npz`.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _check_input_kind(input_kind, INPUT_KINDS)
+    if layout not in ("list", "columns"):
+        raise ValueError(f"layout: expected 'list' or 'columns', got {layout!r}")
+    scores, labels = _validated_arrays(scores, labels, input_kind, "")
+    table = pa.table({**score_arrays(scores, input_kind, layout), LABEL_COLUMN: labels})
+    target = Path(path)
+    with atomic_path(target) as tmp:
+        pq.write_table(table, tmp)
+    return target
+
+
+def score_arrays(scores: np.ndarray, name: str, layout: str = "list") -> dict:
+    """Arrow columns of an n x K array: one fixed-size list column ``name``, or K columns
+    ``name_0`` .. (the layouts :func:`table_scores` reads)."""
+    import pyarrow as pa
+
+    scores = np.ascontiguousarray(scores)
+    if layout == "columns":
+        return {f"{name}_{j}": scores[:, j] for j in range(scores.shape[1])}
+    flat = pa.array(scores.reshape(-1))
+    return {name: pa.FixedSizeListArray.from_arrays(flat, scores.shape[1])}
 
 
 def split_indices(n: int, seed: int, fraction: float = 0.5) -> tuple[np.ndarray, np.ndarray]:

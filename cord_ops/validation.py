@@ -105,6 +105,46 @@ def check_labels(y, n_rows: int, n_classes: int, name: str = "labels") -> np.nda
     return arr.astype(np.int64)
 
 
+def check_class_labels(y, n_rows: int, n_classes: int,
+                       name: str = "labels") -> tuple[np.ndarray, np.ndarray]:
+    """(classes, codes): the K column labels and each row's column index in [0, K).
+
+    Numeric labels go through ``check_labels`` (integers in [0, K), classes 0 .. K-1, a
+    class may be absent). Any other labels (strings, booleans) must be orderable and take
+    exactly ``n_classes`` distinct values, matched to the columns in sorted order: the
+    scikit-learn convention that column k of ``predict_proba`` belongs to ``classes_[k]``.
+    """
+    arr = np.asarray(y)
+    if arr.dtype != object and arr.dtype.kind in "iuf":
+        return np.arange(n_classes), check_labels(arr, n_rows, n_classes, name)
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array (n,), got shape {arr.shape}")
+    if arr.shape[0] != n_rows:
+        raise ValueError(f"{name}: expected {n_rows} labels (one per row), got {arr.shape[0]}")
+    if arr.dtype.kind not in "USbO":
+        raise TypeError(f"{name}: expected class labels (integers or strings), got dtype "
+                        f"{arr.dtype!s}")
+    if arr.dtype == object:
+        kinds = [type(v) for v in arr]
+        first = kinds[0]
+        allowed = (str, bool, np.str_, np.bool_)
+        odd = [i for i, kind in enumerate(kinds) if kind is not first or kind not in allowed]
+        if odd:
+            row = odd[0]
+            raise TypeError(
+                f"{name}: row {row} is {arr[row]!r} ({type(arr[row]).__name__}); expected "
+                f"labels of one type, all strings or all booleans (row 0 is {first.__name__})"
+            )
+    classes, codes = np.unique(arr, return_inverse=True)
+    if classes.shape[0] != n_classes:
+        raise ValueError(
+            f"{name}: {classes.shape[0]} distinct labels for {n_classes} score columns; "
+            "non-integer labels are matched to the columns in sorted order, so exactly "
+            f"{n_classes} must appear (or pass integer labels in [0, {n_classes}))"
+        )
+    return classes, codes.reshape(-1).astype(np.int64)
+
+
 def check_pair(first: np.ndarray, second: np.ndarray, names: tuple[str, str]) -> None:
     """Both arrays must have the same number of rows and classes."""
     if first.shape[0] != second.shape[0]:

@@ -220,7 +220,8 @@ def _check_flow_options(args) -> None:
         raise inputs.InputError(f"--seed: expected a non-negative integer, got {args.seed}")
 
 
-def validate_recalibrate(args) -> None:
+def validate_recalibrate(args):
+    """Files, arrays and options of a recalibration; returns the loaded ``--data``."""
     inputs.npz_file(args.data, "--data")
     inputs.npz_file(args.eval_data, "--eval-data")
     _check_flow_options(args)
@@ -228,6 +229,7 @@ def validate_recalibrate(args) -> None:
     evaluation = (None if args.eval_data is None
                   else inputs.load_data(args.eval_data, dataset.input_kind))
     inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed)
+    return dataset
 
 
 def validate_demo(args) -> None:
@@ -254,11 +256,14 @@ def validate_schedule(args) -> None:
     for path, option in ((args.data, "--data"), (args.eval_data, "--eval-data"),
                          (args.monitor_data, "--monitor-data")):
         inputs.npz_file(path, option)
-    validate_recalibrate(args)
+    dataset = validate_recalibrate(args)
     inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
     if args.monitor_data is not None:
-        inputs.load_data(args.monitor_data, args.input_kind)
+        batch = inputs.load_data(args.monitor_data, dataset.input_kind)
+        if batch.n_classes != dataset.n_classes:
+            raise inputs.InputError(f"{batch.path}: has {batch.n_classes} classes but "
+                                    f"{dataset.path} has {dataset.n_classes}")
 
 
 def validate_predict(args) -> None:
@@ -427,12 +432,38 @@ def cmd_predict(args) -> int:
 
     from onnx_export.predict import predict_file
 
+    if _batch_predict_requested(args):
+        return cmd_predict_batch(args)
     with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as folder:
         path = local_model_path(args.model, Path(folder), args.tracking_uri)
         summary = predict_file(path, args.input, args.output, batch_size=args.batch_size,
                                provider=args.provider, progress=True)
     print(f"wrote {summary['rows']} rows x {summary['n_classes']} classes to "
           f"{summary['output']} (providers: {', '.join(summary['providers'])})")
+    return 0
+
+
+def _batch_predict_requested(args) -> bool:
+    """A folder or glob --input, or any Dask option, selects batch scoring on Dask."""
+    from flows.batch_predict import is_batch_input
+
+    return (is_batch_input(args.input) or args.dask_address is not None
+            or args.dask_workers is not None)
+
+
+def cmd_predict_batch(args) -> int:
+    """``predict`` over many Parquet files on a Dask cluster (:mod:`flows.batch_predict`)."""
+    import tempfile
+
+    from flows.batch_predict import predict_batch
+
+    with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as folder:
+        path = local_model_path(args.model, Path(folder))
+        result = predict_batch(path, args.input, args.output, dask_address=args.dask_address,
+                               n_workers=args.dask_workers or 2, batch_size=args.batch_size)
+    print(f"wrote {result.rows} rows from {result.files} files to {result.output} on "
+          f"{len(result.workers)} Dask workers in {result.seconds:.1f} s "
+          f"({result.rows / max(result.seconds, 1e-9):,.0f} rows/s)")
     return 0
 
 
@@ -488,7 +519,7 @@ def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-o
     parser.add_argument("--model-name", default=model_name,
                         help=f"registered model name (default: {model_name})")
     parser.add_argument("--input-kind", default="auto", choices=("auto", *INPUT_KINDS),
-                        help="what the .npz holds (default: whichever array is present)")
+                        help="what the data file holds (default: whichever is present)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                         help="float type of the exported ONNX graph (default: float32)")
     parser.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT,
@@ -531,9 +562,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("recalibrate", help="fit calibrator + CORD, export ONNX, register, gate")
-    p.add_argument("--data", required=True, type=Path, help=".npz with logits|probs and labels")
+    p.add_argument("--data", required=True, type=Path,
+                   help=".npz or .parquet with logits|probs and labels")
     p.add_argument("--eval-data", type=Path,
-                   help="separate evaluation .npz (then all of --data calibrates)")
+                   help="separate evaluation .npz/.parquet (then all of --data calibrates)")
     _add_flow_options(p)
     _add_gate_options(p)
     p.add_argument("--no-promote", action="store_true",
@@ -541,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_recalibrate, validate=validate_recalibrate, prefect=True)
 
     p = sub.add_parser("monitor", help="score @champion on a labelled batch; recalibrate on drift")
-    p.add_argument("--data", required=True, type=Path, help="labelled batch (.npz)")
+    p.add_argument("--data", required=True, type=Path, help="labelled batch (.npz or .parquet)")
     _add_thresholds(p)
     p.add_argument("--no-recalibrate", action="store_true",
                    help="only report drift, never start a recalibration")
@@ -560,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"monitoring schedule (default: --cron {inputs.MONITOR_OFFSET_MINUTES} "
                         f"minutes later within the hour, else {inputs.MONITOR_OFFSET_SECONDS} s "
                         "later)")
-    p.add_argument("--data", required=True, type=Path, help=".npz re-read on every run")
+    p.add_argument("--data", required=True, type=Path, help=".npz/.parquet re-read on every run")
     p.add_argument("--eval-data", type=Path, help="separate evaluation .npz")
     p.add_argument("--monitor-data", type=Path, help="labelled batch to monitor (default: --data)")
     p.add_argument("--work-pool", help="register with this work pool instead of serving here")
@@ -568,10 +600,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flow_options(p)
     p.set_defaults(func=cmd_schedule, validate=validate_schedule)
 
-    p = sub.add_parser("predict", help="run an exported graph on an .npz file, in batches")
+    p = sub.add_parser("predict", help="run an exported graph on a file, or on a folder of "
+                                       "Parquet files with Dask")
     p.add_argument("--model", required=True, help="PATH.onnx or models:/NAME@ALIAS")
-    p.add_argument("--input", required=True, type=Path, help=".npz with logits or probs")
-    p.add_argument("--output", required=True, type=Path, help="output .npz (written atomically)")
+    p.add_argument("--input", required=True, type=Path,
+                   help=".npz or .parquet with logits or probs; a folder or glob of .parquet "
+                        "files scores them on Dask")
+    p.add_argument("--output", required=True, type=Path,
+                   help="output .npz or .parquet (written atomically); for a folder or glob "
+                        "input, a new folder mirroring the input's layout")
+    p.add_argument("--dask-address", help="scheduler of an existing Dask cluster "
+                                          "(default: start a local one)")
+    p.add_argument("--dask-workers", type=int,
+                   help="worker processes of the local cluster (default: 2)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="rows per batch (default: about 2^20 scores, 256..4096 rows)")
     p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),

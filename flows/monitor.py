@@ -139,7 +139,8 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
             seed: int = 0, dtype: str = "float32", gate_options: dict | None = None,
             tracking_uri: str | None = None,
             skip_without_champion: bool = False) -> MonitorResult | None:
-    """Score ``model_name@champion`` on the labelled batch ``data`` (.npz) and log it.
+    """Score ``model_name@champion`` on the labelled batch ``data`` (.npz or Parquet) and log
+    it.
 
     When ECE or NLL rose past its threshold and ``recalibrate_on_drift`` is set, runs
     :func:`flows.recalibrate.recalibrate` on the batch as a subflow (its gate still decides

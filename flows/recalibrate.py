@@ -161,8 +161,9 @@ class Steps:
 # ---------------------------------------------------------------- compute tasks
 @compute_task
 def load_dataset(path: str, input_kind: str) -> data.Dataset:
-    """Load and validate an .npz file of classifier outputs (errors name file, array, row)."""
-    return data.load_npz(path, input_kind=input_kind)
+    """Load and validate an .npz or Parquet file of classifier outputs (errors name the file,
+    the array or column, and the row)."""
+    return data.load(path, input_kind=input_kind)
 
 
 @compute_task
@@ -573,7 +574,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 min_evaluation: int | None = None, max_class_share: float | None = None,
                 max_label_shift: float | None = None,
                 tracking_uri: str | None = None) -> RecalibrationResult:
-    """Recalibrate the classifier outputs in ``data`` (.npz) and register the result.
+    """Recalibrate the classifier outputs in ``data`` (.npz or Parquet) and register the
+    result.
 
     ``eval_data`` given: calibrate on all of ``data`` and evaluate on ``eval_data``; otherwise split
     ``data`` with ``fraction`` for calibration (seeded). ``dtype`` is the ONNX graph's

@@ -1,9 +1,16 @@
-"""Batch prediction from a saved pipeline model: ``.npz`` in, ``.npz`` out.
+"""Batch prediction from a saved pipeline model: ``.npz`` or Parquet in, ``.npz`` or
+Parquet out.
 
 ``predict_file`` validates the whole input before it runs anything, streams it through an
 onnxruntime session in batches with a progress bar on stderr, and writes ``repaired``,
 ``calibrated``, ``label`` and ``confidence`` atomically: a failure at any point leaves no
 output file (and an existing one untouched).
+
+Parquet input follows ``cord_ops.data``'s layout (a ``logits``/``probs`` list column or K
+numbered columns; docs/data-formats.md). Parquet output (an output path ending in
+``.parquet`` or ``.pq``) holds ``label`` (int64), ``confidence``, and ``repaired`` and
+``calibrated`` as fixed-size list columns, after every input column that is not a score
+column (ids, labels, timestamps), so rows can be joined back to their source.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cord_ops import data
 from cord_ops.atomic import atomic_path
 from cord_ops.validation import PROBABILITY_SUM_ATOL, check_probabilities, check_scores
 from onnx_export.export import load_model, model_metadata
@@ -103,6 +111,50 @@ def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype) -> np.nda
     return scores.astype(dtype, copy=False)
 
 
+def read_parquet_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
+    """(scores, passthrough table) of a Parquet input for a model reading ``input_kind``
+    with ``n_classes`` columns; validated with the same messages as ``cord_ops.data``."""
+    where = str(path)
+    table = data.read_parquet_table(path)
+    scores, _ = data.table_scores(table, where, input_kind)
+    if scores.shape[1] != n_classes:
+        raise ValueError(f"{where}: {input_kind} has {scores.shape[1]} classes; the model "
+                         f"expects {n_classes}")
+    _, columns = data.score_columns(table.column_names, where, input_kind)
+    passthrough = table.drop_columns(columns)
+    clash = sorted(set(passthrough.column_names) & set(WRITTEN))
+    if clash:
+        raise ValueError(f"{where}: column {clash[0]!r} would be overwritten by the output "
+                         f"of the same name; rename it")
+    return scores.astype(dtype, copy=False), passthrough
+
+
+def read_any_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
+    """(scores, passthrough table or None) of an .npz or Parquet input."""
+    if data.is_parquet(path):
+        return read_parquet_input(path, n_classes, input_kind, dtype)
+    return read_input(path, n_classes, input_kind, dtype), None
+
+
+def write_outputs(path, outputs: dict[str, np.ndarray], passthrough=None) -> Path:
+    """Write the outputs atomically: Parquet when ``path`` ends in .parquet/.pq (after the
+    passthrough columns), .npz otherwise (passthrough columns are then not written)."""
+    if not data.is_parquet(path):
+        return write_npz_atomic(path, outputs)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = {} if passthrough is None else {
+        name: passthrough.column(name) for name in passthrough.column_names}
+    columns["label"] = outputs["label"]
+    columns["confidence"] = outputs["confidence"]
+    for name in ("repaired", "calibrated"):
+        columns.update(data.score_arrays(outputs[name], name))
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.table(columns), tmp)
+    return Path(path)
+
+
 def _all_probability_rows(scores: np.ndarray) -> bool:
     return bool(np.all(scores >= 0)) and bool(
         np.allclose(scores.sum(axis=1, dtype=np.float64), 1.0, atol=PROBABILITY_SUM_ATOL))
@@ -118,11 +170,12 @@ def write_npz_atomic(path, arrays: dict[str, np.ndarray]) -> Path:
 def predict_file(model_path, input_path, output_path, batch_size: int | None = None,
                  provider: str = "auto", progress: bool = True,
                  threads: int | None = None) -> dict:
-    """Run a saved pipeline model on an input .npz and write the outputs .npz.
+    """Run a saved pipeline model on an input file and write the outputs file.
 
-    The input archive holds one [N, K] float array (or several, one named ``scores``,
-    ``logits`` or ``probs``). Returns a summary: rows, n_classes, the session's providers
-    and the output path.
+    An .npz input holds one [N, K] float array (or several, one named ``scores``,
+    ``logits`` or ``probs``); a Parquet input has the layout of the module docstring. The
+    output is Parquet when its name ends in .parquet/.pq, else .npz. Returns a summary:
+    rows, n_classes, the session's providers and the output path.
     """
     model = load_model(model_path)
     meta = model_metadata(model)
@@ -133,7 +186,8 @@ def predict_file(model_path, input_path, output_path, batch_size: int | None = N
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
     session = open_session(model, provider=provider, threads=threads)
-    scores = read_input(input_path, n_classes, input_kind, input_dtype(session))
+    scores, passthrough = read_any_input(input_path, n_classes, input_kind,
+                                         input_dtype(session))
 
     bar = _progress_bar(scores.shape[0], progress)
     try:
@@ -145,6 +199,6 @@ def predict_file(model_path, input_path, output_path, batch_size: int | None = N
     finally:
         if bar is not None:
             bar.close()
-    write_npz_atomic(output_path, outputs)
+    write_outputs(output_path, outputs, passthrough)
     return {"rows": int(scores.shape[0]), "n_classes": n_classes,
             "providers": session.get_providers(), "output": str(output_path)}

@@ -1,10 +1,12 @@
 """Post-hoc multiclass calibrators (docs/calibrators.md): ``make_calibrator(name, **options)``
 builds one by name, ``calibrator_from_dict(d)`` rebuilds a fitted one from ``to_dict()``.
 
-Every calibrator has ``name``, ``input_kind`` ("logits" or "probs"), ``fit(scores, labels)``
-(returns self, sets ``n_classes_`` from the width of ``scores``), ``predict_proba(scores)``
-(n x K float64 rows on the simplex) and ``to_dict()``; each module documents its predict
-path as a closed form over the parameters that ``to_dict()`` stores.
+Every calibrator is a scikit-learn estimator (``_base`` documents the contract a new one
+follows) with ``name``, ``input_kind`` ("logits" or "probs"), ``fit(scores, labels)``
+(returns self; checks the options, sets ``n_classes_`` and ``n_features_in_`` from the
+width of ``scores`` and ``classes_`` from the labels), ``predict_proba(scores)`` (n x K
+float64 rows on the simplex), ``predict`` and ``to_dict()``; each module documents its
+predict path as a closed form over the parameters that ``to_dict()`` stores.
 """
 
 from __future__ import annotations
@@ -55,8 +57,14 @@ def _lookup(name) -> type[Calibrator]:
 
 def make_calibrator(name: str, **options) -> Calibrator:
     """A fresh, unfitted calibrator; ``options`` go to its constructor (``input_kind``,
-    ``prob_floor`` and the family's own options, e.g. ``max_iter``)."""
-    return _lookup(name)(**options)
+    ``prob_floor`` and the family's own options, e.g. ``max_iter``).
+
+    Unlike the constructor (which stores its arguments verbatim, as scikit-learn requires),
+    the factory validates the options at once, so a bad one fails before any data is read.
+    """
+    calibrator = _lookup(name)(**options)
+    calibrator._validate_options()
+    return calibrator
 
 
 def calibrator_from_dict(d: dict) -> Calibrator:

@@ -47,7 +47,6 @@ from scipy.optimize import minimize
 
 from cord_ops.calibrators._base import (
     Calibrator,
-    check_option,
     mean_nll_and_grad,
     softmax,
     warn_not_converged,
@@ -349,13 +348,14 @@ class UnregularisedAffine(Calibrator):
 
     full: bool
     _options = ("max_iter", "gtol", "ftol")
+    _option_checks = {"max_iter": {"integer": True}, "gtol": {}, "ftol": {"allow_zero": True}}
 
     def __init__(self, input_kind: str, prob_floor: float, max_iter: int, gtol: float,
                  ftol: float):
         super().__init__(input_kind, prob_floor)
-        self.max_iter = check_option("max_iter", max_iter, integer=True)
-        self.gtol = check_option("gtol", gtol)
-        self.ftol = check_option("ftol", ftol, allow_zero=True)
+        self.max_iter = max_iter
+        self.gtol = gtol
+        self.ftol = ftol
 
     def _fit(self, x, y):
         fit = fit_affine(self._logits(x), y, full=self.full, max_iter=self.max_iter,

@@ -46,7 +46,6 @@ from cord_ops.calibrators._base import (
     PROB_FLOOR,
     Calibrator,
     ConvergenceWarning,
-    check_option,
     mean_nll_and_grad,
     softmax,
 )
@@ -70,6 +69,11 @@ class DirichletODIR(Calibrator):
     name = "dir-odir"
     _options = ("reg_lambdas", "reg_mus", "n_folds", "random_state", "max_iter",
                 "cv_max_iter", "gtol", "ftol")
+    _option_checks = {"n_folds": {"integer": True}, "random_state": {"integer": True,
+                                                                      "allow_zero": True},
+                      "max_iter": {"integer": True}, "cv_max_iter": {"integer": True},
+                      "gtol": {}, "ftol": {"allow_zero": True}}
+    _optional = ("cv_max_iter",)
     _param_shapes = {"weights": ("K", "K"), "bias": ("K",), "reg_lambda": (), "reg_mu": (),
                      "cv_nll": ("*", "*")}
 
@@ -78,21 +82,27 @@ class DirichletODIR(Calibrator):
                  random_state: int = 0, max_iter: int = 300, cv_max_iter: int | None = None,
                  gtol: float = 1e-5, ftol: float = 1e-12):
         super().__init__(input_kind, prob_floor)
-        self.reg_lambdas = tuple(float(v) for v in reg_lambdas)
-        self.reg_mus = tuple(float(v) for v in reg_mus)
-        for label, grid in (("reg_lambdas", self.reg_lambdas), ("reg_mus", self.reg_mus)):
-            if not grid or any(not (v > 0 and np.isfinite(v)) for v in grid):
-                raise ValueError(f"{label}: expected a non-empty list of positive numbers")
-        self.n_folds = check_option("n_folds", n_folds, integer=True)
+        self.reg_lambdas = reg_lambdas
+        self.reg_mus = reg_mus
+        self.n_folds = n_folds
+        self.random_state = random_state
+        self.max_iter = max_iter
+        self.cv_max_iter = cv_max_iter
+        self.gtol = gtol
+        self.ftol = ftol
+
+    def _validate_options(self) -> None:
+        super()._validate_options()
+        for label in ("reg_lambdas", "reg_mus"):
+            grid = getattr(self, label)
+            ok = isinstance(grid, tuple | list | np.ndarray) and len(grid) > 0
+            ok = ok and all(isinstance(v, int | float | np.number) and not isinstance(v, bool)
+                            and np.isfinite(v) and v > 0 for v in grid)
+            if not ok:
+                raise ValueError(f"{label}: expected a non-empty list of positive numbers, "
+                                 f"got {grid!r}")
         if self.n_folds < 2:
-            raise ValueError(f"n_folds: expected an integer >= 2, got {n_folds!r}")
-        self.random_state = check_option("random_state", random_state, integer=True,
-                                         allow_zero=True)
-        self.max_iter = check_option("max_iter", max_iter, integer=True)
-        self.cv_max_iter = (None if cv_max_iter is None
-                            else check_option("cv_max_iter", cv_max_iter, integer=True))
-        self.gtol = check_option("gtol", gtol)
-        self.ftol = check_option("ftol", ftol, allow_zero=True)
+            raise ValueError(f"n_folds: expected an integer >= 2, got {self.n_folds!r}")
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """Clipped log-probabilities of validated scores (module docstring)."""

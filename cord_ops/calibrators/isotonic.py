@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.isotonic import IsotonicRegression
 
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, check_option, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
 from cord_ops.calibrators.temperature import fit_inverse_temperature
 
 #: Weight of the strictly increasing term added to every isotonic output (Mix-n-Match).
@@ -53,11 +53,12 @@ def normalise(r: np.ndarray) -> np.ndarray:
 
 class _Isotonic(Calibrator):
     _options = ("tie_eps",)
+    _option_checks = {"tie_eps": {"allow_zero": True}}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  tie_eps: float = TIE_EPS):
         super().__init__(input_kind, prob_floor)
-        self.tie_eps = check_option("tie_eps", tie_eps, allow_zero=True)
+        self.tie_eps = tie_eps
 
     def _calibrate(self, p: np.ndarray) -> np.ndarray:
         r = np.empty_like(p)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from cord_ops.calibrators._affine import Penalty, affine_logits, fit_affine
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, check_option, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
 from cord_ops.calibrators.temperature import fit_inverse_temperature
 
 
@@ -46,21 +46,26 @@ class _StructuredScaling(Calibrator):
     _full = False
     _options = ("reg_lambda_bias", "reg_lambda_diag", "reg_lambda_offdiag", "rho", "tau",
                 "max_iter", "gtol", "ftol")
+    _option_checks = {
+        "reg_lambda_bias": {"allow_zero": True}, "reg_lambda_diag": {"allow_zero": True},
+        "reg_lambda_offdiag": {"allow_zero": True}, "rho": {"any_sign": True},
+        "tau": {"any_sign": True}, "max_iter": {"integer": True}, "gtol": {},
+        "ftol": {"allow_zero": True},
+    }
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  reg_lambda_bias: float = 1.0, reg_lambda_diag: float = 1.0,
                  reg_lambda_offdiag: float = 1.0, rho: float = 1.0, tau: float = 1.0,
                  max_iter: int = 1000, gtol: float = 1e-5, ftol: float = 1e-12):
         super().__init__(input_kind, prob_floor)
-        self.reg_lambda_bias = check_option("reg_lambda_bias", reg_lambda_bias, allow_zero=True)
-        self.reg_lambda_diag = check_option("reg_lambda_diag", reg_lambda_diag, allow_zero=True)
-        self.reg_lambda_offdiag = check_option("reg_lambda_offdiag", reg_lambda_offdiag,
-                                               allow_zero=True)
-        self.rho = check_option("rho", rho, any_sign=True)
-        self.tau = check_option("tau", tau, any_sign=True)
-        self.max_iter = check_option("max_iter", max_iter, integer=True)
-        self.gtol = check_option("gtol", gtol)
-        self.ftol = check_option("ftol", ftol, allow_zero=True)
+        self.reg_lambda_bias = reg_lambda_bias
+        self.reg_lambda_diag = reg_lambda_diag
+        self.reg_lambda_offdiag = reg_lambda_offdiag
+        self.rho = rho
+        self.tau = tau
+        self.max_iter = max_iter
+        self.gtol = gtol
+        self.ftol = ftol
 
     def penalty(self, n: int, k: int) -> Penalty:
         """The ridge strengths for n calibration rows and K classes (docstring, step 2)."""

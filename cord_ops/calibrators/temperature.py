@@ -28,7 +28,6 @@ from cord_ops.calibrators._base import (
     PROB_FLOOR,
     Calibrator,
     ConvergenceWarning,
-    check_option,
     softmax,
     warn_not_converged,
 )
@@ -113,12 +112,13 @@ class TemperatureScaling(Calibrator):
 
     name = "ts"
     _options = ("max_iter",)
+    _option_checks = {"max_iter": {"integer": True}}
     _param_shapes = {"beta": ()}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 100):
         super().__init__(input_kind, prob_floor)
-        self.max_iter = check_option("max_iter", max_iter, integer=True)
+        self.max_iter = max_iter
 
     def _fit(self, x, y):
         self.beta_ = fit_inverse_temperature(self._logits(x), y, max_iter=self.max_iter,

@@ -76,7 +76,11 @@ FIT_CASES = {
                        "row 2 is -1"),
     "fractional label": (lambda: (Z, np.where(np.arange(40) == 4, 0.5, Y)), ValueError,
                          "row 4 is 0.5; expected an integer"),
-    "string labels": (lambda: (Z, Y.astype(str)), TypeError, "integer class labels"),
+    "too few string labels": (lambda: (Z, np.where(Y == 2, "a", "b")), ValueError,
+                              "2 distinct labels for 3 score columns"),
+    "mixed label types": (lambda: (Z, np.array(["a", "b", "c", 1] * 10, dtype=object)),
+                          TypeError, "row 3 is 1 \\(int\\)"),
+    "complex labels": (lambda: (Z, Y.astype(complex)), TypeError, "expected class labels"),
     "2-D labels": (lambda: (Z, Y[:, None]), ValueError, "1-D array"),
 }
 

@@ -158,3 +158,60 @@ def test_no_partial_file_when_a_run_or_write_fails(saved_model, logits_file, tmp
             predict_file(path, input_path, out, provider="cpu", progress=False)
     assert out.read_bytes() == b"previous result"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# ------------------------------------------------------------------ Parquet in and out
+def test_parquet_in_and_out_keeps_other_columns_and_every_top1(saved_model, cases, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cord_ops import data
+
+    _, _, path = saved_model
+    scores = cases.adversarial_scores(10, "logits", seed=12)
+    ids = [f"row-{i}" for i in range(len(scores))]
+    for layout in ("list", "columns"):
+        columns = {"id": ids, **data.score_arrays(scores, "logits", layout)}
+        source = tmp_path / f"in-{layout}.parquet"
+        pq.write_table(pa.table(columns), source)
+        out = tmp_path / f"out-{layout}.parquet"
+        summary = predict_file(path, source, out, batch_size=7, progress=False)
+        assert summary["rows"] == len(scores)
+        table = pq.read_table(out)
+        assert table.column_names == ["id", "label", "confidence", "repaired", "calibrated"]
+        assert table.column("id").to_pylist() == ids
+        repaired = np.stack(table.column("repaired").to_numpy(zero_copy_only=False))
+        label = table.column("label").to_numpy()
+        assert np.array_equal(label, np.argmax(scores.astype(np.float32), axis=1))
+        assert np.array_equal(np.argmax(repaired, axis=1), label)
+        # The same rows through .npz give the same numbers.
+        npz_in = tmp_path / "in.npz"
+        np.savez(npz_in, scores=scores)
+        predict_file(path, npz_in, tmp_path / "out.npz", batch_size=7, progress=False)
+        with np.load(tmp_path / "out.npz") as reference:
+            assert np.array_equal(reference["repaired"], repaired)
+            assert np.array_equal(reference["label"], label)
+
+
+def test_bad_parquet_input_is_refused_before_anything_is_written(saved_model, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, _, path = saved_model
+    rows = np.random.default_rng(0).normal(size=(20, 10))
+    rows[13, 4] = np.nan
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"logits": list(rows)}), bad)
+    out = tmp_path / "out.parquet"
+    with pytest.raises(ValueError, match="bad.parquet: logits: row 13 contains NaN"):
+        predict_file(path, bad, out, progress=False)
+    narrow = tmp_path / "narrow.parquet"
+    pq.write_table(pa.table({"logits": list(rows[:, :4])}), narrow)
+    with pytest.raises(ValueError, match="narrow.parquet: logits has 4 classes; the model "
+                                         "expects 10"):
+        predict_file(path, narrow, out, progress=False)
+    clash = tmp_path / "clash.parquet"
+    pq.write_table(pa.table({"logits": list(np.nan_to_num(rows)), "label": range(20)}), clash)
+    with pytest.raises(ValueError, match="column 'label' would be overwritten"):
+        predict_file(path, clash, out, progress=False)
+    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
