@@ -681,7 +681,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
 # ---------------------------------------------------------------- helpers
 def run_params(calibrator: str, dataset: data.Dataset, calibration: data.Dataset,
                evaluation: data.Dataset, seed: int, repair: CORD) -> dict[str, str]:
-    """The run params of SPEC.md's MLflow contract (floats as exact repr)."""
+    """The run params of the MLflow contract in docs/contract.md (floats as exact repr)."""
     return {
         "calibrator": calibrator,
         "n_classes": str(dataset.n_classes),

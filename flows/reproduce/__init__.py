@@ -14,6 +14,6 @@ bottom:
   paper's published numbers;
 - :mod:`~flows.reproduce.plan` and :mod:`~flows.reproduce.defaults`: what a sweep covers.
 
-The package's own heavy dependencies (Dask, prefect-dask, pandas) come with the
+Its own dependency, prefect-dask (Prefect's task runner on Dask), comes with the
 ``reproduce`` extra: ``pip install -e ".[reproduce]"``.
 """

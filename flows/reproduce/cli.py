@@ -23,7 +23,7 @@ from flows.reproduce.defaults import (
 )
 
 #: Modules of the ``reproduce`` extra, which the recalibration product does not need.
-EXTRA_MODULES = ("dask", "distributed", "prefect_dask", "pandas")
+EXTRA_MODULES = ("prefect_dask",)
 
 
 def require_extra(command: str) -> None:
