@@ -47,5 +47,5 @@ def test_monitor_logs_steady_batches_and_recalibrates_on_drift(store, tmp_path, 
     assert "reference split is worse than" in decision.reason
     tags = client.get_model_version("m", "2").tags
     assert tags[registry.DECISION_TAG] == "rejected"
-    assert client.get_model_version_by_alias("m", registry.CHAMPION).version == first.version
+    assert str(client.get_model_version_by_alias("m", registry.CHAMPION).version) == first.version
     assert "nll rose" in client.get_run(alarm.run_id).data.tags["cord.drift"]
