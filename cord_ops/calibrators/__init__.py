@@ -19,8 +19,10 @@ from cord_ops.calibrators.isotonic import (
     IsotonicOneVsRestTS,
 )
 from cord_ops.calibrators.matrix import MatrixScaling
+from cord_ops.calibrators.monotonic import MonotoneCalibrationMCCTI
 from cord_ops.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
 from cord_ops.calibrators.temperature import TemperatureScaling
+from cord_ops.calibrators.topversusall import TemperatureScalingTvA
 from cord_ops.calibrators.vector import VectorScaling
 from cord_ops.names import CALIBRATOR_NAMES, TOP1_PRESERVING
 
@@ -36,6 +38,8 @@ _FAMILIES: dict[str, type[Calibrator]] = {
         IsotonicOneVsRest,
         IsotonicOneVsRestTS,
         IsotonicMultiClass,
+        TemperatureScalingTvA,
+        MonotoneCalibrationMCCTI,
     )
 }
 
@@ -87,10 +91,12 @@ __all__ = [
     "IsotonicOneVsRest",
     "IsotonicOneVsRestTS",
     "MatrixScaling",
+    "MonotoneCalibrationMCCTI",
     "NotFittedError",
     "StructuredMatrixScaling",
     "StructuredVectorScaling",
     "TemperatureScaling",
+    "TemperatureScalingTvA",
     "VectorScaling",
     "calibrator_from_dict",
     "make_calibrator",
