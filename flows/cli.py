@@ -33,7 +33,8 @@ from pathlib import Path
 
 from flows import inputs, operator_cli, reproduce_cli, server, tracking
 
-CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm")
+CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm",
+               "ts-tva", "mcct-i")
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
 DEMO_MODEL = "cord-ops-demo"
@@ -147,10 +148,22 @@ def prefect_api(args, start_managed: bool = False):
         print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
     if managed is None:
         with prefect_server.temporary_api():
-            yield None
+            try:
+                yield None
+            finally:
+                _drain_prefect_workers()
         return
     with temporary_settings(updates={PREFECT_API_URL: managed.api_url}):
         yield managed
+
+
+def _drain_prefect_workers(timeout: float = 10.0) -> None:
+    """Send the logs and events Prefect still queues while the temporary server is up;
+    left to Prefect's exit hook, they would meet a stopped server and print a connection
+    error after the command's last line."""
+    from prefect._internal.concurrency.services import QueueService
+
+    QueueService.drain_all(timeout=timeout, at_exit=False)
 
 
 @contextlib.contextmanager
@@ -227,7 +240,9 @@ def validate_recalibrate(args):
     dataset = inputs.load_data(args.data, args.input_kind)
     evaluation = (None if args.eval_data is None
                   else inputs.load_data(args.eval_data, dataset.input_kind))
-    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed)
+    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args) if hasattr(args, "min_calibration") else None)
+    inputs.champion_reads(args.tracking_uri, args.model_name, dataset)
     return dataset
 
 
@@ -245,7 +260,9 @@ def validate_monitor(args) -> None:
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
     inputs.registered_model(args.tracking_uri, args.model_name, "champion")
     batch = inputs.load_data(args.data, args.input_kind)
-    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed)
+    inputs.champion_reads(args.tracking_uri, args.model_name, batch)
+    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args))
 
 
 def validate_schedule(args) -> None:
@@ -419,10 +436,12 @@ def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
     """
     if ":/" not in model:
         return Path(model)
+    # models:/ URIs resolve through MLflow's process-wide registry URI, whatever
+    # download_artifacts' tracking_uri says; point it at this store.
+    tracking.configure_tracking(tracking_uri)
     import mlflow.artifacts
 
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder),
-                                                     tracking_uri=tracking_uri))
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder)))
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
     if len(found) != 1:
         raise ValueError(f"{model}: expected one .onnx file in the model, found {len(found)}")
@@ -481,10 +500,19 @@ def cmd_ui(args) -> int:
     os.execve(sys.executable, command, {**tracking.QUIET_ENVIRONMENT, **os.environ})
 
 
+def validate_serve(args) -> None:
+    """Options first, then the registered model: nothing is bound before both pass."""
+    from flows.serve import check_options
+
+    check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
+                  args.batch_max_rows)
+    validate_model_command(args)
+
+
 def cmd_serve(args) -> int:
     from flows.serve import serve
 
-    serve(tracking.tracking_uri(), args.model_name, alias=args.alias, host=args.host,
+    serve(args.tracking_uri, args.model_name, alias=args.alias, host=args.host,
           port=args.port, poll_interval=args.poll_interval,
           batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
           provider=args.provider)
@@ -651,7 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most rows per onnxruntime run (default: 4096)")
     p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
                    help="onnxruntime execution provider (default: cuda when available)")
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, validate=validate_serve)
 
     reproduce_cli.add_cli(sub)
     operator_cli.add_cli(sub)
