@@ -421,6 +421,17 @@ def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
         return Path(model)
     import mlflow.artifacts
 
+    if model.startswith("models:/"):
+        # Resolve the version in this store: MLflow would look models:/ URIs up in its
+        # process-default registry instead.
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        name, _, version = model.removeprefix("models:/").partition("/")
+        if "@" in name:
+            name, alias = name.split("@", 1)
+            version = str(client.get_model_version_by_alias(name, alias).version)
+        model = client.get_model_version_download_uri(name, version)
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder),
                                                      tracking_uri=tracking_uri))
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
