@@ -33,7 +33,8 @@ from pathlib import Path
 
 from flows import inputs, operator_cli, reproduce_cli, server, tracking
 
-CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm")
+CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm",
+               "ts-tva", "mcct-i")
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
 DEMO_MODEL = "cord-ops-demo"
@@ -147,10 +148,22 @@ def prefect_api(args, start_managed: bool = False):
         print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
     if managed is None:
         with prefect_server.temporary_api():
-            yield None
+            try:
+                yield None
+            finally:
+                _drain_prefect_workers()
         return
     with temporary_settings(updates={PREFECT_API_URL: managed.api_url}):
         yield managed
+
+
+def _drain_prefect_workers(timeout: float = 10.0) -> None:
+    """Send the logs and events Prefect still queues while the temporary server is up;
+    left to Prefect's exit hook, they would meet a stopped server and print a connection
+    error after the command's last line."""
+    from prefect._internal.concurrency.services import QueueService
+
+    QueueService.drain_all(timeout=timeout, at_exit=False)
 
 
 @contextlib.contextmanager
@@ -227,7 +240,9 @@ def validate_recalibrate(args):
     dataset = inputs.load_data(args.data, args.input_kind)
     evaluation = (None if args.eval_data is None
                   else inputs.load_data(args.eval_data, dataset.input_kind))
-    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed)
+    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args) if hasattr(args, "min_calibration") else None)
+    inputs.champion_reads(args.tracking_uri, args.model_name, dataset)
     return dataset
 
 
@@ -245,7 +260,9 @@ def validate_monitor(args) -> None:
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
     inputs.registered_model(args.tracking_uri, args.model_name, "champion")
     batch = inputs.load_data(args.data, args.input_kind)
-    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed)
+    inputs.champion_reads(args.tracking_uri, args.model_name, batch)
+    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args))
 
 
 def validate_schedule(args) -> None:
@@ -419,21 +436,12 @@ def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
     """
     if ":/" not in model:
         return Path(model)
+    # models:/ URIs resolve through MLflow's process-wide registry URI, whatever
+    # download_artifacts' tracking_uri says; point it at this store.
+    tracking.configure_tracking(tracking_uri)
     import mlflow.artifacts
 
-    if model.startswith("models:/"):
-        # Resolve the version in this store: MLflow would look models:/ URIs up in its
-        # process-default registry instead.
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri)
-        name, _, version = model.removeprefix("models:/").partition("/")
-        if "@" in name:
-            name, alias = name.split("@", 1)
-            version = str(client.get_model_version_by_alias(name, alias).version)
-        model = client.get_model_version_download_uri(name, version)
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder),
-                                                     tracking_uri=tracking_uri))
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder)))
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
     if len(found) != 1:
         raise ValueError(f"{model}: expected one .onnx file in the model, found {len(found)}")

@@ -48,7 +48,7 @@ from prefect.cache_policies import NO_CACHE
 from cord_ops import CORD, cord, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
-from flows import faults, journal, owner, plots, reference, registry, tracking
+from flows import faults, inputs, journal, owner, plots, reference, registry, tracking
 from flows import gate as gating
 from flows import lock as registry_lock
 from flows.retries import is_store_outage, transient_store_error
@@ -177,24 +177,12 @@ def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
                   gate_options: dict | None = None) -> gating.Policy:
     """Reject a bad option before a run exists: unknown calibrator or dtype, a seed or
     fraction the split refuses, an evaluation file that does not match ``dataset``, a gate
-    threshold out of range, splits too small to fit at all. Returns the gate's policy."""
-    make_calibrator(calibrator, input_kind=dataset.input_kind)
+    threshold out of range, splits too small to fit at all (the check the CLI runs before
+    anything starts, :func:`flows.inputs.check_recalibration`). Returns the gate's policy."""
     if dtype not in PARITY_TOLERANCE:
         raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
-    policy = gating.Policy.for_classes(dataset.n_classes, **(gate_options or {}))
-    if eval_dataset is None:
-        cal_rows, eval_rows = data.split_indices(dataset.n, seed, fraction)
-        gating.check_fit_floor(cal_rows.size, eval_rows.size,
-                               f"{dataset.path} (split with fraction {fraction!r})")
-        return policy
-    if eval_dataset.n_classes != dataset.n_classes:
-        raise ValueError(f"{eval_dataset.path}: has {eval_dataset.n_classes} classes but "
-                         f"{dataset.path} has {dataset.n_classes}")
-    if eval_dataset.input_kind != dataset.input_kind:
-        raise ValueError(f"{eval_dataset.path}: holds {eval_dataset.input_kind} but "
-                         f"{dataset.path} holds {dataset.input_kind}")
-    gating.check_fit_floor(dataset.n, eval_dataset.n, f"{dataset.path} / {eval_dataset.path}")
-    return policy
+    return inputs.check_recalibration(dataset, eval_dataset, calibrator, fraction, seed,
+                                      gate_options)
 
 
 @compute_task
@@ -753,9 +741,10 @@ def _uri_if_store(step: str, uri: str) -> str | None:
 
 
 def _prefect_api_url() -> str | None:
-    from prefect.settings import PREFECT_API_URL
+    """A Prefect server other processes share, if one is configured."""
+    from flows.prefect_server import configured_api_url
 
-    return PREFECT_API_URL.value() or None
+    return configured_api_url()
 
 
 def file_digests(root: Path) -> dict[str, str]:

@@ -61,7 +61,8 @@ SERVER_STARTUP_SECONDS = 120
 #: Cost order of one task, most expensive first (measured single-threaded on 5000 CIFAR-100
 #: rows: Dir-ODIR ~90 s, MS ~5 s, VS ~1 s x 10 fits of the size study, ...). Submitting the
 #: slow tasks first keeps both workers busy to the end instead of leaving a long fit for last.
-FIT_COST_ORDER = ("dir-odir", "ms", "vs", "sms", "irova-ts", "irova", "svs", "irm", "ts")
+FIT_COST_ORDER = ("dir-odir", "ms", "mcct-i", "vs", "sms", "irova-ts", "irova", "svs",
+                  "ts-tva", "irm", "ts")
 
 compute_task = task(cache_policy=NO_CACHE, persist_result=False)
 

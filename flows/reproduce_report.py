@@ -14,6 +14,9 @@ and :func:`flows.reproduce.evaluate_size`. Output files (``write_report``):
 - ``agreement``: per quantity, Pearson r and mean |diff| of our cells vs the paper's;
 - ``size_sensitivity``: Base and Base+CORD over calibration fractions (Figure 4 data);
 - ``timings``: where the compute went, per dataset and calibrator;
+- ``table4_<dataset>``, ``table11_<dataset>``, ``table12_<dataset>``: fit-time vs post-fit
+  prediction preservation (Table 4 and its extensions; :mod:`flows.reproduce_preserving`);
+- ``figure1_changes``: top-1 changes of Base split into C+ / C- / C0 (Figure 1);
 - ``figure2_tradeoff.png``, ``figure4_size.png``, ``reliability_<dataset>.png``.
 
 Conventions follow the paper: statistics are taken over conditions (classifier x
@@ -34,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from flows import reproduce_paper as paper
+from flows import reproduce_preserving as pp
 from flows import reproduce_stats as rs
 
 PERCENT = ("ece", "ece_em", "smece", "accuracy", "tpcr")
@@ -287,7 +291,8 @@ def _figure(rows: int, cols: int, width: float, height: float):
     return fig, axes
 
 
-_MARKERS = dict(zip(paper.NON_PRESERVING + paper.FIT_TIME_BASELINES, "osD^vPX*<", strict=True))
+_MARKERS = dict(zip(paper.NON_PRESERVING + paper.FIT_TIME_BASELINES, "osD^vPX*<hd",
+                    strict=True))
 
 
 def tradeoff_figure(conditions: pd.DataFrame, path: Path) -> Path:
@@ -525,4 +530,40 @@ def _write_all(cells, failures, stage: Path, n_bootstrap: int) -> list[Path]:
                 cells, dataset, stage / f"reliability_{dataset}.png"))
     if not size_summary.empty:
         written.append(size_figure(size_summary, stage / "figure4_size.png"))
+    if not conditions.empty:
+        written += _write_preserving(conditions, stage)
+    return written
+
+
+def _write_preserving(conditions: pd.DataFrame, stage: Path) -> list[Path]:
+    """Tables 4, 11, 12 per dataset and Figure 1 (:mod:`flows.reproduce_preserving`)."""
+    written = []
+    for dataset in sorted(set(conditions["dataset"])):
+        t4 = pp.table4(conditions, dataset)
+        if not t4.empty:
+            written += _write_table(
+                t4, stage, f"table4_{dataset}",
+                f"Table 4: fit-time vs post-fit prediction preservation, {dataset} "
+                "(ECE / ECE_EM / smECE, %)",
+                "Split means. Base-dagger: the non-preserving Base with the lowest value per "
+                "classifier and metric; v / ^ = Base-dagger + CORD lower / higher than "
+                "Base-dagger on the same splits. AdaTS needs penultimate features no logit "
+                "file has (not reproduced).", shown=pp.shown(t4))
+        t11 = pp.table11(conditions, dataset)
+        if not t11.empty:
+            written += _write_table(
+                t11, stage, f"table11_{dataset}",
+                f"Table 11: Table 4 extended to NLL and Brier, {dataset} "
+                "(ECE %, NLL, Brier x 1e2; Base-dagger chosen by ECE)", shown=pp.shown(t11))
+        t12 = pp.table12(conditions, dataset)
+        if not t12.empty:
+            written += _write_table(
+                t12, stage, f"table12_{dataset}",
+                f"Table 12: every Base calibrator and its CORD repair, {dataset} (%)")
+    decomposition = pp.change_decomposition(conditions)
+    if not decomposition.empty:
+        written += _write_table(decomposition, stage, "figure1_changes",
+                                "Figure 1 data: top-1 changes of Base by effect (%)")
+        written.append(pp.change_figure(decomposition, stage / "figure1_changes.png",
+                                        _figure))
     return written

@@ -141,10 +141,18 @@ def prepare_store(uri: str, timeout: float = DEFAULT_STORE_TIMEOUT) -> None:
         _probe_http(uri, min(timeout, 10.0))
 
 
+def _check_writable(uri: str, folder: Path) -> None:
+    # access() reports a read-only mount as not writable, even to root.
+    if folder.is_dir() and not os.access(folder, os.W_OK):
+        raise StoreError(f"{uri}: the store folder {folder} is not writable (read-only "
+                         "file system or permissions)")
+
+
 def _prepare_sqlite(uri: str, db: Path, timeout: float) -> None:
     from filelock import FileLock, Timeout
 
     _check_sqlite_file(uri, db)
+    _check_writable(uri, db.parent)
     if _sqlite_ready(db):  # the common case: read-only checks, no lock
         return
     try:
@@ -198,6 +206,23 @@ def _check_sqlite_file(uri: str, db: Path) -> None:
     if header and header != SQLITE_HEADER:
         raise StoreError(f"{uri}: {db} is not an SQLite database, so not an MLflow store; "
                          "move it away or set MLFLOW_TRACKING_URI")
+    if not header:
+        return  # empty: sqlite treats it as a new database
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        try:
+            tables = {name for (name,) in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"{uri}: cannot read {db} ({exc})") from exc
+    if tables and "experiments" not in tables:
+        raise StoreError(f"{uri}: {db} is an SQLite database but not an MLflow store "
+                         f"(tables: {', '.join(sorted(tables)[:5])}); move it away or set "
+                         "MLFLOW_TRACKING_URI")
 
 
 def _create_or_upgrade(uri: str, db: Path) -> None:

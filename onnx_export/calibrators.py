@@ -87,6 +87,24 @@ def _dirichlet(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
     return _affine_map(gb, features, cal, out)
 
 
+def _monotone(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
+    """``mcct-i``: TopK ranks the logits (larger first, smaller index first on ties, as
+    ``rank_order``), s = inv_scales * (ranked - row min) + biases is computed by rank and
+    scattered back to the class order, then q = softmax(s)."""
+    z = model_logits(gb, x, cal)
+    k = int(cal.n_classes_)
+    ranked, order = gb.op("TopK", z, gb.const(np.array([k], dtype=np.int64), "k_all",
+                                              dtype=np.int64),
+                          outputs=2, hint="ranked", axis=1, largest=1, sorted=1)
+    shifted = gb.sub(ranked, gb.row_min(ranked), hint="ranked_shifted")
+    s = gb.add(gb.mul(shifted, gb.const(cal.inv_scales_, "inv_scales")),
+               gb.const(cal.biases_, "biases"), hint="ranked_scores")
+    # Every column is overwritten (order is a permutation), so ``ranked`` serves as the
+    # ScatterElements data of the right shape.
+    scores = gb.op("ScatterElements", ranked, order, s, hint="monotone_scores", axis=1)
+    return gb.softmax(scores, out=out)
+
+
 #: Largest cell table (entries over all knot sets) the knot lookup may build.
 MAX_GRID_ENTRIES = 1 << 22
 #: The cell grid is refined until a lookup window holds at most this many knots.
@@ -244,6 +262,10 @@ FAMILIES: dict[str, Family] = {
     "irova": Family(_isotonic, keeps_top1=False, float64_inside=True),
     "irova-ts": Family(_isotonic, keeps_top1=False, float64_inside=True),
     "irm": Family(_isotonic, keeps_top1=True, float64_inside=True),
+    "ts-tva": Family(_temperature, keeps_top1=True, float64_inside=False),
+    # Runs in float64 so that the rank order and the subtraction of the row minimum are
+    # those of cord_ops (float32 rounding can tie entries that float64 keeps apart).
+    "mcct-i": Family(_monotone, keeps_top1=True, float64_inside=True),
 }
 
 

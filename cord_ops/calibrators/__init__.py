@@ -19,8 +19,10 @@ from cord_ops.calibrators.isotonic import (
     IsotonicOneVsRestTS,
 )
 from cord_ops.calibrators.matrix import MatrixScaling
+from cord_ops.calibrators.monotonic import MonotoneCalibrationMCCTI
 from cord_ops.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
 from cord_ops.calibrators.temperature import TemperatureScaling
+from cord_ops.calibrators.topversusall import TemperatureScalingTvA
 from cord_ops.calibrators.vector import VectorScaling
 
 CALIBRATORS: dict[str, type[Calibrator]] = {
@@ -35,14 +37,17 @@ CALIBRATORS: dict[str, type[Calibrator]] = {
         IsotonicOneVsRest,
         IsotonicOneVsRestTS,
         IsotonicMultiClass,
+        TemperatureScalingTvA,
+        MonotoneCalibrationMCCTI,
     )
 }
 
-#: Names accepted by ``make_calibrator``, in the paper's order.
+#: Names accepted by ``make_calibrator``, in the paper's order (its seven Base calibrators
+#: and TS, IRM, then the fit-time prediction-preserving baselines TS-TvA and MCCT-I).
 CALIBRATOR_NAMES = tuple(CALIBRATORS)
 
 #: Calibrators whose map never changes a row's top-1 class (up to float64 ties).
-TOP1_PRESERVING = ("ts", "irm")
+TOP1_PRESERVING = ("ts", "irm", "ts-tva", "mcct-i")
 
 
 def _lookup(name) -> type[Calibrator]:
@@ -86,10 +91,12 @@ __all__ = [
     "IsotonicOneVsRest",
     "IsotonicOneVsRestTS",
     "MatrixScaling",
+    "MonotoneCalibrationMCCTI",
     "NotFittedError",
     "StructuredMatrixScaling",
     "StructuredVectorScaling",
     "TemperatureScaling",
+    "TemperatureScalingTvA",
     "VectorScaling",
     "calibrator_from_dict",
     "make_calibrator",

@@ -223,7 +223,53 @@ def _cg_newton_step(problem, grad, d, max_cg=50):
     return step if np.any(step) else -precondition(grad)
 
 
-def _newton(problem, theta, max_iter, gtol, newton_step):
+def _cg_newton_step_full(problem, grad, d, max_cg=100):
+    """Newton step for a full map by Jacobi-preconditioned conjugate gradients on
+    ``H p = -grad`` with Hessian-vector products: for V in the Theta layout,
+    ``H V = (q * (S - sum_k q_k S_k)).T @ xbar / n + 2 ridge * V`` with ``S = xbar @ V.T``
+    (two n x (K + 1) x K matrix products per product, never forming the (K (K + 1))^2 H;
+    sklearn's multinomial newton-cg uses the same product)."""
+    n = problem.x.shape[0]
+    xbar = np.hstack([problem.x, np.ones((n, 1))])
+    q = problem.probabilities(d)
+    pen = 2.0 * problem.pen_weight
+    # The 1e-10 relative ridge of the dense step keeps the singular (shift-invariant)
+    # direction of an unpenalised map from stalling CG.
+    diag = problem.hessian_diagonal(d)
+    ridge = 1e-10 * (1.0 + float(np.max(diag)))
+    inv_diag = 1.0 / (diag + ridge)
+
+    def hess_vec(v):
+        sv = xbar @ v.T
+        sv -= np.einsum("ik,ik->i", q, sv)[:, None]
+        sv *= q
+        return (sv.T @ xbar) / n + (pen + ridge) * v
+
+    step = np.zeros_like(grad)
+    resid = -grad
+    z = inv_diag * resid
+    direction = z.copy()
+    rz = float(np.sum(resid * z))
+    norm = np.linalg.norm(grad)
+    target = min(0.5, np.sqrt(norm)) * norm
+    for _ in range(max_cg):
+        hd = hess_vec(direction)
+        curvature = float(np.sum(direction * hd))
+        if curvature <= 0.0:
+            break
+        alpha = rz / curvature
+        step += alpha * direction
+        resid -= alpha * hd
+        if np.linalg.norm(resid) <= target:
+            break
+        z = inv_diag * resid
+        rz_new = float(np.sum(resid * z))
+        direction = z + (rz_new / rz) * direction
+        rz = rz_new
+    return step if np.any(step) else -inv_diag * grad
+
+
+def _newton(problem, theta, max_iter, gtol, newton_step, rtol=1e-15):
     loss, grad, d = problem.value_grad(theta)
     for it in range(1, max_iter + 1):
         if np.max(np.abs(grad)) <= gtol:
@@ -239,7 +285,7 @@ def _newton(problem, theta, max_iter, gtol, newton_step):
             t *= 0.5
         else:
             return theta, loss, it, np.max(np.abs(grad)) <= 10 * gtol, "line search stalled"
-        converged_f = loss - new_loss <= 1e-15 * max(1.0, abs(loss))
+        converged_f = loss - new_loss <= rtol * max(1.0, abs(loss))
         theta, loss, grad, d = new_theta, new_loss, new_grad, new_d
         if converged_f:
             return theta, loss, it, True, "objective decrease at float64 resolution"
@@ -306,14 +352,17 @@ def fit_affine(
     name: str,
     warn: bool = True,
     solver: str = "auto",
+    newton_rtol: float = 1e-15,
 ) -> AffineFit:
     """Minimise L (module docstring) from ``init`` (identity and zero bias when None).
 
     ``solver="auto"``: dense Newton for at most NEWTON_MAX_PARAMS parameters, else
     Newton-CG (diagonal maps) or L-BFGS-B (full maps); ``"newton"``, ``"newton-cg"``
-    (diagonal maps only) and ``"lbfgs"`` force one. ``max_iter`` caps the iterations, and
+    and ``"lbfgs"`` force one (``"newton-cg"`` on a full map uses
+    ``_cg_newton_step_full``). ``max_iter`` caps the iterations, and
     stopping there raises a ConvergenceWarning naming ``name`` (unless ``warn`` is False;
-    the result still says ``converged=False``).
+    the result still says ``converged=False``). Newton also stops, converged, when one
+    step lowers L by at most ``newton_rtol`` relative (default: float64 resolution).
     """
     problem = _Problem(x, y, full, penalty)
     theta = problem.pen_centre.copy()
@@ -328,8 +377,10 @@ def fit_affine(
         solver = ("newton" if theta.size <= NEWTON_MAX_PARAMS
                   else "lbfgs" if full else "newton-cg")
     if solver in ("newton", "newton-cg"):
-        step = _dense_newton_step if solver == "newton" else _cg_newton_step
-        theta, loss, n_iter, converged, message = _newton(problem, theta, max_iter, gtol, step)
+        step = (_dense_newton_step if solver == "newton"
+                else _cg_newton_step_full if full else _cg_newton_step)
+        theta, loss, n_iter, converged, message = _newton(problem, theta, max_iter, gtol, step,
+                                                          newton_rtol)
     else:
         theta, loss, n_iter, converged, message = _lbfgs(problem, theta, max_iter, gtol, ftol)
     if warn and not converged:
@@ -357,10 +408,19 @@ class UnregularisedAffine(Calibrator):
         self.gtol = gtol
         self.ftol = ftol
 
+    def _solver(self, k: int) -> str:
+        """The ``fit_affine`` solver for K classes (subclasses may choose)."""
+        return "auto"
+
     def _fit(self, x, y):
         fit = fit_affine(self._logits(x), y, full=self.full, max_iter=self.max_iter,
-                         gtol=self.gtol, ftol=self.ftol, name=self.name)
+                         gtol=self.gtol, ftol=self.ftol, name=self.name, warn=False,
+                         solver=self._solver(x.shape[1]))
         self.weights_, self.bias_ = fit.weights, fit.bias
+        if not fit.converged:
+            self._warn(f"optimiser stopped before convergence ({fit.message}; {fit.n_iter} "
+                       f"iterations, max_iter={self.max_iter}); the returned map is the last "
+                       "iterate, not an optimum. Raise max_iter to fit further.")
 
     def _predict(self, x):
         return softmax(affine_logits(self._logits(x), self.weights_, self.bias_),

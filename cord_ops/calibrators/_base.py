@@ -195,8 +195,10 @@ class Calibrator(ClassifierMixin, BaseEstimator):
         self._validate_options()
         x = self._check_input(scores, n_classes=None)
         classes, y = check_class_labels(labels, x.shape[0], x.shape[1])
+        self.warnings_ = []
         with _blas_controller().limit(limits=1, user_api="blas"):
             self._fit(x, y)
+        self.converged_ = not self.warnings_
         self.n_classes_ = x.shape[1]
         self.n_features_in_ = x.shape[1]
         self.classes_ = classes
@@ -291,6 +293,14 @@ class Calibrator(ClassifierMixin, BaseEstimator):
         if self.input_kind == "probs":
             return check_probabilities(scores, "scores", n_classes=n_classes)
         return check_scores(scores, "scores", n_classes=n_classes)
+
+    def _warn(self, detail: str) -> None:
+        """Record a fit that stopped early in ``warnings_`` (which flows read: ``converged_``
+        is False when it is non-empty; neither is part of the saved state) and raise it as a
+        ConvergenceWarning."""
+        message = f"{self.name}: {detail}"
+        self.warnings_.append(message)
+        warnings.warn(message, ConvergenceWarning, stacklevel=4)
 
     def _check_fitted(self) -> None:
         if not self.__sklearn_is_fitted__():

@@ -20,7 +20,7 @@ Z[np.arange(40), Y] += 1.0  # informative but not separable: no fit warns
 
 def test_unknown_name_lists_the_valid_ones():
     with pytest.raises(ValueError, match="unknown calibrator 'platt'.*ts, vs, ms, svs, sms, "
-                       "dir-odir, irova, irova-ts, irm"):
+                       "dir-odir, irova, irova-ts, irm, ts-tva, mcct-i"):
         make_calibrator("platt")
     with pytest.raises(ValueError, match="unknown calibrator"):
         make_calibrator(None)
@@ -39,7 +39,9 @@ def test_unknown_option_and_bad_input_kind_are_rejected():
     ("ts", "max_iter", 0), ("vs", "max_iter", 2.5), ("ms", "gtol", -1e-6),
     ("svs", "reg_lambda_bias", -1.0), ("sms", "rho", float("nan")),
     ("dir-odir", "n_folds", 1), ("dir-odir", "reg_lambdas", []),
-    ("dir-odir", "cv_max_iter", 0), ("irova", "tie_eps", -1e-9), ("irm", "tie_eps", "1e-9"),
+    ("dir-odir", "search", "all"), ("dir-odir", "reg_mus", [0.0]),
+    ("mcct-i", "max_iter", 0), ("mcct-i", "gtol", 0.0), ("irova", "tie_eps", -1e-9),
+    ("irm", "tie_eps", "1e-9"),
 ])
 def test_bad_options_are_rejected(name, option, value):
     with pytest.raises(ValueError, match=option):

@@ -53,6 +53,17 @@ def closed_form(state: dict, scores: np.ndarray) -> np.ndarray:
             sh = z - z.max(axis=1, keepdims=True)
             x = np.maximum(sh - np.log(np.exp(sh).sum(axis=1, keepdims=True)), np.log(floor))
         return _sm(x @ arr["weights"].T + arr["bias"])
+    if name == "ts-tva":
+        return _sm(prm["beta"] * z)
+    if name == "mcct-i":
+        # Rank each row (larger first, smaller index first on ties), shift by the row
+        # minimum, apply the per-rank inverse scale and bias, put back, softmax.
+        s = np.empty_like(z)
+        for i, row in enumerate(z):
+            order = sorted(range(k), key=lambda j: (-row[j], j))
+            for r, j in enumerate(order):
+                s[i, j] = arr["inv_scales"][r] * (row[j] - row.min()) + arr["biases"][r]
+        return _sm(s)
     if name == "irova-ts":
         return isotonic(_sm(prm["beta"] * z), prm["knots"])
     p = scores if probs_in else _sm(scores)

@@ -21,8 +21,9 @@ from cord_ops.metrics import nll
 NAMES = list(CALIBRATOR_NAMES)
 
 
-def test_names_are_the_papers_nine():
-    assert NAMES == ["ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm"]
+def test_names_are_the_papers_eleven():
+    assert NAMES == ["ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm",
+                     "ts-tva", "mcct-i"]
     for name in NAMES:
         cal = make_calibrator(name)
         assert cal.name == name and cal.input_kind == "logits"
@@ -127,9 +128,10 @@ def test_separable_labels_warn_that_the_temperature_hit_its_bound():
 
 def test_dirichlet_search_reports_capped_fits(synthetic):
     zc, yc, _, _ = synthetic
-    with pytest.warns(ConvergenceWarning, match="grid-search fits"):
-        cal = make_calibrator("dir-odir", cv_max_iter=1).fit(zc, yc)
-    assert cal.reg_lambda_ in cal.reg_lambdas and cal.reg_mu_ in cal.reg_mus
+    with pytest.warns(ConvergenceWarning, match="cross-validation fits stopped"):
+        cal = make_calibrator("dir-odir", max_iter=1).fit(zc, yc)
+    assert cal.reg_lambda_ in cal.cv_path_[:, 0] and cal.reg_mu_ in cal.cv_path_[:, 1]
+    assert not cal.converged_
 
 
 def test_dirichlet_search_picks_the_lowest_cross_validated_nll(synthetic):
@@ -137,6 +139,6 @@ def test_dirichlet_search_picks_the_lowest_cross_validated_nll(synthetic):
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         cal = make_calibrator("dir-odir", reg_lambdas=[1e-1, 1e2], reg_mus=[1e-3]).fit(zc, yc)
-    assert cal.cv_nll_.shape == (2, 1)
-    best = int(np.argmin(cal.cv_nll_[:, 0]))
-    assert cal.reg_lambda_ == [1e-1, 1e2][best]
+    assert cal.cv_path_.shape == (2, 3)
+    best = int(np.argmin(cal.cv_path_[:, 2]))
+    assert cal.reg_lambda_ == cal.cv_path_[best, 0]

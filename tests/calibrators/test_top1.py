@@ -60,4 +60,4 @@ def test_irm_keeps_top1(data):
 
 
 def test_top1_preserving_names():
-    assert TOP1_PRESERVING == ("ts", "irm")
+    assert TOP1_PRESERVING == ("ts", "irm", "ts-tva", "mcct-i")

@@ -162,3 +162,36 @@ def test_a_tracking_server_that_is_down_is_named_at_once(folder, cord_ops_comman
     done, wall = run_cli(cord_ops_command, ["monitor", "--data", "ok.npz", "--tracking-uri", uri],
                          folder, folder.parent / "prefect-home")
     assert_fails_fast(done, wall, folder, 1, f"tracking store {uri} is unreachable")
+
+
+def test_data_the_champion_cannot_read_is_refused(folder, digits, cord_ops_command,
+                                                  mlflow_template_db, tmp_path):
+    from mlflow import MlflowClient
+    from scipy.special import softmax
+
+    store = tmp_path / "store"
+    store.mkdir()
+    shutil.copyfile(mlflow_template_db, store / "mlflow.db")
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run = client.create_run("0")
+    client.log_param(run.info.run_id, "n_classes", "10")  # what a recalibration records
+    client.set_terminated(run.info.run_id)
+    client.create_registered_model("ten")
+    version = client.create_model_version("ten", f"runs:/{run.info.run_id}/model",
+                                          run.info.run_id, tags={"cord.input_kind": "logits"})
+    client.set_registered_model_alias("ten", "champion", version.version)
+    np.savez(folder / "three.npz", logits=digits.scores[:, :3],
+             labels=np.minimum(digits.labels, 2))
+    np.savez(folder / "probs.npz", probs=softmax(digits.scores, axis=1), labels=digits.labels)
+    home = folder.parent / "prefect-home"
+
+    for command in (["recalibrate", "--data", "three.npz"], ["monitor", "--data", "three.npz"]):
+        done, wall = run_cli(cord_ops_command, [*command, "--model-name", "ten",
+                                                "--tracking-uri", uri], folder, home)
+        assert_fails_fast(done, wall, folder, 1, "three.npz: has 3 classes but 'ten'@champion",
+                          f"in {uri}) reads 10")
+    done, wall = run_cli(cord_ops_command, ["monitor", "--data", "probs.npz", "--model-name",
+                                            "ten", "--tracking-uri", uri], folder, home)
+    assert_fails_fast(done, wall, folder, 1, "probs.npz: holds probs but 'ten'@champion",
+                      "reads logits")

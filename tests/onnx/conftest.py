@@ -22,6 +22,7 @@ FAST = {
     "svs": {"max_iter": 60},
     "sms": {"max_iter": 20},
     "dir-odir": {"reg_lambdas": (1e-2,), "reg_mus": (1e-2,), "max_iter": 20},
+    "mcct-i": {"max_iter": 60},
 }
 #: Parity bounds of SPEC.md per graph dtype.
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}

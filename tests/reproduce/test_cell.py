@@ -68,7 +68,7 @@ def test_quick_plan_takes_one_seed_one_file_per_dataset_and_three_calibrators(sy
 def test_full_plan_submits_the_slowest_fits_first(synthetic_dir):
     plan = reproduce.plan_sweep(synthetic_dir, seeds=2)
     cells = plan.cells()
-    assert len(cells) == 3 * 9 * 2
+    assert len(cells) == 3 * 11 * 2
     assert [c[1] for c in cells[:6]] == ["dir-odir"] * 6
     assert cells[-1][1] == "ts"
     assert plan.size_calibrators == ("vs", "svs", "irova", "irova-ts")
