@@ -158,7 +158,7 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
 
     Parameters
     ----------
-    calibrator : a fitted ``cord_ops.calibrators`` calibrator (any of the nine families)
+    calibrator : a fitted ``cord_ops.calibrators`` calibrator (any of the eleven families)
     cord : a fitted ``cord_ops.CORD``; its ``eta_`` and ``local_weight`` are baked in
     n_classes : K, checked against both
     input_kind : "logits" or "probs", what ``scores`` holds; must be the calibrator's
