@@ -1,6 +1,6 @@
-"""Fit time, predict time and evaluation NLL of every calibrator on ../shared/data.
+"""Fit time, predict time and evaluation NLL of every calibrator on the shared CIFAR logits.
 
-Protocol (the peers' protocol, ../shared/anchors/peer-calibrators-cifar.md): for seed s,
+Protocol (the peers' protocol; their numbers are in tests/data/probmetrics_cifar.json): for seed s,
 ``perm = np.random.default_rng(s).permutation(10000)``, calibration = perm[:5000],
 evaluation = perm[5000:]. Calibrators see p0 = softmax(float64 logits) with
 ``input_kind="probs"`` (as the peers did; ``--input-kind logits`` feeds the logits instead).
@@ -35,33 +35,13 @@ from cord_ops.calibrators._base import softmax
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
-# probmetrics 1.3.0 five-seed mean evaluation NLL (eps64 clip) from the anchors' tables:
-# VS, SVS, MS, SMS, IROvA ('isotonic') and TS ('temp-scaling'); MS on cifar100_vgg16_bn
-# never finished there.
-PEER_NLL = {
-    "cifar10_vgg16_bn": dict(vs=0.2190, svs=0.2191, ms=0.2255, sms=0.2133, irova=0.2647,
-                             ts=0.2245),
-    "cifar10_resnet56": dict(vs=0.1883, svs=0.1874, ms=0.1903, sms=0.1838, irova=0.2379,
-                             ts=0.1893),
-    "cifar10_mobilenetv2_x1_4": dict(vs=0.1998, svs=0.1991, ms=0.2049, sms=0.1952,
-                                     irova=0.2523, ts=0.2024),
-    "cifar10_shufflenetv2_x1_0": dict(vs=0.2245, svs=0.2239, ms=0.2291, sms=0.2215,
-                                      irova=0.2723, ts=0.2261),
-    "cifar10_repvgg_a1": dict(vs=0.1749, svs=0.1740, ms=0.1760, sms=0.1703, irova=0.2395,
-                              ts=0.1760),
-    "cifar100_vgg16_bn": dict(vs=1.1109, svs=1.0969, sms=1.0975, irova=1.6640, ts=1.1013),
-    "cifar100_resnet56": dict(vs=1.0440, svs=1.0290, ms=14.9172, sms=1.0312, irova=1.6211,
-                              ts=1.0318),
-    "cifar100_mobilenetv2_x1_4": dict(vs=0.8892, svs=0.8835, ms=13.2198, sms=0.8850,
-                                      irova=1.4754, ts=0.8870),
-    "cifar100_shufflenetv2_x1_0": dict(vs=1.0686, svs=1.0532, ms=14.9057, sms=1.0565,
-                                       irova=1.6638, ts=1.0559),
-    "cifar100_repvgg_a1": dict(vs=0.9500, svs=0.9417, ms=12.5713, sms=0.9445, irova=1.5282,
-                               ts=0.9476),
-}
-# probmetrics mean fit seconds (CIFAR-10, CIFAR-100) from the anchors' performance table.
-PEER_FIT_S = dict(ts=(0.017, 0.032), vs=(0.034, 0.194), svs=(0.042, 0.060),
-                  sms=(0.112, 0.224), ms=(0.526, 7.200), irova=(0.018, 0.110))
+# probmetrics 1.3.0 five-seed mean evaluation NLL (eps64 clip) and mean fit seconds
+# (CIFAR-10, CIFAR-100) from the anchors' tables; one copy, shared with the tests.
+ANCHORS = json.loads((Path(__file__).resolve().parents[1] / "tests" / "data" /
+                      "probmetrics_cifar.json").read_text())
+PEER_NLL = ANCHORS["five_seed_mean_nll"]
+PEER_FIT_S = {name: tuple(seconds) for name, seconds in ANCHORS["mean_fit_seconds"].items()
+              if name != "columns"}
 
 
 def nll(q: np.ndarray, y: np.ndarray) -> float:

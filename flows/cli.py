@@ -1,5 +1,5 @@
 """The ``cord-ops`` command line: recalibrate, monitor, schedule, predict, demo, ui, server
-(and reproduce / bench from :mod:`flows.reproduce_cli`, status / promote / rollback from
+(and reproduce / bench from :mod:`flows.reproduce.cli`, status / promote / rollback from
 :mod:`flows.operator_cli`).
 
 How every command runs (:func:`run`):
@@ -31,10 +31,10 @@ import time
 import traceback
 from pathlib import Path
 
-from flows import inputs, operator_cli, reproduce_cli, server, tracking
+from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
+from flows import inputs, operator_cli, server, tracking
+from flows.reproduce import cli as reproduce_cli
 
-CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm",
-               "ts-tva", "mcct-i")
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
 DEMO_MODEL = "cord-ops-demo"
@@ -436,12 +436,7 @@ def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
     """
     if ":/" not in model:
         return Path(model)
-    # models:/ URIs resolve through MLflow's process-wide registry URI, whatever
-    # download_artifacts' tracking_uri says; point it at this store.
-    tracking.configure_tracking(tracking_uri)
-    import mlflow.artifacts
-
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder)))
+    local = tracking.download(tracking_uri, model, folder)
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
     if len(found) != 1:
         raise ValueError(f"{model}: expected one .onnx file in the model, found {len(found)}")
@@ -541,14 +536,14 @@ def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
 
 
 def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-ops") -> None:
-    parser.add_argument("--calibrator", default="vs", choices=CALIBRATORS,
+    parser.add_argument("--calibrator", default="vs", choices=CALIBRATOR_NAMES,
                         help="calibration map fitted before the CORD repair (default: vs)")
     parser.add_argument("--fraction", type=float, default=0.5,
                         help="share of --data used for calibration (default: 0.5)")
     parser.add_argument("--seed", type=int, default=0, help="split seed (default: 0)")
     parser.add_argument("--model-name", default=model_name,
                         help=f"registered model name (default: {model_name})")
-    parser.add_argument("--input-kind", default="auto", choices=("auto", "logits", "probs"),
+    parser.add_argument("--input-kind", default="auto", choices=("auto", *INPUT_KINDS),
                         help="what the data file holds (default: whichever is present)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                         help="float type of the exported ONNX graph (default: float32)")
@@ -746,10 +741,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = build_parser().parse_args(argv)
     args.started = started
-    # The process entry point: bound MLflow's HTTP retries here (MLflow reads them only
-    # from the environment); a value the user set wins.
-    for key, value in tracking.http_environment(
-            getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT)).items():
+    # The process entry point, unlike the library, owns its process: switch MLflow and
+    # Prefect telemetry off and bound MLflow's HTTP retries here (MLflow reads both only
+    # from the environment), for this process and those it starts; a value the user set
+    # wins.
+    for key, value in {**tracking.QUIET_ENVIRONMENT, **tracking.http_environment(
+            getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT))}.items():
         os.environ.setdefault(key, value)
     return run(args)
 

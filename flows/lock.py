@@ -208,7 +208,7 @@ def _hold_prefect_slot(stack: ExitStack, client, model_name: str, timeout: float
                        holder: dict) -> float:
     from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     name = prefect_limit_name(model_name)
 
@@ -221,7 +221,10 @@ def _hold_prefect_slot(stack: ExitStack, client, model_name: str, timeout: float
             except ObjectNotFound:
                 limit = None
             if limit is None or limit.limit != 1:
-                prefect.upsert_global_concurrency_limit_by_name(name, 1)
+                try:
+                    prefect.upsert_global_concurrency_limit_by_name(name, 1)
+                except ObjectAlreadyExists:
+                    pass  # another run created it between our read and our create
                 limit = prefect.read_global_concurrency_limit_by_name(name)
             return limit.active_slots > 0
 

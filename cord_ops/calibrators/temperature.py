@@ -1,4 +1,4 @@
-"""Temperature scaling (Guo et al. 2017; CALIBRATORS.md section 1).
+"""Temperature scaling (Guo et al. 2017; docs/calibrators.md section 1).
 
     q = softmax(beta * z),  beta = 1 / T > 0
 
@@ -7,7 +7,7 @@ Fit: the mean NLL is convex in beta and its derivative
 ``g'(beta) = mean_i Var_{q_i}(z_i) >= 0``. We solve g(beta) = 0 by Newton steps in beta
 from the lower end of a sign bracket found by factors of 4 from beta = 1 within
 [e^-16, e^16] (probmetrics' bisection range); a step that leaves the bracket is replaced by
-its midpoint. This is the bounded 1-D search CALIBRATORS.md recommends, with Newton instead
+its midpoint. This is the bounded 1-D search docs/calibrators.md describes, with Newton instead
 of Brent/bisection because it needs about 9 softmax passes instead of 30: a deviation from
 the references' optimiser, not from their optimum (it stops when a step changes beta by
 <= 1e-12 relative). When the bracket search runs into a bound (a calibration set the logits

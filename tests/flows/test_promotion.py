@@ -35,7 +35,10 @@ def _champion(client, name="m"):
 
 
 def _served_nll(version: str, dataset: data.Dataset, name="m") -> float:
-    outputs = registry.run_registered_model(f"models:/{name}/{version}", dataset.scores)
+    from mlflow import MlflowClient
+
+    outputs = registry.run_registered_model(MlflowClient(), f"models:/{name}/{version}",
+                                            dataset.scores)
     return metrics.nll(outputs["repaired"].astype(np.float64), dataset.labels)
 
 

@@ -47,6 +47,10 @@ def _env(prefect_api_url: str | None, **extra) -> dict[str, str]:
            and not k.startswith("CORD_OPS_TEST_")}
     if prefect_api_url:
         env["PREFECT_API_URL"] = prefect_api_url
+        # Up to ten processes hit the session's Prefect test server at once; on a loaded
+        # machine its sqlite answers 503 for a while, which Prefect's client retries:
+        # give it more attempts than the default 5.
+        env["PREFECT_CLIENT_MAX_RETRIES"] = "12"
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return {**env, **extra}
 
@@ -202,10 +206,7 @@ def test_concurrent_recalibrations_on_a_brand_new_embedded_store(n, tmp_path, di
     phase = [_spec(_recalibrate(digits_file, c), work, log)
              for c, log in zip(CALIBRATORS[:n], logs, strict=True)]
 
-    # All n hit the session's Prefect test server at once; on a loaded machine its sqlite
-    # answers 503 for a while, which Prefect's client retries: give it more attempts.
-    (codes,) = launch([phase], _env(prefect_api_url, PREFECT_CLIENT_MAX_RETRIES="12"),
-                      tmp_path)
+    (codes,) = launch([phase], _env(prefect_api_url), tmp_path)
 
     assert codes == [0] * n, _logs(logs)
     db = work / "mlruns" / "mlflow.db"
