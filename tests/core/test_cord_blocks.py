@@ -82,3 +82,27 @@ def test_blocks_are_consumed_once():
 
     CORD().fit_blocks(blocks())
     assert seen == [0, 33, 66]
+
+
+def test_memory_holds_one_block_and_the_row_scalars():
+    """20 blocks of 1,000 rows at K = 500 (80 MB of pairs in all, 4 MB a block array):
+    fit_blocks' peak allocation stays near one block's, not the data's."""
+    import tracemalloc
+
+    n_blocks, rows, k = 20, 1000, 500
+
+    def blocks():
+        for i in range(n_blocks):
+            yield pairs(np.random.default_rng(i), rows, k)
+
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        CORD().fit_blocks(blocks())
+        peak = tracemalloc.get_traced_memory()[1] - baseline
+    finally:
+        tracemalloc.stop()
+    block_bytes = rows * k * 8
+    # one block pair being generated (z, logits and both softmaxes: ~6 block arrays) plus
+    # the sweep's working copy; the whole data would be 40 block arrays
+    assert peak < 12 * block_bytes, peak / block_bytes
