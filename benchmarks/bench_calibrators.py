@@ -1,6 +1,6 @@
-"""Fit time, predict time and evaluation NLL of every calibrator on ../shared/data.
+"""Fit time, predict time and evaluation NLL of every calibrator on the shared CIFAR logits.
 
-Protocol (the peers' protocol, ../shared/anchors/peer-calibrators-cifar.md): for seed s,
+Protocol (the peers' protocol; their numbers are in tests/data/probmetrics_cifar.json): for seed s,
 ``perm = np.random.default_rng(s).permutation(10000)``, calibration = perm[:5000],
 evaluation = perm[5000:]. Calibrators see p0 = softmax(float64 logits) with
 ``input_kind="probs"`` (as the peers did; ``--input-kind logits`` feeds the logits instead).
@@ -35,33 +35,13 @@ from cord_ops.calibrators._base import softmax
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
-# probmetrics 1.3.0 five-seed mean evaluation NLL (eps64 clip) from the anchors' tables:
-# VS, SVS, MS, SMS, IROvA ('isotonic') and TS ('temp-scaling'); MS on cifar100_vgg16_bn
-# never finished there.
-PEER_NLL = {
-    "cifar10_vgg16_bn": dict(vs=0.2190, svs=0.2191, ms=0.2255, sms=0.2133, irova=0.2647,
-                             ts=0.2245),
-    "cifar10_resnet56": dict(vs=0.1883, svs=0.1874, ms=0.1903, sms=0.1838, irova=0.2379,
-                             ts=0.1893),
-    "cifar10_mobilenetv2_x1_4": dict(vs=0.1998, svs=0.1991, ms=0.2049, sms=0.1952,
-                                     irova=0.2523, ts=0.2024),
-    "cifar10_shufflenetv2_x1_0": dict(vs=0.2245, svs=0.2239, ms=0.2291, sms=0.2215,
-                                      irova=0.2723, ts=0.2261),
-    "cifar10_repvgg_a1": dict(vs=0.1749, svs=0.1740, ms=0.1760, sms=0.1703, irova=0.2395,
-                              ts=0.1760),
-    "cifar100_vgg16_bn": dict(vs=1.1109, svs=1.0969, sms=1.0975, irova=1.6640, ts=1.1013),
-    "cifar100_resnet56": dict(vs=1.0440, svs=1.0290, ms=14.9172, sms=1.0312, irova=1.6211,
-                              ts=1.0318),
-    "cifar100_mobilenetv2_x1_4": dict(vs=0.8892, svs=0.8835, ms=13.2198, sms=0.8850,
-                                      irova=1.4754, ts=0.8870),
-    "cifar100_shufflenetv2_x1_0": dict(vs=1.0686, svs=1.0532, ms=14.9057, sms=1.0565,
-                                       irova=1.6638, ts=1.0559),
-    "cifar100_repvgg_a1": dict(vs=0.9500, svs=0.9417, ms=12.5713, sms=0.9445, irova=1.5282,
-                               ts=0.9476),
-}
-# probmetrics mean fit seconds (CIFAR-10, CIFAR-100) from the anchors' performance table.
-PEER_FIT_S = dict(ts=(0.017, 0.032), vs=(0.034, 0.194), svs=(0.042, 0.060),
-                  sms=(0.112, 0.224), ms=(0.526, 7.200), irova=(0.018, 0.110))
+# probmetrics 1.3.0 five-seed mean evaluation NLL (eps64 clip) and mean fit seconds
+# (CIFAR-10, CIFAR-100) from the anchors' tables; one copy, shared with the tests.
+ANCHORS = json.loads((Path(__file__).resolve().parents[1] / "tests" / "data" /
+                      "probmetrics_cifar.json").read_text())
+PEER_NLL = ANCHORS["five_seed_mean_nll"]
+PEER_FIT_S = {name: tuple(seconds) for name, seconds in ANCHORS["mean_fit_seconds"].items()
+              if name != "columns"}
 
 
 def nll(q: np.ndarray, y: np.ndarray) -> float:
@@ -145,24 +125,27 @@ def run_synthetic(n: int = 25_000, k: int = 1_000) -> None:
           f"rows), warnings {len(caught)}", flush=True)
 
 
-def _peer_predictors(name: str, k: int):
-    """{peer: predict(logits)} for the peers importable here, fitted on a small split.
-
-    probmetrics and netcal need torch; where they are not installed they are reported as
-    missing rather than timed. ``scipy.special.softmax`` of the same fitted logits is
-    always timed: the closed form every peer's predict ends in.
-    """
+def _peer_predictors(name: str, probs: np.ndarray, labels: np.ndarray) -> dict:
+    """{peer: predict(probs)} of the peers importable here for family ``name`` (ts, vs,
+    irova), each fitted on ``probs`` (the peers take probabilities). probmetrics and netcal
+    need torch; install them into a separate environment to time them (they are not
+    dependencies of cord-ops)."""
     peers = {}
-    try:  # probmetrics 1.3 (optional, measuring only)
-        import probmetrics.calibrators as pm  # noqa: F401
-        peers["probmetrics"] = None
+    try:
+        from probmetrics.calibrators import get_calibrator
     except ImportError:
-        pass
-    try:  # netcal 1.4 (optional, measuring only)
-        import netcal  # noqa: F401
-        peers["netcal"] = None
+        get_calibrator = None
+    try:
+        from netcal.scaling import LogisticCalibration, TemperatureScaling
     except ImportError:
-        pass
+        LogisticCalibration = TemperatureScaling = None
+    if get_calibrator is not None and name in ("ts", "irova"):
+        method = {"ts": "temp-scaling", "irova": "isotonic"}[name]
+        peers["probmetrics"] = get_calibrator(method).fit(probs, labels).predict_proba
+    if TemperatureScaling is not None and name == "ts":
+        peers["netcal"] = TemperatureScaling().fit(probs, labels).transform
+    if LogisticCalibration is not None and name == "vs" and probs.shape[1] <= 100:
+        peers["netcal"] = LogisticCalibration().fit(probs, labels).transform  # VS (netcal)
     return peers
 
 
@@ -177,13 +160,17 @@ def _mapped(cal, logits: np.ndarray) -> np.ndarray:
 
 def run_predict(rows: int = 5_000, ks=(10, 100, 1000), names=("ts", "vs", "ms")) -> None:
     """predict_proba time at K = 10, 100, 1,000 beside scipy's softmax of the same logits
-    (minimum of 7 alternating calls each)."""
+    and, on probabilities, beside each peer importable here (minimum of 7 calls each)."""
     from scipy.special import softmax as scipy_softmax
 
-    missing = [peer for peer in ("probmetrics", "netcal")
-               if peer not in _peer_predictors("ts", 10)]
-    if missing:
-        print(f"predict peers not installed here: {', '.join(missing)} (both need torch)")
+    def best(fn, repeats=7):
+        fastest = np.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            fastest = min(fastest, time.perf_counter() - start)
+        return fastest * 1e3
+
     for k in ks:
         rng = np.random.default_rng(k)
         labels = rng.integers(0, k, rows)
@@ -196,17 +183,27 @@ def run_predict(rows: int = 5_000, ks=(10, 100, 1000), names=("ts", "vs", "ms"))
                 warnings.simplefilter("ignore")
                 cal = make_calibrator(name, **({} if name == "ts" else {"max_iter": 20}))
                 cal.fit(logits, labels)
-            ours = ref = np.inf
-            for _ in range(7):
-                start = time.perf_counter()
-                cal.predict_proba(logits)
-                ours = min(ours, time.perf_counter() - start)
-                start = time.perf_counter()
-                scipy_softmax(_mapped(cal, logits), axis=1)
-                ref = min(ref, time.perf_counter() - start)
-            print(f"predict_proba {name:3s} K={k:5d} n={rows}: {ours * 1e3:8.2f} ms "
-                  f"(validation included); scipy softmax of the same map {ref * 1e3:8.2f} ms "
-                  f"-> {ours / ref:.2f}x", flush=True)
+            ours = best(lambda c=cal, x=logits: c.predict_proba(x))
+            ref = best(lambda c=cal, x=logits: scipy_softmax(_mapped(c, x), axis=1))
+            print(f"predict_proba {name:5s} K={k:5d} n={rows}: {ours:8.2f} ms (validation "
+                  f"included); scipy softmax of the same map {ref:8.2f} ms -> {ours / ref:.2f}x",
+                  flush=True)
+        probs = softmax(logits)
+        for name in ("ts", "vs", "irova"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                peers = _peer_predictors(name, probs[:2000], labels[:2000])
+                if not peers:
+                    continue
+                cal = make_calibrator(name, input_kind="probs",
+                                      **({"max_iter": 20} if name == "vs" else {}))
+                cal.fit(probs[:2000], labels[:2000])
+                ours = best(lambda c=cal, x=probs: c.predict_proba(x))
+                times = {peer: best(lambda f=fn, x=probs: f(x)) for peer, fn in peers.items()}
+            fastest = min(times.values())
+            peer_txt = ", ".join(f"{peer} {t:.2f} ms" for peer, t in times.items())
+            print(f"predict_proba {name:5s} K={k:5d} on probabilities: cord_ops {ours:.2f} ms; "
+                  f"{peer_txt} -> {ours / fastest:.2f}x the fastest peer", flush=True)
 
 
 def vs_fit_peak(n: int = 25_000, k: int = 1_000) -> None:

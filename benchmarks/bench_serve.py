@@ -42,7 +42,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def register_model(uri: str) -> np.ndarray:
+def register_model(uri: str, artifacts: Path) -> np.ndarray:
     """Fit VS + CORD on synthetic K = 100 logits, log and register it as @champion;
     returns rows to send."""
     from mlflow import MlflowClient
@@ -61,7 +61,8 @@ def register_model(uri: str) -> np.ndarray:
     cord = CORD().fit(softmax(logits, axis=1), calibrator.predict_proba(logits))
     graph = export_onnx(calibrator, cord, K, input_kind="logits", dtype="float32")
     client = MlflowClient(uri)
-    experiment = client.create_experiment(MODEL)
+    # An explicit artifact folder: a fresh sqlite store would put them under ./mlruns.
+    experiment = client.create_experiment(MODEL, artifact_location=artifacts.as_uri())
     run_id = client.create_run(experiment).info.run_id
     client.log_dict(run_id, calibrator.to_dict(), "state/calibrator.json")
     client.log_dict(run_id, cord.to_dict(), "state/cord.json")
@@ -164,7 +165,7 @@ def main() -> int:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                            os.environ.get("PYTHONPATH")]))}
         os.environ.update({"MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true"})
-        pool = register_model(uri)
+        pool = register_model(uri, Path(tmp) / "artifacts")
         ports = {"cord-ops serve": free_port(), "mlflow models serve": free_port()}
         commands = {
             "cord-ops serve": [str(bin_dir / "cord-ops"), "serve", "--model-name", MODEL,

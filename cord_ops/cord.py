@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -361,17 +362,31 @@ class _MeanResponse:
 def nearest_zero_multiplier(terms: RepairTerms, mu: float) -> float:
     """eta* = projection of 0 onto {eta : mean psi(eta) = mu} (eqs. 18, 21, 22).
 
-    Plateau-aware bisection: on the side where the target lies, the endpoint on the target
-    side moves on equality, and the loop runs until the bracket has no representable
-    midpoint; that endpoint is returned. Each step's comparison is the exact mean's
-    (``_MeanResponse`` screens the steps far from the root with a cheaper mean).
+    Plateau-aware bisection (``bisect_multiplier``) on the bracket of eq. 21. Each step's
+    comparison is the exact mean's (``_MeanResponse`` screens the steps far from the root
+    with a cheaper mean).
     """
     mean = _MeanResponse(terms)
+    return bisect_multiplier(
+        mean, mu, lambda: float(multiplier_of(terms.g, terms.upper).max()),
+        lambda: float(multiplier_of(terms.g, terms.lower).min()))
+
+
+def bisect_multiplier(mean, mu: float, highest, lowest) -> float:
+    """The bisection of eq. 22 over any mean response: ``mean`` has ``exact(eta)``,
+    ``at_least(eta, mu)`` and ``at_most(eta, mu)``; ``highest()`` / ``lowest()`` give the
+    largest / smallest row multiplier of eq. 21 (asked for only on the side that needs it).
+
+    On the side where the target lies, the endpoint on the target side moves on equality,
+    and the loop runs until the bracket has no representable midpoint; that endpoint is
+    returned. The one source of the bisection for the in-memory fit and for fits whose
+    mean is reduced over partitions (``cord_ops.reduce``).
+    """
     at_zero = mean.exact(0.0)
     if at_zero == mu:
         return 0.0
     if at_zero < mu:
-        lo, hi = 0.0, max(0.0, float(multiplier_of(terms.g, terms.upper).max()))
+        lo, hi = 0.0, max(0.0, highest())
         while True:
             mid = 0.5 * (lo + hi)
             if mid <= lo or mid >= hi:
@@ -380,7 +395,7 @@ def nearest_zero_multiplier(terms: RepairTerms, mu: float) -> float:
                 hi = mid
             else:
                 lo = mid
-    lo, hi = min(0.0, float(multiplier_of(terms.g, terms.lower).min())), 0.0
+    lo, hi = min(0.0, lowest()), 0.0
     while True:
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi:
@@ -438,6 +453,23 @@ def _reconstruct(out: np.ndarray, label: np.ndarray, b: np.ndarray, tail: np.nda
 def reconstruct(terms: RepairTerms, s: np.ndarray) -> np.ndarray:
     """p~ = s e_a + (1 - s) alpha (eq. 2), reusing ``terms.rest`` as the output buffer."""
     return _reconstruct(terms.rest, terms.label, terms.b, terms.tail, s)
+
+
+def row_scalars(original, calibrated, local_weight: float, n_classes: int | None = None,
+                first_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(b, min I, g) of every row of one block: what a fit keeps of it (``fit_blocks``,
+    ``cord_ops.reduce``). Validation as in ``fit``, rows named from ``first_row``."""
+    try:
+        terms = _sweep(original, calibrated, local_weight, n_classes=n_classes)
+    except ValueError as exc:
+        raise ValueError(_global_row(str(exc), first_row)) from None
+    return terms.b, terms.lower, terms.g
+
+
+def _global_row(message: str, offset: int) -> str:
+    """A block's validation message with its first "row i" renumbered to row offset + i."""
+    return re.sub(r"\brow (\d+)\b", lambda m: f"row {int(m.group(1)) + offset}", message,
+                  count=1)
 
 
 def _validated_pair(original, calibrated, n_classes: int | None = None):
@@ -498,12 +530,53 @@ class CORD(BaseEstimator):
         self._check_params()
         original = np.asarray(original)
         terms = _sweep(original, calibrated, float(self.local_weight))
-        n, k = original.shape
+        return self._fit_terms(terms, *original.shape)
+
+    def fit_blocks(self, blocks) -> CORD:
+        """Fit eta* from an iterable of (original, calibrated) row blocks, read once.
+
+        Each block goes through the same row-blocked sweep as ``fit`` and is then dropped;
+        only the per-row scalars the bisection needs (b, the lower bound of I, g: 24 bytes
+        a row) are kept, so memory does not grow with K. Every per-row scalar depends on
+        its own row only, and the bisection then runs on the concatenated vectors, so on
+        the same rows ``fit_blocks`` gives ``fit``'s eta* and mu bit for bit however the
+        rows are split. A bad block raises ``fit``'s error with the row counted from the
+        first row of the first block.
+        """
+        self._check_params()
+        weight = float(self.local_weight)
+        b, lower, g = [], [], []
+        n, k = 0, None
+        for original, calibrated in blocks:
+            original = np.asarray(original)
+            block = row_scalars(original, calibrated, weight, n_classes=k, first_row=n)
+            k = original.shape[1] if k is None else k
+            n += original.shape[0]
+            b.append(block[0])
+            lower.append(block[1])
+            g.append(block[2])
+        if k is None:
+            raise ValueError("blocks: expected at least one (original, calibrated) block")
+        return self._fit_scalars(np.concatenate(b), np.concatenate(lower), np.concatenate(g),
+                                 k)
+
+    def _fit_scalars(self, b, lower, g, k: int) -> CORD:
+        """Fit from the per-row scalars of ``row_scalars`` for all rows, in row order."""
+        n = b.shape[0]
+        terms = RepairTerms(label=None, b=b, tail=None, rest=None, lower=lower,
+                            upper=np.full(n, 1.0 - EPS_NUM), g=g)
+        return self._fit_terms(terms, n, k)
+
+    def _fit_terms(self, terms: RepairTerms, n: int, k: int) -> CORD:
+        """Set eta*, mu and the shape attributes from the per-row scalars of n rows."""
         if self.mean_target == "none":
             mu, eta = float(np.mean(response(0.0, terms))), 0.0
         else:
             mu = target_mean(terms, self.mean_target)
             eta = nearest_zero_multiplier(terms, mu)
+        return self._set_fitted(eta, mu, n, k)
+
+    def _set_fitted(self, eta: float, mu: float, n: int, k: int) -> CORD:
         self.eta_ = float(eta)
         self.mu_ = float(mu)
         self.n_classes_ = int(k)

@@ -29,6 +29,7 @@ import numpy as np
 from scipy.special import softmax
 
 from cord_ops.atomic import atomic_path
+from cord_ops.names import INPUT_KINDS
 from cord_ops.validation import (
     PROBABILITY_SUM_ATOL,
     check_labels,
@@ -36,7 +37,6 @@ from cord_ops.validation import (
     check_scores,
 )
 
-INPUT_KINDS = ("logits", "probs")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 LABEL_COLUMN = "labels"
 

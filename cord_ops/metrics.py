@@ -1,4 +1,4 @@
-"""Evaluation metrics for n x K probability reports (SPEC.md "Metrics", paper Section 4).
+"""Evaluation metrics for n x K probability reports (docs/contract.md "Metrics", paper Section 4).
 
 Every function validates its inputs with :mod:`cord_ops.validation` and derives the top-1
 class with :func:`cord_ops.validation.top1` (smallest maximizing index), so ties are
@@ -19,7 +19,7 @@ from cord_ops.validation import check_labels, check_pair, check_probabilities, t
 #: does for float64, so a zero probability costs -log(2.2e-16) = 36.04 instead of inf.
 NLL_CLIP = float(np.finfo(np.float64).eps)
 
-#: Fixed settings of relplot 1.0.3's smECE (Blasiok & Nakkiran 2023), CALIBRATORS.md section 7.
+#: Fixed settings of relplot 1.0.3's smECE (Blasiok & Nakkiran 2023), docs/calibrators.md section 7.
 SMECE_EPS = 1e-3
 SMECE_BISECTION_STEPS = 10
 _SMECE_MIN_EVAL_POINTS = 200

@@ -1,5 +1,5 @@
 """The ``cord-ops`` command line: recalibrate, monitor, schedule, predict, demo, ui, server
-(and reproduce / bench from :mod:`flows.reproduce_cli`, status / promote / rollback from
+(and reproduce / bench from :mod:`flows.reproduce.cli`, status / promote / rollback from
 :mod:`flows.operator_cli`).
 
 How every command runs (:func:`run`):
@@ -31,10 +31,10 @@ import time
 import traceback
 from pathlib import Path
 
-from flows import inputs, operator_cli, reproduce_cli, server, tracking
+from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
+from flows import inputs, operator_cli, server, tracking
+from flows.reproduce import cli as reproduce_cli
 
-CALIBRATORS = ("ts", "vs", "ms", "svs", "sms", "dir-odir", "irova", "irova-ts", "irm",
-               "ts-tva", "mcct-i")
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
 DEMO_MODEL = "cord-ops-demo"
@@ -148,10 +148,22 @@ def prefect_api(args, start_managed: bool = False):
         print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
     if managed is None:
         with prefect_server.temporary_api():
-            yield None
+            try:
+                yield None
+            finally:
+                _drain_prefect_workers()
         return
     with temporary_settings(updates={PREFECT_API_URL: managed.api_url}):
         yield managed
+
+
+def _drain_prefect_workers(timeout: float = 10.0) -> None:
+    """Send the logs and events Prefect still queues while the temporary server is up;
+    left to Prefect's exit hook, they would meet a stopped server and print a connection
+    error after the command's last line."""
+    from prefect._internal.concurrency.services import QueueService
+
+    QueueService.drain_all(timeout=timeout, at_exit=False)
 
 
 @contextlib.contextmanager
@@ -228,7 +240,9 @@ def validate_recalibrate(args):
     dataset = inputs.load_data(args.data, args.input_kind)
     evaluation = (None if args.eval_data is None
                   else inputs.load_data(args.eval_data, dataset.input_kind))
-    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed)
+    inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args) if hasattr(args, "min_calibration") else None)
+    inputs.champion_reads(args.tracking_uri, args.model_name, dataset)
     return dataset
 
 
@@ -246,7 +260,9 @@ def validate_monitor(args) -> None:
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
     inputs.registered_model(args.tracking_uri, args.model_name, "champion")
     batch = inputs.load_data(args.data, args.input_kind)
-    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed)
+    inputs.champion_reads(args.tracking_uri, args.model_name, batch)
+    inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed,
+                               _gate_options(args))
 
 
 def validate_schedule(args) -> None:
@@ -420,10 +436,7 @@ def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
     """
     if ":/" not in model:
         return Path(model)
-    import mlflow.artifacts
-
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder),
-                                                     tracking_uri=tracking_uri))
+    local = tracking.download(tracking_uri, model, folder)
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
     if len(found) != 1:
         raise ValueError(f"{model}: expected one .onnx file in the model, found {len(found)}")
@@ -482,10 +495,19 @@ def cmd_ui(args) -> int:
     os.execve(sys.executable, command, {**tracking.QUIET_ENVIRONMENT, **os.environ})
 
 
+def validate_serve(args) -> None:
+    """Options first, then the registered model: nothing is bound before both pass."""
+    from flows.serve import check_options
+
+    check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
+                  args.batch_max_rows)
+    validate_model_command(args)
+
+
 def cmd_serve(args) -> int:
     from flows.serve import serve
 
-    serve(tracking.tracking_uri(), args.model_name, alias=args.alias, host=args.host,
+    serve(args.tracking_uri, args.model_name, alias=args.alias, host=args.host,
           port=args.port, poll_interval=args.poll_interval,
           batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
           provider=args.provider)
@@ -514,14 +536,14 @@ def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
 
 
 def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-ops") -> None:
-    parser.add_argument("--calibrator", default="vs", choices=CALIBRATORS,
+    parser.add_argument("--calibrator", default="vs", choices=CALIBRATOR_NAMES,
                         help="calibration map fitted before the CORD repair (default: vs)")
     parser.add_argument("--fraction", type=float, default=0.5,
                         help="share of --data used for calibration (default: 0.5)")
     parser.add_argument("--seed", type=int, default=0, help="split seed (default: 0)")
     parser.add_argument("--model-name", default=model_name,
                         help=f"registered model name (default: {model_name})")
-    parser.add_argument("--input-kind", default="auto", choices=("auto", "logits", "probs"),
+    parser.add_argument("--input-kind", default="auto", choices=("auto", *INPUT_KINDS),
                         help="what the data file holds (default: whichever is present)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                         help="float type of the exported ONNX graph (default: float32)")
@@ -652,7 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most rows per onnxruntime run (default: 4096)")
     p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
                    help="onnxruntime execution provider (default: cuda when available)")
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, validate=validate_serve)
 
     reproduce_cli.add_cli(sub)
     operator_cli.add_cli(sub)
@@ -719,10 +741,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = build_parser().parse_args(argv)
     args.started = started
-    # The process entry point: bound MLflow's HTTP retries here (MLflow reads them only
-    # from the environment); a value the user set wins.
-    for key, value in tracking.http_environment(
-            getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT)).items():
+    # The process entry point, unlike the library, owns its process: switch MLflow and
+    # Prefect telemetry off and bound MLflow's HTTP retries here (MLflow reads both only
+    # from the environment), for this process and those it starts; a value the user set
+    # wins.
+    for key, value in {**tracking.QUIET_ENVIRONMENT, **tracking.http_environment(
+            getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT))}.items():
         os.environ.setdefault(key, value)
     return run(args)
 

@@ -10,7 +10,8 @@ process kills itself there, exactly as ``kill -9`` would (no clean-up, no atexit
 flow carries on into the broken world:
 
 - ``killpg:PGID``: SIGKILL a process group (the tracking server dies mid-run);
-- ``fill:PATH``: write PATH until the file system is full (the disk fills mid-run).
+- ``fill:PATH``: write PATH until the file system is full (the disk fills mid-run);
+- ``truncate:GLOB``: cut every file matching GLOB to zero bytes (a partial artifact).
 
 Unset (always, outside the tests), a checkpoint does nothing.
 """
@@ -65,5 +66,10 @@ def _inject(action: str) -> None:
             except OSError:
                 pass
         # The file system is full now; whatever the flow writes next fails.
+    elif kind == "truncate":
+        import glob
+
+        for path in glob.glob(argument, recursive=True):
+            os.truncate(path, 0)
     else:
         raise ValueError(f"{FAULT}: unknown action {action!r}")

@@ -385,7 +385,8 @@ def score_champion(client, name: str, champion: str | None, scores: np.ndarray,
         return ChampionScore(champion, None, f"it reads {expected}, this split holds "
                                              f"{input_kind}")
     try:
-        outputs = registry.run_registered_model(f"models:/{name}/{champion}", scores)
+        outputs = registry.run_registered_model(client, f"models:/{name}/{champion}",
+                                                 scores)
         repaired = np.asarray(outputs["repaired"], dtype=np.float64)
         if repaired.shape != (len(labels), scores.shape[1]):
             raise ValueError(f"'repaired' has shape {repaired.shape}, expected "

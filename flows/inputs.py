@@ -77,12 +77,17 @@ def load_data(path: Path, input_kind: str = "auto"):
         raise InputError(str(exc)) from exc
 
 
-def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
-                        seed: int) -> None:
-    """The options a recalibration of ``dataset`` would refuse, refused now: a calibrator
-    that cannot read the file's input kind, a seed or fraction the split rejects, an
-    evaluation file with other classes or another input kind."""
+def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float, seed: int,
+                        gate_options: dict | None = None):
+    """The options a recalibration of ``dataset`` would refuse, refused now: an evaluation
+    file with other classes or another input kind, a seed or fraction the split rejects,
+    splits too small to fit, a gate threshold out of range, a calibrator that cannot read
+    the file's input kind. Returns the gate's policy (:class:`flows.gate.Policy`).
+
+    The recalibration flow's own ``check_options`` task runs this same check.
+    """
     from cord_ops import data
+    from flows import gate
 
     if eval_dataset is not None:
         if eval_dataset.n_classes != dataset.n_classes:
@@ -93,13 +98,26 @@ def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
                              f"{dataset.path} holds {dataset.input_kind}")
     try:
         if eval_dataset is None:
-            data.split_indices(dataset.n, seed, fraction)
+            cal_rows, eval_rows = data.split_indices(dataset.n, seed, fraction)
+            sizes = (cal_rows.size, eval_rows.size, f"{dataset.path} (split with fraction "
+                                                    f"{fraction!r})")
+        else:
+            sizes = (dataset.n, eval_dataset.n, f"{dataset.path} / {eval_dataset.path}")
+    except ValueError as exc:
+        raise InputError(f"{dataset.path}: {exc}") from exc
+    try:
+        policy = gate.Policy.for_classes(dataset.n_classes, **(gate_options or {}))
+        gate.check_fit_floor(*sizes)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    try:
         # last: it imports scikit-learn
         from cord_ops.calibrators import make_calibrator
 
         make_calibrator(calibrator, input_kind=dataset.input_kind)
     except ValueError as exc:
         raise InputError(f"{dataset.path}: {exc}") from exc
+    return policy
 
 
 def non_negative(value: float, option: str) -> float:
@@ -296,6 +314,67 @@ def registered_model(uri: str, name: str, alias: str | None = None) -> None:
         raise InputError(f"model '{name}' is not registered in {uri} (registered: {held})")
     raise InputError(f"model '{name}' has no @{alias} in {uri}; run `cord-ops recalibrate "
                      f"--model-name {name}` first")
+
+
+def _sqlite_champion(database: Path, name: str) -> dict | None:
+    connection = sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        found = connection.execute(
+            "SELECT v.version, v.run_id FROM registered_model_aliases a JOIN model_versions v "
+            "ON v.name = a.name AND v.version = a.version WHERE a.name = ? AND a.alias = ?",
+            (name, "champion")).fetchone()
+        if found is None:
+            return None
+        version, run_id = found
+        params = dict(connection.execute(
+            "SELECT key, value FROM params WHERE run_uuid = ? AND key = 'n_classes'", (run_id,)))
+        tags = dict(connection.execute(
+            "SELECT key, value FROM model_version_tags WHERE name = ? AND version = ?",
+            (name, version)))
+    finally:
+        connection.close()
+    return {"version": str(version), "n_classes": params.get("n_classes"), "tags": tags}
+
+
+def _client_champion(uri: str, name: str) -> dict | None:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        current = client.get_model_version_by_alias(name, "champion")
+    except MlflowException:
+        return None
+    params = client.get_run(current.run_id).data.params
+    return {"version": str(current.version), "n_classes": params.get("n_classes"),
+            "tags": dict(current.tags)}
+
+
+def champion_reads(uri: str, name: str, dataset) -> None:
+    """When ``name`` has a champion in the store ``uri``, ``dataset`` must have its number
+    of classes and input kind: the gate scores the champion on the new data, and a
+    monitored batch is scored by it. A store that does not exist yet has no champion."""
+    from flows.registry import INPUT_KIND_TAG
+
+    database = embedded_database(uri)
+    if database is not None and not database.is_file():
+        return
+    try:
+        champion = (_sqlite_champion(database, name) if database is not None
+                    else _client_champion(existing_store(uri), name))
+    except sqlite3.DatabaseError:
+        return  # not readable as an MLflow store: the store's own check reports it
+    if champion is None:
+        return
+    reads = champion["tags"].get(INPUT_KIND_TAG)
+    classes = champion["n_classes"]
+    if classes is not None and int(classes) != dataset.n_classes:
+        raise InputError(f"{dataset.path}: has {dataset.n_classes} classes but '{name}'"
+                         f"@champion (v{champion['version']} in {uri}) reads {classes}; "
+                         "use another --model-name for another classifier")
+    if reads is not None and reads != dataset.input_kind:
+        raise InputError(f"{dataset.path}: holds {dataset.input_kind} but '{name}'@champion "
+                         f"(v{champion['version']} in {uri}) reads {reads}")
 
 
 def model_reference(uri: str, model: str) -> None:

@@ -30,6 +30,7 @@ the strongest primitive the deployment offers (:func:`choose`):
 
 Whichever primitive, a waiting run logs who holds the lock and how long it will wait;
 after ``timeout`` seconds it gives up with :class:`LockTimeout`.
+Operator's view: docs/registry.md.
 """
 
 from __future__ import annotations
@@ -207,14 +208,25 @@ def _hold_prefect_slot(stack: ExitStack, client, model_name: str, timeout: float
                        holder: dict) -> float:
     from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     name = prefect_limit_name(model_name)
-    with get_client(sync_client=True) as prefect:
-        prefect.upsert_global_concurrency_limit_by_name(name, 1)
 
     def busy() -> bool:
+        """Whether the slot is taken; creates the one-slot limit on first use (and puts
+        its limit back to one if someone changed it)."""
         with get_client(sync_client=True) as prefect:
-            return prefect.read_global_concurrency_limit_by_name(name).active_slots > 0
+            try:
+                limit = prefect.read_global_concurrency_limit_by_name(name)
+            except ObjectNotFound:
+                limit = None
+            if limit is None or limit.limit != 1:
+                try:
+                    prefect.upsert_global_concurrency_limit_by_name(name, 1)
+                except ObjectAlreadyExists:
+                    pass  # another run created it between our read and our create
+                limit = prefect.read_global_concurrency_limit_by_name(name)
+            return limit.active_slots > 0
 
     def try_acquire(seconds: float) -> bool:
         # "Acquire if free" asks the server whether the slot is taken: a short acquisition

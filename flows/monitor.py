@@ -16,21 +16,17 @@ with broken labels cannot promote a model that learned them.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger
 
 from cord_ops import data, metrics
 from flows import gate, registry, tracking
 from flows.recalibrate import RecalibrationResult, load_dataset, recalibrate
-from flows.retries import transient_store_error
+from flows.tasks import compute_task, store_task
 
-store_task = task(cache_policy=NO_CACHE, persist_result=False, retries=3,
-                  retry_delay_seconds=[0.5, 1.0, 2.0], retry_condition_fn=transient_store_error)
 DRIFT_METRICS = ("ece", "nll")
 
 
@@ -61,11 +57,10 @@ class MonitorResult:
 
 
 @store_task
-def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnBatch:
+def score_champion_on_batch(uri: str, model_name: str,
+                            batch: data.Dataset) -> ChampionOnBatch:
     """Run ``model_name@champion`` on the batch; read its baseline from its own run."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
+    client = tracking.client(uri)
     current = registry.champion_version(client, model_name)
     if current is None:
         raise LookupError(f"model '{model_name}' has no @{registry.CHAMPION} to monitor; "
@@ -79,7 +74,7 @@ def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnB
         try:
             # The version the alias named a moment ago, so metrics and baseline describe
             # one model.
-            outputs = registry.run_registered_model(f"models:/{model_name}/{version}",
+            outputs = registry.run_registered_model(client, f"models:/{model_name}/{version}",
                                                     batch.scores)
             repaired = np.asarray(outputs["repaired"], dtype=np.float64)
             original = np.asarray(outputs["original"], dtype=np.float64)
@@ -100,12 +95,10 @@ def score_champion_on_batch(model_name: str, batch: data.Dataset) -> ChampionOnB
 @store_task
 def has_champion(uri: str, model_name: str) -> bool:
     """Whether ``model_name`` has a champion in the store ``uri`` (a missing model: no)."""
-    from mlflow import MlflowClient
-
-    return registry.champion_version(MlflowClient(uri, uri), model_name) is not None
+    return registry.champion_version(tracking.client(uri), model_name) is not None
 
 
-@task(cache_policy=NO_CACHE, persist_result=False)
+@compute_task
 def find_drift(scored: ChampionOnBatch, max_ece_increase: float,
                max_nll_increase: float) -> tuple[dict[str, float], list[str]]:
     """Increase of each drift metric over the baseline, and the thresholds it crossed."""
@@ -118,16 +111,13 @@ def find_drift(scored: ChampionOnBatch, max_ece_increase: float,
 
 
 @store_task
-def log_monitoring(model_name: str, batch: data.Dataset, scored: ChampionOnBatch,
+def log_monitoring(uri: str, model_name: str, batch: data.Dataset, scored: ChampionOnBatch,
                    drift: dict[str, float], reasons: list[str],
                    thresholds: dict[str, float]) -> str:
     """One MLflow run (tag ``cord.kind=monitor``) with the batch metrics, baseline and drift."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param
-
-    client = MlflowClient()
+    client = tracking.client(uri)
     run = client.create_run(
-        tracking.experiment_id(model_name), run_name=f"monitor-v{scored.version}",
+        tracking.experiment_id(client, model_name), run_name=f"monitor-v{scored.version}",
         tags={"cord.kind": "monitor", "cord.model_name": model_name,
               "cord.champion_version": scored.version, "data.sha256": batch.sha256,
               "data.shape": f"{batch.n}x{batch.n_classes}", "data.path": str(batch.path),
@@ -136,10 +126,8 @@ def log_monitoring(model_name: str, batch: data.Dataset, scored: ChampionOnBatch
     values = {f"monitor.{k}": v for k, v in scored.metrics.items()}
     values.update({f"baseline.{k}": v for k, v in scored.baseline.items()})
     values.update({f"drift.{k}": v for k, v in drift.items()})
-    now = int(time.time() * 1000)
-    client.log_batch(run.info.run_id,
-                     metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
-                     params=[Param(k, repr(v)) for k, v in thresholds.items()])
+    tracking.log_values(client, run.info.run_id, metrics=values,
+                        params={k: repr(v) for k, v in thresholds.items()})
     client.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id
 
@@ -163,16 +151,16 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
     champion yet (the first scheduled recalibration has not finished), log that and return
     None instead of failing the run.
     """
-    uri = tracking.configure_tracking(tracking_uri)
+    uri = tracking.store_uri(tracking_uri)
     if skip_without_champion and not has_champion(uri, model_name):
         get_run_logger().info("model '%s' has no @%s in %s yet: nothing to monitor, skipping "
                               "this pass", model_name, registry.CHAMPION, uri)
         return None
     batch = load_dataset(str(data), input_kind)
-    scored = score_champion_on_batch(model_name, batch)
+    scored = score_champion_on_batch(uri, model_name, batch)
     drift, reasons = find_drift(scored, max_ece_increase, max_nll_increase)
     thresholds = {"max_ece_increase": max_ece_increase, "max_nll_increase": max_nll_increase}
-    run_id = log_monitoring(model_name, batch, scored, drift, reasons, thresholds)
+    run_id = log_monitoring(uri, model_name, batch, scored, drift, reasons, thresholds)
     recalibration = None
     if reasons:
         get_run_logger().warning("champion v%s drifted: %s", scored.version, "; ".join(reasons))

@@ -225,7 +225,8 @@ def check_promotable(client, name: str, version: str) -> float:
         raise PromotionRefused(f"v{version} reads {kind} but its reference split holds "
                                f"{split.input_kind}")
     try:
-        outputs = registry.run_registered_model(f"models:/{name}/{version}", split.scores)
+        outputs = registry.run_registered_model(client, f"models:/{name}/{version}",
+                                                 split.scores)
         repaired = np.asarray(outputs["repaired"], dtype=np.float64)
         nll = metrics.nll(repaired, split.labels)
     except Exception as exc:

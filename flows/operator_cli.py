@@ -10,14 +10,11 @@ import argparse
 def _client(args):
     """(client, uri) of the store ``--tracking-uri`` or the environment names, checked
     (and created) first."""
-    from mlflow import MlflowClient
-
     from flows import tracking
 
-    # The registry's pyfunc loader follows MLflow's process-wide URI; set it to the same.
-    uri = tracking.configure_tracking(getattr(args, "tracking_uri", None))
+    uri = tracking.store_uri(getattr(args, "tracking_uri", None))
     tracking.prepare_store(uri)
-    return MlflowClient(uri), uri
+    return tracking.client(uri), uri
 
 
 def cmd_status(args) -> int:

@@ -1,4 +1,4 @@
-"""Reliability diagrams as PNG files, drawn headless (matplotlib's Agg backend).
+"""Reliability diagrams as PNG files, drawn headless on matplotlib's Agg canvas.
 
 The bins are those of ``cord_ops.metrics.ece`` (15 equal-width bins on the top-1
 probability), so the drawn gaps are exactly the terms the logged ECE sums.
@@ -22,9 +22,7 @@ def reliability_png(probs, labels, path, title: str) -> Path:
     figure is written to a temporary file beside ``path`` and moved into place, so a
     failure leaves no half-written image.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     bins = metrics.reliability_diagram(probs, labels)
@@ -34,8 +32,10 @@ def reliability_png(probs, labels, path, title: str) -> Path:
     filled = count > 0
     ece = metrics.ece(probs, labels)
 
-    # Figure without pyplot: no global state, safe inside worker threads.
+    # A Figure on its own Agg canvas, without pyplot: matplotlib's process-wide backend is
+    # never touched, and drawing is safe inside worker threads.
     fig = Figure(figsize=(4.2, 5.0), dpi=100)
+    FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.plot([0, 1], [0, 1], color="0.5", linestyle="--", linewidth=1, label="perfect")
     top.bar(centers[filled], bins["accuracy"][filled], width=width[filled], color="#4c72b0",

@@ -25,18 +25,26 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 PR_SET_PDEATHSIG = 1
+#: The API URL of the temporary server the current context runs against (None outside
+#: :func:`temporary_api`): the flows must not take it for a Prefect server that other
+#: processes share (a global concurrency limit on it would serialise nothing).
+_TEMPORARY_URL: ContextVar[str | None] = ContextVar("cord_ops_temporary_prefect_url",
+                                                    default=None)
 #: Seconds to wait for the server's /health (Prefect's own default is 20; a loaded CI
 #: machine needs more).
 STARTUP_TIMEOUT = 90.0
 
 
 def configured_api_url() -> str | None:
-    """The Prefect API the user configured (environment or profile), if any."""
+    """The Prefect API the user configured (environment or profile), if any; None inside
+    :func:`temporary_api` when it started a server of its own."""
     from prefect.settings import PREFECT_API_URL
 
-    return PREFECT_API_URL.value() or None
+    url = PREFECT_API_URL.value() or None
+    return None if url is not None and url == _TEMPORARY_URL.get() else url
 
 
 def _free_port() -> int:
@@ -109,8 +117,12 @@ def temporary_api(timeout: float = STARTUP_TIMEOUT) -> Iterator[str | None]:
                                stdout=subprocess.DEVNULL, stderr=log)
     try:
         _wait_healthy(process, url, timeout, log)
-        with temporary_settings(updates={PREFECT_API_URL: url}):
-            yield None
+        token = _TEMPORARY_URL.set(url)
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: url}):
+                yield None
+        finally:
+            _TEMPORARY_URL.reset(token)
     finally:
         process.terminate()
         try:

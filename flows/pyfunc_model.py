@@ -144,20 +144,21 @@ def log_model(client, run_id: str, experiment_id: str, graph, example: np.ndarra
     depends on MLflow's process-wide active experiment or run. ``example`` (a few rows of
     scores in the graph's dtype) becomes the input example.
     """
-    from mlflow.models import Model
-
+    from flows import tracking
     from onnx_export.export import model_metadata, save_model
 
-    logged = client.create_logged_model(experiment_id, name=name, source_run_id=run_id)
     meta = model_metadata(graph)
     with tempfile.TemporaryDirectory(prefix="cord-ops-onnx-") as folder:
         onnx_path = save_model(graph, Path(folder) / ONNX_FILE)
-        return Model.log(
-            artifact_path=None, name=name, flavor=_PyfuncWithOnnxFlavor, run_id=run_id,
-            model_id=logged.model_id,
-            onnx_path=onnx_path, signature=signature(graph), input_example=example,
-            pip_requirements=pip_requirements(),
-            metadata={key: meta[key] for key in ("cord.n_classes", "cord.input_kind",
-                                                 "cord.dtype", "cord.eta_star",
-                                                 "cord.calibrator") if key in meta},
-        )
+
+        def save(path: str, mlflow_model) -> None:
+            _PyfuncWithOnnxFlavor.save_model(
+                path, mlflow_model, onnx_path, signature=signature(graph),
+                input_example=example, pip_requirements=pip_requirements(),
+                metadata={key: meta[key] for key in ("cord.n_classes", "cord.input_kind",
+                                                     "cord.dtype", "cord.eta_star",
+                                                     "cord.calibrator") if key in meta})
+
+        # Explicit ids all the way: MLflow's Model.log would look the logged model up
+        # through the process-wide tracking URI, which this project never sets.
+        return tracking.log_model(client, run_id, name, save, experiment_id=experiment_id)

@@ -42,16 +42,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger
 
 from cord_ops import CORD, cord, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
-from flows import faults, journal, owner, plots, reference, registry, tracking
+from flows import faults, inputs, journal, owner, plots, reference, registry, tracking
 from flows import gate as gating
 from flows import lock as registry_lock
-from flows.retries import is_store_outage, transient_store_error
+from flows.retries import is_store_outage
+from flows.tasks import compute_task, store_task
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
@@ -59,11 +59,6 @@ PARITY_TOLERANCE = gating.PARITY_TOLERANCE
 MODEL_ARTIFACT = "model"
 INPUT_EXAMPLE_ROWS = 5
 
-# Every task keeps results in memory only: arrays are not hashed for a cache key
-# (NO_CACHE) and nothing is pickled to result storage.
-compute_task = task(cache_policy=NO_CACHE, persist_result=False)
-store_task = task(cache_policy=NO_CACHE, persist_result=False, retries=3,
-                  retry_delay_seconds=[0.5, 1.0, 2.0], retry_condition_fn=transient_store_error)
 
 
 #: Name of the digest manifest artifact of a run, and the run tag holding its own digest.
@@ -177,24 +172,12 @@ def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
                   gate_options: dict | None = None) -> gating.Policy:
     """Reject a bad option before a run exists: unknown calibrator or dtype, a seed or
     fraction the split refuses, an evaluation file that does not match ``dataset``, a gate
-    threshold out of range, splits too small to fit at all. Returns the gate's policy."""
-    make_calibrator(calibrator, input_kind=dataset.input_kind)
+    threshold out of range, splits too small to fit at all (the check the CLI runs before
+    anything starts, :func:`flows.inputs.check_recalibration`). Returns the gate's policy."""
     if dtype not in PARITY_TOLERANCE:
         raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
-    policy = gating.Policy.for_classes(dataset.n_classes, **(gate_options or {}))
-    if eval_dataset is None:
-        cal_rows, eval_rows = data.split_indices(dataset.n, seed, fraction)
-        gating.check_fit_floor(cal_rows.size, eval_rows.size,
-                               f"{dataset.path} (split with fraction {fraction!r})")
-        return policy
-    if eval_dataset.n_classes != dataset.n_classes:
-        raise ValueError(f"{eval_dataset.path}: has {eval_dataset.n_classes} classes but "
-                         f"{dataset.path} has {dataset.n_classes}")
-    if eval_dataset.input_kind != dataset.input_kind:
-        raise ValueError(f"{eval_dataset.path}: holds {eval_dataset.input_kind} but "
-                         f"{dataset.path} holds {dataset.input_kind}")
-    gating.check_fit_floor(dataset.n, eval_dataset.n, f"{dataset.path} / {eval_dataset.path}")
-    return policy
+    return inputs.check_recalibration(dataset, eval_dataset, calibrator, fraction, seed,
+                                      gate_options)
 
 
 @compute_task
@@ -287,13 +270,12 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
 
 # ---------------------------------------------------------------- tracking tasks
 @store_task
-def start_run(model_name: str, dataset: data.Dataset, eval_dataset: data.Dataset | None,
-              options: dict[str, str]) -> tuple[str, str]:
+def start_run(uri: str, model_name: str, dataset: data.Dataset,
+              eval_dataset: data.Dataset | None, options: dict[str, str]) -> tuple[str, str]:
     """Create the MLflow run (experiment = model name); tags carry data provenance and the
     owner process (host, pid, start time) that clean-up judges liveness by."""
-    from mlflow import MlflowClient
-
-    experiment = tracking.experiment_id(model_name)
+    client = tracking.client(uri)
+    experiment = tracking.experiment_id(client, model_name)
     tags = {"cord.model_name": model_name, **{f"cord.{k}": v for k, v in options.items()},
             **_data_tags("data", dataset), **owner.Owner.current().record()}
     if eval_dataset is not None:
@@ -301,20 +283,19 @@ def start_run(model_name: str, dataset: data.Dataset, eval_dataset: data.Dataset
     flow_run_id = _prefect_flow_run_id()
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
-    run = MlflowClient().create_run(experiment, tags=tags,
-                                    run_name=f"{options['calibrator']}-seed{options['seed']}")
+    run = client.create_run(experiment, tags=tags,
+                            run_name=f"{options['calibrator']}-seed{options['seed']}")
     return run.info.run_id, experiment
 
 
 @store_task
-def log_params_and_metrics(run_id: str, params: dict[str, str], evaluation: Evaluation,
+def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
+                           evaluation: Evaluation,
                            repair: CORD, parity: Parity, fit_warnings: list[str] | None = None,
                            policy: gating.Policy | None = None) -> None:
-    """Every param and metric SPEC.md's MLflow contract names, in one batch, with the fit's
+    """Every param and metric the MLflow contract (docs/contract.md) names, in one batch,
+    with the fit's
     warnings (tag ``cord.fit.warnings``, "none" when clean) and the gate's thresholds."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param, RunTag
-
     values = {"eta_star": repair.eta_}
     for report in REPORTS:
         for name in METRICS:
@@ -323,16 +304,11 @@ def log_params_and_metrics(run_id: str, params: dict[str, str], evaluation: Eval
         values[f"base.{name}"] = count
     values["onnx.max_abs_diff"] = parity.max_abs_diff
     values["onnx.argmax_agreement"] = parity.argmax_agreement
-    now = int(time.time() * 1000)
     tags = {"cord.fit.warnings": "; ".join(fit_warnings or [])[:8000] or "none",
             "cord.fit.warning_count": str(len(fit_warnings or [])),
             **(policy.as_tags() if policy is not None else {})}
-    MlflowClient().log_batch(
-        run_id,
-        metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
-        params=[Param(k, v) for k, v in params.items()],
-        tags=[RunTag(k, v) for k, v in tags.items()],
-    )
+    tracking.log_values(tracking.client(uri), run_id, metrics=values, params=params,
+                        tags=tags)
 
 
 @store_task
@@ -347,15 +323,13 @@ def log_reference(uri: str, run_id: str, evaluation: data.Dataset) -> dict[str, 
 
 
 @store_task
-def log_report_artifacts(run_id: str, evaluation: Evaluation, calibrator,
+def log_report_artifacts(uri: str, run_id: str, evaluation: Evaluation, calibrator,
                          repair: CORD) -> dict[str, str]:
     """Reliability PNGs, the metrics table (Markdown and JSON) and both fitted states.
 
     Returns the SHA-256 of every file as written here, by artifact path, for
     :func:`verify_artifacts`.
     """
-    from mlflow import MlflowClient
-
     with tempfile.TemporaryDirectory(prefix="cord-ops-artifacts-") as tmp:
         root = Path(tmp)
         for folder in ("plots", "report", "state"):
@@ -372,7 +346,7 @@ def log_report_artifacts(run_id: str, evaluation: Evaluation, calibrator,
             json.dumps(calibrator.to_dict(), indent=2) + "\n")
         (root / "state" / "cord.json").write_text(json.dumps(repair.to_dict(), indent=2) + "\n")
         digests = file_digests(root)
-        MlflowClient().log_artifacts(run_id, str(root))
+        tracking.client(uri).log_artifacts(run_id, str(root))
     return digests
 
 
@@ -414,9 +388,7 @@ def verify_artifacts(uri: str, run_id: str, model_info, model, digests: dict[str
         run_dir = Path(mlflow.artifacts.download_artifacts(
             run_id=run_id, artifact_path="", dst_path=str(Path(tmp) / "run"), tracking_uri=uri))
         _check_digests(run_dir, digests, f"run {run_id}")
-        model_dir = Path(mlflow.artifacts.download_artifacts(
-            artifact_uri=model_info.model_uri, dst_path=str(Path(tmp) / "model"),
-            tracking_uri=uri))
+        model_dir = tracking.download(uri, model_info.model_uri, Path(tmp) / "model")
         model_digests = file_digests(model_dir)
         expected = hashlib.sha256(model.SerializeToString()).hexdigest()
         onnx_files = [p for p in model_digests if p.endswith(".onnx")]
@@ -466,13 +438,14 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
         get_run_logger().warning("clean-up: %s", line)
     previous = registry.champion_version(client, model_name)
     previous = None if previous is None else str(previous.version)
-    version = registry.register_version(
-        client, model_name, run_id, model_info.model_uri, model_info.model_id,
-        tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
-              registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256,
-              registry.N_CLASSES_TAG: str(dataset.n_classes)},
-        previous_champion=previous,
-    )
+    with tracking.registry_lookups(client):
+        version = registry.register_version(
+            client, model_name, run_id, model_info.model_uri, model_info.model_id,
+            tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
+                  registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256,
+                  registry.N_CLASSES_TAG: str(dataset.n_classes)},
+            previous_champion=previous,
+        )
     return str(version.version), previous
 
 
@@ -605,7 +578,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     :class:`flows.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
     store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
     """
-    uri = tracking.configure_tracking(tracking_uri)
+    uri = tracking.store_uri(tracking_uri)
     folder = tracking.local_store_folder(uri)
     if lock == "auto":
         lock = registry_lock.choose(folder, _prefect_api_url())
@@ -621,7 +594,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         steps(prepare_store, uri, store_timeout)
         options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
                    "dtype": dtype, "promote": str(promote)}
-        run_id, experiment = steps(start_run, model_name, dataset, eval_dataset, options)
+        run_id, experiment = steps(start_run, uri, model_name, dataset, eval_dataset, options)
     except Exception as exc:
         raise RecalibrationError(steps.current, exc, _uri_if_store(steps.current, uri)) from exc
     faults.checkpoint("start_run")
@@ -643,10 +616,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                           dtype)
             parity = steps(verify_parity, model, evaluation, report, dtype)
             params = run_params(calibrator, dataset, calibration, evaluation, seed, repair)
-            steps(log_params_and_metrics, run_id, params, report, repair, parity, fit_warnings,
+            steps(log_params_and_metrics, uri, run_id, params, report, repair, parity, fit_warnings,
                   policy)
             faults.checkpoint("log_params")
-            digests = steps(log_report_artifacts, run_id, report, fitted, repair)
+            digests = steps(log_report_artifacts, uri, run_id, report, fitted, repair)
             digests.update(steps(log_reference, uri, run_id, evaluation))
             faults.checkpoint("log_artifacts")
             model_info = steps(log_onnx_model, uri, run_id, experiment, model, evaluation,
@@ -696,7 +669,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
 # ---------------------------------------------------------------- helpers
 def run_params(calibrator: str, dataset: data.Dataset, calibration: data.Dataset,
                evaluation: data.Dataset, seed: int, repair: CORD) -> dict[str, str]:
-    """The run params of SPEC.md's MLflow contract (floats as exact repr)."""
+    """The run params of the MLflow contract in docs/contract.md (floats as exact repr)."""
     return {
         "calibrator": calibrator,
         "n_classes": str(dataset.n_classes),
@@ -753,9 +726,10 @@ def _uri_if_store(step: str, uri: str) -> str | None:
 
 
 def _prefect_api_url() -> str | None:
-    from prefect.settings import PREFECT_API_URL
+    """A Prefect server other processes share, if one is configured."""
+    from flows.prefect_server import configured_api_url
 
-    return PREFECT_API_URL.value() or None
+    return configured_api_url()
 
 
 def file_digests(root: Path) -> dict[str, str]:

@@ -207,24 +207,31 @@ def register_version(client, name: str, run_id: str, model_uri: str, model_id: s
     )
 
 
-def run_registered_model(model_uri: str, scores: np.ndarray) -> dict[str, np.ndarray]:
-    """Load a registered model with ``mlflow.pyfunc.load_model`` (the path a serving system
-    takes) and run it on ``scores``; returns every graph output by name (``repaired``,
-    ``calibrated``, ``original``, ``label``, ``confidence``).
+def run_registered_model(client, model_uri: str, scores: np.ndarray) -> dict[str, np.ndarray]:
+    """Load a registered model of ``client``'s store with ``mlflow.pyfunc.load_model`` (the
+    path a serving system takes) and run it on ``scores``; returns every graph output by
+    name (``repaired``, ``calibrated``, ``original``, ``label``, ``confidence``). The model
+    is downloaded explicitly from that store, never through MLflow's process-wide URI.
 
     Versions logged with the pyfunc flavour of :mod:`flows.pyfunc_model` take float32 or
     float64 and validate the input; versions logged with the plain ``onnx`` flavour (before
     it) are fed in the dtype their signature declares.
     """
+    import tempfile
+
     import mlflow.pyfunc
 
-    model = mlflow.pyfunc.load_model(model_uri)
-    schema = model.metadata.get_input_schema()
-    if schema is None:
-        outputs = model.predict(np.asarray(scores), params={"outputs": ["all"]})
-    else:
-        spec = schema.inputs[0]
-        outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
+    from flows import tracking
+
+    with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp:
+        local = tracking.download(client.tracking_uri, model_uri, tmp)
+        model = mlflow.pyfunc.load_model(str(local))
+        schema = model.metadata.get_input_schema()
+        if schema is None:
+            outputs = model.predict(np.asarray(scores), params={"outputs": ["all"]})
+        else:
+            spec = schema.inputs[0]
+            outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
     return {name: np.asarray(value) for name, value in outputs.items()}
 
 

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType
 from prefect.runner import Runner
 
@@ -30,6 +31,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 #: A SIGTERM stops serving within this many seconds (the signal reaches the handler late
 #: on a busy machine, and an operator expects the service gone within 5 s).
 STOP_WITHIN_S = 3.0
+#: Each deployment runs one flow at a time (the registry's crash clean-up relies on it); a
+#: tick that comes while the previous run is still going is cancelled, not queued, so a
+#: slow run or a stopped runner never leaves a backlog that fires all at once later.
+ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1,
+                                       collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 #: How often the runner asks the server for due runs (Prefect's default, 10 s, delays a
 #: run by up to that much; a query of a local server costs milliseconds).
 POLL_S = 2.0
@@ -59,16 +65,17 @@ def build_deployments(cron: str, recalibrate_parameters: dict,
 
     Entrypoints are module paths (``flows.recalibrate.recalibrate``), so the run process
     imports the installed package whatever its working directory. Each deployment runs
-    one flow at a time (the registry's crash clean-up relies on it).
+    one flow at a time (:data:`ONE_AT_A_TIME`).
     """
     deployments = [recalibrate.to_deployment(
         name=RECALIBRATE_DEPLOYMENT, cron=prefect_cron(cron), parameters=recalibrate_parameters,
-        entrypoint_type=EntrypointType.MODULE_PATH, tags=["cord-ops"], concurrency_limit=1)]
+        entrypoint_type=EntrypointType.MODULE_PATH, tags=["cord-ops"],
+        concurrency_limit=ONE_AT_A_TIME)]
     if monitor_parameters is not None:
         deployments.append(monitor.to_deployment(
             name=MONITOR_DEPLOYMENT, cron=prefect_cron(monitor_cron or monitor_cron_for(cron)),
             parameters=monitor_parameters, entrypoint_type=EntrypointType.MODULE_PATH,
-            tags=["cord-ops"], concurrency_limit=1))
+            tags=["cord-ops"], concurrency_limit=ONE_AT_A_TIME))
     return deployments
 
 
@@ -160,6 +167,6 @@ def deploy_to_work_pool(work_pool: str, cron: str, recalibrate_parameters: dict,
         remote = Flow.from_source(source=str(REPO_ROOT), entrypoint=entrypoint)
         ids.append(str(remote.deploy(name=name, work_pool_name=work_pool, cron=prefect_cron(when),
                                      parameters=parameters, tags=["cord-ops"],
-                                     concurrency_limit=1,
+                                     concurrency_limit=ONE_AT_A_TIME,
                                      print_next_steps=False, ignore_warnings=True)))
     return ids

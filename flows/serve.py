@@ -566,6 +566,7 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
 
 def check_options(port: int, poll_interval: float, batch_window: float,
                   batch_max_rows: int) -> None:
+    """Raise ValueError naming the first bad option."""
     if not 0 <= port <= 65535:
         raise ValueError(f"--port: expected 0..65535, got {port}")
     if not poll_interval > 0:

@@ -39,7 +39,7 @@ from pathlib import Path
 STATE_DIR = "prefect"
 START_TIMEOUT_S = 120.0  # the first start runs Prefect's database migrations
 STOP_TIMEOUT_S = 10.0
-HEALTH_TIMEOUT_S = 2.0
+HEALTH_TIMEOUT_S = 5.0  # a busy server answers late; a dead port refuses at once
 
 
 class ServerError(RuntimeError):

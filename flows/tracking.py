@@ -1,22 +1,34 @@
-"""Where runs and models are recorded: the embedded default MLflow store, or the one
-MLFLOW_TRACKING_URI names.
+"""Where runs and models are recorded, and the explicit MLflow calls that record them.
 
-The embedded default is ``sqlite:///<cwd>/mlruns/mlflow.db`` with artifacts under
-``<cwd>/mlruns/`` (MLflow 3 keeps the plain file store in maintenance mode, so the
-registry needs a database). Telemetry is switched off before MLflow or Prefect are
-imported anywhere in the process.
+The store is the one ``MLFLOW_TRACKING_URI`` names or, by default, the embedded
+``sqlite:///<cwd>/mlruns/mlflow.db`` with artifacts under ``<cwd>/mlruns/`` (MLflow 3 keeps
+the plain file store in maintenance mode, so the registry needs a database).
+
+Nothing here changes process-wide state: no ``mlflow.set_tracking_uri``, no
+``mlflow.set_experiment``, no ``os.environ`` edits. Every call takes an explicit
+``MlflowClient(tracking_uri)`` (from :func:`client`) and explicit experiment and run ids,
+so two flows in one process can write to two stores. The one exception is forced by
+MLflow and undone within the call: :func:`registry_lookups`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 STORE_DIR = "mlruns"
 DB_NAME = "mlflow.db"
+#: Serialises the one place MLflow forces a process-wide URI (:func:`registry_lookups`).
+_GLOBAL_URI_LOCK = threading.Lock()
 
-#: Environment that keeps MLflow and Prefect from phoning home; set with setdefault so
-#: a user's explicit choice wins.
+#: Environment that keeps MLflow and Prefect from phoning home. The ``cord-ops`` program
+#: applies it to its own process (a user's explicit choice wins); library code only hands
+#: it to the subprocesses it starts (:func:`subprocess_environment`).
 QUIET_ENVIRONMENT = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -24,10 +36,12 @@ QUIET_ENVIRONMENT = {
 }
 
 
-def disable_telemetry() -> None:
-    """Switch off MLflow and Prefect telemetry for this process and its children."""
-    for key, value in QUIET_ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
+def subprocess_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: this one's, the quiet defaults where unset,
+    then ``extra``. This process's own environment is left as it is."""
+    env = {**QUIET_ENVIRONMENT, **os.environ}
+    env.update(extra or {})
+    return env
 
 
 def embedded_store_uri(cwd: str | os.PathLike | None = None) -> str:
@@ -46,41 +60,161 @@ def is_embedded(uri: str) -> bool:
     return uri.startswith("sqlite:///")
 
 
-def configure_tracking(uri: str | None = None) -> str:
-    """Point MLflow at :func:`tracking_uri` and return the URI; the registry follows it.
-
-    For a local sqlite store the folder is created first so the first run needs no setup.
-    """
-    disable_telemetry()
-    import mlflow
-
+def store_uri(uri: str | None = None) -> str:
+    """``uri`` (default :func:`tracking_uri`), ready to use: for a local sqlite store the
+    folder is created first so the first run needs no setup."""
     uri = uri or tracking_uri()
     if is_embedded(uri):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
     return uri
 
 
-def experiment_id(name: str) -> str:
-    """The id of experiment ``name``, created on first use.
+def client(uri: str):
+    """An ``MlflowClient`` bound to ``uri`` for both runs and the model registry."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def experiment_id(mlflow_client, name: str) -> str:
+    """The id of experiment ``name`` in ``mlflow_client``'s store, created on first use.
 
     In the embedded store MLflow places a new experiment's artifacts under ``./mlruns/<id>``.
     """
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient()
-    found = client.get_experiment_by_name(name)
+    found = mlflow_client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
     try:
-        return client.create_experiment(name)
+        return mlflow_client.create_experiment(name)
     except MlflowException:
         # Another process created it between the lookup and the create.
-        found = client.get_experiment_by_name(name)
+        found = mlflow_client.get_experiment_by_name(name)
         if found is None:
             raise
         return found.experiment_id
+
+
+def log_values(mlflow_client, run_id: str, metrics: Mapping[str, float] | None = None,
+               params: Mapping[str, object] | None = None, tags: Mapping[str, str] | None = None,
+               step: int = 0, steps: Mapping[int, Mapping[str, float]] | None = None,
+               finite_only: bool = False) -> None:
+    """Log metrics (at ``step``, plus per-step curves ``steps``), params (as ``str``) and
+    tags of one run in a single ``log_batch`` call, all with one timestamp.
+
+    ``finite_only`` skips NaN and infinite metrics (and None) at ``step``: where a value is
+    undefined by construction (eta* of minimal repair) a missing metric reads more honestly
+    than a NaN one.
+    """
+    import math
+
+    from mlflow.entities import Metric, Param, RunTag
+
+    now = int(time.time() * 1000)
+    entries = [Metric(k, float(v), now, step) for k, v in (metrics or {}).items()
+               if not finite_only or (v is not None and math.isfinite(float(v)))]
+    for at, values in (steps or {}).items():
+        entries += [Metric(k, float(v), now, at) for k, v in values.items()]
+    mlflow_client.log_batch(run_id, metrics=entries,
+                            params=[Param(k, str(v)) for k, v in (params or {}).items()],
+                            tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+
+
+def log_model(mlflow_client, run_id: str, name: str, save: Callable[[str, object], None],
+              experiment_id: str | None = None):
+    """Log a model of ``run_id`` under the run's own experiment, with explicit ids only.
+
+    What ``mlflow.<flavor>.log_model`` does, minus its reliance on the process's active
+    experiment and tracking URI: create the LoggedModel (params copied from the run, the
+    run's step-0 metrics linked to it), let ``save(path, mlflow_model)`` write the flavor's
+    files (e.g. ``mlflow.onnx.save_model(..., mlflow_model=mlflow_model)``), upload them,
+    mark the model READY and record it as the run's output. Returns the ``ModelInfo``.
+    ``experiment_id`` defaults to the run's.
+    """
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
+    from mlflow.models import Model
+    from mlflow.tracking.context import registry as context_registry
+
+    run = mlflow_client.get_run(run_id)
+    logged = mlflow_client.create_logged_model(
+        experiment_id or run.info.experiment_id, name=name, source_run_id=run_id,
+        params=dict(run.data.params), tags=context_registry.resolve_tags())
+    mlflow_client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+    linked = [Metric(key, value, int(time.time() * 1000), 0, run_id=run_id,
+                     model_id=logged.model_id) for key, value in run.data.metrics.items()]
+    if linked:
+        mlflow_client.log_batch(run_id, metrics=linked)
+    mlflow_model = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id,
+                         run_id=run_id, model_id=logged.model_id)
+    with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp:
+        path = os.path.join(tmp, name)
+        save(path, mlflow_model)
+        mlflow_client.log_model_artifacts(logged.model_id, path)
+    logged = mlflow_client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+    return mlflow_model.get_model_info(logged)
+
+
+@contextlib.contextmanager
+def registry_lookups(mlflow_client):
+    """Inside: MLflow's in-process database registry can find this store's logged models.
+
+    Registering ``models:/<model_id>`` with a database registry (sqlite, postgres...) makes
+    MLflow look the logged model up through the process-wide tracking URI, not the
+    client's (MLflow's own TODO in ``SqlAlchemyStore.create_model_version``). For that one
+    call the process-wide URI is pointed at this client's store and then put back exactly
+    as it was, environment variable included; a lock keeps two threads from interleaving.
+    A tracking server resolves the URI itself, so for HTTP stores nothing changes.
+    """
+    uri = mlflow_client.tracking_uri
+    if uri.startswith(("http://", "https://")):
+        yield
+        return
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    with _GLOBAL_URI_LOCK:
+        saved, saved_env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(uri)
+        try:
+            yield
+        finally:
+            mlflow.set_tracking_uri(saved)
+            if saved_env is None:
+                os.environ.pop("MLFLOW_TRACKING_URI", None)
+            else:
+                os.environ["MLFLOW_TRACKING_URI"] = saved_env
+
+
+def resolve_model_uri(mlflow_client, model_uri: str) -> str:
+    """The artifact location behind ``models:/NAME@ALIAS``, ``models:/NAME/VERSION`` or
+    ``models:/<model_id>`` in ``mlflow_client``'s store; any other URI is returned as given.
+
+    Resolved here because MLflow's own ``models:/`` repository looks names up through the
+    process-wide registry URI, whatever registry URI it is handed.
+    """
+    if not model_uri.startswith("models:/"):
+        return model_uri
+    ref = model_uri.removeprefix("models:/").strip("/")
+    if "@" in ref:
+        name, alias = ref.split("@", 1)
+        version = mlflow_client.get_model_version_by_alias(name, alias).version
+    elif "/" in ref:
+        name, version = ref.rsplit("/", 1)
+    else:  # a logged model's id
+        return mlflow_client.get_logged_model(ref).artifact_location
+    return mlflow_client.get_model_version_download_uri(name, version)
+
+
+def download(uri: str, artifact_uri: str, dst: str | os.PathLike) -> Path:
+    """Download ``artifact_uri`` (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``,
+    ``runs:/...`` or a plain artifact URI) from the store at ``uri`` into ``dst``; returns
+    the local path."""
+    import mlflow.artifacts
+
+    location = resolve_model_uri(client(uri), artifact_uri)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=str(dst),
+                                                    tracking_uri=uri, registry_uri=uri))
 
 
 # ---------------------------------------------------------------- store preparation
@@ -141,10 +275,18 @@ def prepare_store(uri: str, timeout: float = DEFAULT_STORE_TIMEOUT) -> None:
         _probe_http(uri, min(timeout, 10.0))
 
 
+def _check_writable(uri: str, folder: Path) -> None:
+    # access() reports a read-only mount as not writable, even to root.
+    if folder.is_dir() and not os.access(folder, os.W_OK):
+        raise StoreError(f"{uri}: the store folder {folder} is not writable (read-only "
+                         "file system or permissions)")
+
+
 def _prepare_sqlite(uri: str, db: Path, timeout: float) -> None:
     from filelock import FileLock, Timeout
 
     _check_sqlite_file(uri, db)
+    _check_writable(uri, db.parent)
     if _sqlite_ready(db):  # the common case: read-only checks, no lock
         return
     try:
@@ -198,6 +340,23 @@ def _check_sqlite_file(uri: str, db: Path) -> None:
     if header and header != SQLITE_HEADER:
         raise StoreError(f"{uri}: {db} is not an SQLite database, so not an MLflow store; "
                          "move it away or set MLFLOW_TRACKING_URI")
+    if not header:
+        return  # empty: sqlite treats it as a new database
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        try:
+            tables = {name for (name,) in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"{uri}: cannot read {db} ({exc})") from exc
+    if tables and "experiments" not in tables:
+        raise StoreError(f"{uri}: {db} is an SQLite database but not an MLflow store "
+                         f"(tables: {', '.join(sorted(tables)[:5])}); move it away or set "
+                         "MLFLOW_TRACKING_URI")
 
 
 def _create_or_upgrade(uri: str, db: Path) -> None:

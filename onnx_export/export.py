@@ -1,10 +1,10 @@
 """One ONNX graph per fitted pipeline: calibrator + CORD repair with eta* baked in.
 
-Graph contract (SPEC.md, "ONNX graph"): input ``scores`` [N, K] (logits or probabilities,
-in the export dtype, symbolic N); outputs ``repaired``, ``calibrated``, ``original`` [N, K],
-``label`` [N] int64 (original top-1, smallest index on ties) and ``confidence`` [N]
-(= repaired[label]); ``outputs="lean"`` keeps only ``repaired``, ``label`` and
-``confidence``. Model metadata: ``cord.eta_star`` (repr), ``cord.calibrator``,
+Graph contract (docs/contract.md, "The ONNX graph"): input ``scores`` [N, K] (logits or
+probabilities, in the export dtype, symbolic N); outputs ``repaired``, ``calibrated``,
+``original`` [N, K], ``label`` [N] int64 (original top-1, smallest index on ties) and
+``confidence`` [N] (= repaired[label]); ``outputs="lean"`` keeps only ``repaired``,
+``label`` and ``confidence``. Model metadata: ``cord.eta_star`` (repr), ``cord.calibrator``,
 ``cord.n_classes``, ``cord.version``, plus ``cord.input_kind``, ``cord.dtype`` and
 ``cord.outputs`` (the output names, comma-separated).
 
@@ -26,7 +26,8 @@ same inputs upcast to float64:
   below float32 resolution (1e-38) reach the output with weight 1 - s = O(1), and only
   float64 resolves that tail as cord_ops does; below -1/2 the margin is kept.
 
-Order guarantees of float32 graphs (SPEC.md: argmax(repaired) == label == argmax(original)):
+Order guarantees of float32 graphs (docs/contract.md: argmax(repaired) == label ==
+argmax(original)):
 
 - ``label`` is the argmax of the float32 input itself, smallest index on ties (TopK puts the
   lower index first). For probabilities that is exactly cord_ops' label on the same inputs;

@@ -1,5 +1,6 @@
-"""Fixtures shared by every test package: where ../shared/data lives, and a skip for
-fresh clones that do not have it."""
+"""Fixtures shared by every test package: where the real CIFAR logits live (the
+``shared/data`` folder beside the repository, or ``CORD_OPS_SHARED_DATA``), and a skip for
+fresh clones that do not have them."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="cord-ops-prefect-
 
 
 def shared_files() -> list[Path]:
-    """The CIFAR logit files of ../shared/data, or [] on a fresh clone."""
+    """The CIFAR logit files of the shared data folder, or [] on a fresh clone."""
     if not (SHARED_DATA / "manifest.json").exists():
         return []
     names = json.loads((SHARED_DATA / "manifest.json").read_text())
@@ -43,7 +44,7 @@ def shared_data_dir() -> Path:
 
 
 def load_shared(name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(logits, labels) of one ../shared/data file, by stem (e.g. 'cifar10_resnet56')."""
+    """(logits, labels) of one shared data file, by stem (e.g. 'cifar10_resnet56')."""
     with np.load(SHARED_DATA / f"{name}.npz", allow_pickle=False) as f:
         return f["logits"].astype(np.float64), f["labels"].astype(np.int64)
 

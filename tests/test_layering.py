@@ -1,15 +1,22 @@
-"""Dependencies point one way: flows -> onnx_export -> cord_ops.
+"""The shape of the code: dependencies point one way (flows -> onnx_export -> cord_ops), the
+paper reproduction is a product of its own that the recalibration product never imports,
+no package has an import cycle, and building the ``cord-ops`` parser stays light.
 
-Each package is imported, with all its modules, in a fresh interpreter, and the modules
-it may not reach are looked for in sys.modules.
+Each import check runs in a fresh interpreter and looks in ``sys.modules``; the cycle check
+reads the source, so an import deferred into a function body counts like any other.
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("cord_ops", "onnx_export", "flows")
 
 FORBIDDEN = {
     "cord_ops": ("mlflow", "prefect", "onnx", "onnxruntime", "flows", "onnx_export"),
@@ -26,9 +33,117 @@ print(",".join(reached))
 """
 
 
+def _run(code: str) -> str:
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_does_not_import_upstream_layers(package):
-    code = PROBE.format(package=package, forbidden=FORBIDDEN[package])
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True)
-    assert result.stdout.strip() == "", f"{package} imports {result.stdout.strip()}"
+    reached = _run(PROBE.format(package=package, forbidden=FORBIDDEN[package]))
+    assert reached == "", f"{package} imports {reached}"
+
+
+def _modules(package: str) -> dict[str, Path]:
+    """Every module of ``package`` by dotted name (a package by its ``__init__``)."""
+    root = REPO / package
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+PRODUCT_PROBE = """
+import importlib, sys
+for name in {modules!r}:
+    importlib.import_module(name)
+print(",".join(sorted(n for n in sys.modules if n == "flows.reproduce"
+                      or n.startswith("flows.reproduce."))))
+"""
+
+
+def test_the_product_never_imports_the_paper_reproduction():
+    """Every flows module except the command line (which offers ``reproduce`` and
+    ``bench``) and the reproduction itself."""
+    product = [name for name in _modules("flows")
+               if name not in ("flows", "flows.cli") and not name.startswith("flows.reproduce")]
+    assert {"flows.recalibrate", "flows.monitor", "flows.registry", "flows.tracking"} <= \
+        set(product)
+    reached = _run(PRODUCT_PROBE.format(modules=product))
+    assert reached == "", f"product modules import {reached}"
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of ``known`` that module ``name`` imports anywhere in its source."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # ``from a import b`` names module a.b when it is one, else an attribute of a
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                       for alias in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in known and t != name)
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as a list of modules, or None (depth-first search)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_import_graph_has_no_cycle(package):
+    modules = {name: path for p in PACKAGES for name, path in _modules(p).items()}
+    known = set(modules)
+    graph = {name: _imports(name, path, known) for name, path in modules.items()
+             if name == package or name.startswith(package + ".")}
+    graph = {name: {t for t in targets if t in graph} for name, targets in graph.items()}
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+HEAVY = ("numpy", "scipy", "sklearn", "pandas", "matplotlib", "mlflow", "prefect", "dask",
+         "distributed", "onnx", "onnxruntime")
+
+
+def test_building_the_command_line_parser_imports_nothing_heavy():
+    """``cord-ops --help`` must not pay for numpy, Prefect or MLflow."""
+    reached = _run("import sys\nfrom flows.cli import build_parser\nbuild_parser()\n"
+                   f"print(','.join(sorted({{n.split('.')[0] for n in sys.modules}} & "
+                   f"set({HEAVY!r}))))")
+    assert reached == "", f"building the parser imports {reached}"

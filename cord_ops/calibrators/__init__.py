@@ -1,4 +1,4 @@
-"""Post-hoc multiclass calibrators (CALIBRATORS.md): ``make_calibrator(name, **options)``
+"""Post-hoc multiclass calibrators (docs/calibrators.md): ``make_calibrator(name, **options)``
 builds one by name, ``calibrator_from_dict(d)`` rebuilds a fitted one from ``to_dict()``.
 
 Every calibrator is a scikit-learn estimator (``_base`` documents the contract a new one
@@ -24,8 +24,9 @@ from cord_ops.calibrators.structured import StructuredMatrixScaling, StructuredV
 from cord_ops.calibrators.temperature import TemperatureScaling
 from cord_ops.calibrators.topversusall import TemperatureScalingTvA
 from cord_ops.calibrators.vector import VectorScaling
+from cord_ops.names import CALIBRATOR_NAMES, TOP1_PRESERVING
 
-CALIBRATORS: dict[str, type[Calibrator]] = {
+_FAMILIES: dict[str, type[Calibrator]] = {
     cls.name: cls
     for cls in (
         TemperatureScaling,
@@ -42,12 +43,11 @@ CALIBRATORS: dict[str, type[Calibrator]] = {
     )
 }
 
-#: Names accepted by ``make_calibrator``, in the paper's order (its seven Base calibrators
-#: and TS, IRM, then the fit-time prediction-preserving baselines TS-TvA and MCCT-I).
-CALIBRATOR_NAMES = tuple(CALIBRATORS)
-
-#: Calibrators whose map never changes a row's top-1 class (up to float64 ties).
-TOP1_PRESERVING = ("ts", "irm", "ts-tva", "mcct-i")
+if set(_FAMILIES) != set(CALIBRATOR_NAMES):
+    raise ImportError(f"cord_ops.names.CALIBRATOR_NAMES {CALIBRATOR_NAMES} does not match the "
+                      f"calibrator families {tuple(_FAMILIES)}")
+#: The registry, in the paper's order (``cord_ops.names.CALIBRATOR_NAMES``).
+CALIBRATORS: dict[str, type[Calibrator]] = {name: _FAMILIES[name] for name in CALIBRATOR_NAMES}
 
 
 def _lookup(name) -> type[Calibrator]:

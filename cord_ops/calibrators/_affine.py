@@ -10,8 +10,8 @@ Objective (mean NLL plus ridges that shrink toward the identity map):
 Internally the parameters are one K x m matrix Theta (row k = what class k's logit uses):
 full maps ``Theta = [W | b]`` on the features ``xbar_i = [x_i, 1]`` (m = K + 1), diagonal
 maps ``Theta[k] = [w_k, b_k]`` on ``xbar_ik = [x_ik, 1]`` (m = 2). With
-D = (softmax(s) - onehot) / n the gradient is ``G[k, a] = sum_i D_ik xbar_ika`` (CALIBRATORS.md,
-shared gradient) and the Hessian of the mean NLL is
+D = (softmax(s) - onehot) / n the gradient is ``G[k, a] = sum_i D_ik xbar_ika``
+(docs/calibrators.md, notation) and the Hessian of the mean NLL is
 
     H[(k, a), (l, c)] = (1/n) sum_i q_ik (delta_kl - q_il) xbar_ika xbar_ilc,
 
@@ -322,6 +322,12 @@ def _preconditioner(problem, theta):
     n = problem.x.shape[0]
     q = problem.probabilities(d)
     cross = np.einsum("ik,ik->k", q * (1.0 - q), problem.x) / n
+    return block_preconditioner(diag, cross)
+
+
+def block_preconditioner(diag, cross):
+    """``_preconditioner`` of a diagonal map from its Hessian blocks: ``diag`` (K, 2) holds
+    d2L/dw_k^2 and d2L/db_k^2 (+ 1e-12), ``cross`` (K,) d2L/dw_k db_k."""
     l11 = np.sqrt(diag[:, 0])
     l21 = cross / l11
     l22 = np.sqrt(np.maximum(diag[:, 1] - l21 * l21, 1e-12))

@@ -59,6 +59,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from threadpoolctl import ThreadpoolController
 
+from cord_ops.names import INPUT_KINDS
 from cord_ops.validation import check_class_labels, check_probabilities, check_scores
 
 __all__ = [
@@ -73,7 +74,6 @@ __all__ = [
 #: Floor applied to probabilities before their log (input_kind="probs"): float32 tiny.
 PROB_FLOOR = float(np.finfo(np.float32).tiny)
 
-INPUT_KINDS = ("logits", "probs")
 #: Version of the JSON state ``to_dict`` writes (module docstring, "State").
 STATE_VERSION = 2
 

@@ -1,4 +1,4 @@
-"""Isotonic maps (Zhang, Kailkhura, Han, Mix-n-Match, ICML 2020; CALIBRATORS.md section 4).
+"""Isotonic maps (Zhang, Kailkhura, Han, Mix-n-Match, ICML 2020; docs/calibrators.md section 4).
 
 Each map g is scikit-learn's ``IsotonicRegression(out_of_bounds="clip")`` fit: tied inputs
 merged to their mean target, PAV, and only the block endpoints kept as knots (x, y), x
@@ -18,7 +18,7 @@ probability rows themselves for input_kind="probs"; no logarithm is taken):
   g + tie_eps * p is strictly increasing, so within-row order, hence the top-1 class, is kept
   (up to float64 rounding: two entries closer than about 1e-7 can become tied).
 
-The reference functions return r unnormalised; we renormalise (CALIBRATORS.md's
+The reference functions return r unnormalised; we renormalise (docs/calibrators.md's
 recommendation, and scikit-learn's CalibratedClassifierCV behaviour), with the same uniform
 fallback as scikit-learn.
 """

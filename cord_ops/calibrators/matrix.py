@@ -1,4 +1,4 @@
-"""Matrix scaling (Guo et al. 2017; CALIBRATORS.md section 1).
+"""Matrix scaling (Guo et al. 2017; docs/calibrators.md section 1).
 
     q = softmax(z @ W.T + b),  W in R^{K x K} (rows = output classes), b in R^K
 

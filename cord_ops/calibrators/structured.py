@@ -1,5 +1,5 @@
 """Structured vector and matrix scaling (Berta, Holzmueller, Jordan, Bach, arXiv 2511.03685;
-probmetrics >= 1.1 ``SVSCalibrator`` / ``SMSCalibrator``; CALIBRATORS.md section 2).
+probmetrics >= 1.1 ``SVSCalibrator`` / ``SMSCalibrator``; docs/calibrators.md section 2).
 
 Predict path (both), from logits z (or log(max(p, prob_floor)) for input_kind="probs"):
 

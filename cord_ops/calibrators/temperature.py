@@ -1,4 +1,4 @@
-"""Temperature scaling (Guo et al. 2017; CALIBRATORS.md section 1).
+"""Temperature scaling (Guo et al. 2017; docs/calibrators.md section 1).
 
     q = softmax(beta * z),  beta = 1 / T > 0
 
@@ -7,7 +7,7 @@ Fit: the mean NLL is convex in beta and its derivative
 ``g'(beta) = mean_i Var_{q_i}(z_i) >= 0``. We solve g(beta) = 0 by Newton steps in beta
 from the lower end of a sign bracket found by factors of 4 from beta = 1 within
 [e^-16, e^16] (probmetrics' bisection range); a step that leaves the bracket is replaced by
-its midpoint. This is the bounded 1-D search CALIBRATORS.md recommends, with Newton instead
+its midpoint. This is the bounded 1-D search docs/calibrators.md describes, with Newton instead
 of Brent/bisection because it needs about 9 softmax passes instead of 30: a deviation from
 the references' optimiser, not from their optimum (it stops when a step changes beta by
 <= 1e-12 relative). When the bracket search runs into a bound (a calibration set the logits
@@ -53,6 +53,15 @@ def fit_inverse_temperature(
         mean_z2 = np.einsum("ik,ik->i", e, z2) / total
         return float(np.mean(mean_z)) - mean_zy, float(np.mean(mean_z2 - mean_z * mean_z))
 
+    return solve_inverse_temperature(slope_and_curvature, max_iter=max_iter, name=name)
+
+
+def solve_inverse_temperature(slope_and_curvature, *, max_iter: int = 100,
+                              name: str = "ts") -> float:
+    """The root of the mean-NLL slope g(beta), given ``slope_and_curvature(beta)`` =
+    (g(beta), g'(beta)): the bracket search and safeguarded Newton of the module docstring.
+    The one source of the iteration for the in-memory fit and for fits whose sums are
+    reduced over partitions (``cord_ops.reduce``)."""
     # Bracket the root by factors of 4 from beta = 1 (a typical optimum is 0.3-3, so this
     # takes one or two evaluations); running into a bound means the optimum lies beyond it.
     lo = hi = 1.0
@@ -77,7 +86,7 @@ def fit_inverse_temperature(
             f"{bound:.6g}, which is returned (labels separable by the logits, or "
             "unrelated to them)",
             ConvergenceWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
         return bound
     if g_lo == 0.0 or g_hi == 0.0:

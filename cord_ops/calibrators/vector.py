@@ -1,4 +1,4 @@
-"""Vector scaling (Guo et al. 2017; CALIBRATORS.md section 1).
+"""Vector scaling (Guo et al. 2017; docs/calibrators.md section 1).
 
     q = softmax(w * z + b),  w, b in R^K  (a diagonal weight matrix)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -19,8 +21,9 @@ Z[np.arange(40), Y] += 1.0  # informative but not separable: no fit warns
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="unknown calibrator 'platt'.*ts, vs, ms, svs, sms, "
-                       "dir-odir, irova, irova-ts, irm, ts-tva, mcct-i"):
+    # in the paper's order, as cord_ops.names lists them
+    with pytest.raises(ValueError, match="unknown calibrator 'platt'; expected one of vs, svs, "
+                       "ms, sms, dir-odir, irova, irova-ts, ts, irm, ts-tva, mcct-i$"):
         make_calibrator("platt")
     with pytest.raises(ValueError, match="unknown calibrator"):
         make_calibrator(None)
@@ -143,18 +146,29 @@ def test_corrupt_state_is_rejected(name, fitted):
         change(state)
         return state
 
+    other = "ts" if name != "ts" else "vs"
+    other_options = sorted(make_calibrator(other).fit(Z, Y).to_dict()["options"])
+    poisoned = (rf"{key}\[0\]\.x must be strictly increasing" if key == "knots"
+                else rf"{key} contains NaN or inf")
+    # each corruption with the message that names it, not one shared prefix
     cases = {
-        "missing params": lambda s: s.pop("params"),
-        "other name": lambda s: s.update(name="ts" if name != "ts" else "vs"),
-        "bad n_classes": lambda s: s.update(n_classes=1),
-        "extra option": lambda s: s["options"].update(bogus=1),
-        "missing param": lambda s: s["params"].pop(key),
-        "nan param": lambda s: s["params"].update({key: _poison(s["params"][key])}),
+        "missing params": (lambda s: s.pop("params"), r"missing keys \['params'\]"),
+        "other name": (lambda s: s.update(name=other),
+                       "options must have exactly the keys " + re.escape(str(other_options))),
+        "bad n_classes": (lambda s: s.update(n_classes=1),
+                          "n_classes must be an integer >= 2, got 1"),
+        "extra option": (lambda s: s["options"].update(bogus=1),
+                         "options must have exactly the keys " +
+                         re.escape(str(sorted(good["options"])))),
+        "missing param": (lambda s: s["params"].pop(key),
+                          "params must have exactly the keys " +
+                          re.escape(str(sorted(good["params"])))),
+        "nan param": (lambda s: s["params"].update({key: _poison(s["params"][key])}),
+                      poisoned),
     }
-    for label, change in cases.items():
-        with pytest.raises(ValueError, match="calibrator state"):
+    for change, message in cases.values():
+        with pytest.raises(ValueError, match="^calibrator state: " + message):
             calibrator_from_dict(corrupt(change))
-        assert label
     with pytest.raises(ValueError, match="unknown calibrator"):
         calibrator_from_dict({**good, "name": "nope"})
     with pytest.raises(ValueError, match="calibrator state"):

@@ -1,10 +1,13 @@
-"""The calibrators on the real CIFAR logits of ../shared/data (skipped on a fresh clone):
+"""The calibrators on the real CIFAR logits of the shared data folder (skipped on a fresh
+clone):
 calibration half = first 5,000 of ``np.random.default_rng(0).permutation(10000)``,
 evaluation half = the rest. One module-scoped fit per (file, calibrator)."""
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,16 +90,13 @@ def test_ts_and_irm_keep_every_top1_on_cifar100(stem):
         assert np.array_equal(top1(q), top1(ze))
 
 
-# probmetrics 1.3.0 five-seed mean evaluation NLL on CIFAR-10 (anchors table, 4 decimals),
-# same protocol: seeds 0-4, calibrators fed p0 = softmax(logits) as probabilities.
-PEER_NLL_CIFAR10 = {
-    "cifar10_vgg16_bn": dict(ts=0.2245, vs=0.2190, ms=0.2255, svs=0.2191, sms=0.2133),
-    "cifar10_resnet56": dict(ts=0.1893, vs=0.1883, ms=0.1903, svs=0.1874, sms=0.1838),
-    "cifar10_mobilenetv2_x1_4": dict(ts=0.2024, vs=0.1998, ms=0.2049, svs=0.1991, sms=0.1952),
-    "cifar10_shufflenetv2_x1_0": dict(ts=0.2261, vs=0.2245, ms=0.2291, svs=0.2239,
-                                      sms=0.2215),
-    "cifar10_repvgg_a1": dict(ts=0.1760, vs=0.1749, ms=0.1760, svs=0.1740, sms=0.1703),
-}
+# probmetrics 1.3.0 five-seed mean evaluation NLL on CIFAR-10 (anchors table, 4 decimals,
+# one copy in tests/data shared with benchmarks/bench_calibrators.py), same protocol:
+# seeds 0-4, calibrators fed p0 = softmax(logits) as probabilities.
+_ANCHORS = json.loads((Path(__file__).resolve().parents[1] / "data" /
+                       "probmetrics_cifar.json").read_text())["five_seed_mean_nll"]
+PEER_NLL_CIFAR10 = {stem: {name: values[name] for name in ("ts", "vs", "ms", "svs", "sms")}
+                    for stem, values in _ANCHORS.items() if stem.startswith("cifar10_")}
 
 
 @pytest.mark.parametrize("stem", sorted(PEER_NLL_CIFAR10))

@@ -27,26 +27,10 @@ def mlflow_template_db(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def _forget_tracking_uri():
-    """The flows set MLflow's process-wide tracking URI; clear it after each test so no
-    later test (of any area) writes into this test's store. The environment variable,
-    which MLflow also sets, is left as the test's monkeypatching restored it."""
-    yield
-    if "mlflow" in sys.modules:
-        import mlflow
-
-        restored = os.environ.get("MLFLOW_TRACKING_URI")
-        mlflow.set_tracking_uri(None)
-        if restored is not None:
-            os.environ["MLFLOW_TRACKING_URI"] = restored
-
-
 @pytest.fixture
 def store(mlflow_uri, mlflow_template_db) -> str:
-    """A fresh, already migrated embedded store; MLflow is pointed at it. Returns the URI."""
-    import mlflow
-
+    """A fresh, already migrated embedded store, named by MLFLOW_TRACKING_URI (from
+    ``mlflow_uri``). Returns the URI."""
     db = Path(mlflow_uri.removeprefix("sqlite:///"))
     shutil.copyfile(mlflow_template_db, db)
     # The template's Default experiment keeps the artifact folder of the directory it was
@@ -55,7 +39,6 @@ def store(mlflow_uri, mlflow_template_db) -> str:
         connection.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
                            (str(db.parent / "0"),))
     connection.close()
-    mlflow.set_tracking_uri(mlflow_uri)
     return mlflow_uri
 
 

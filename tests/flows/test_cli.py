@@ -1,5 +1,5 @@
 """The ``cord-ops`` console script in subprocesses: the no-argument demo on the embedded
-default store, predict from the registry, the error exit, and ``configure_tracking``."""
+default store, predict from the registry, the error exit, and where the default store is."""
 
 from __future__ import annotations
 

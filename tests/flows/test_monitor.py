@@ -38,6 +38,14 @@ def test_monitor_logs_steady_batches_and_recalibrates_on_drift(store, tmp_path, 
     assert alarm.recalibration.version == "2"
     assert alarm.recalibration.onnx_max_abs_diff <= 1e-12  # the float64 graph's tolerance
     assert client.get_run(alarm.recalibration.run_id).info.status == "FINISHED"
+    # On the drifted split v2 beats v1, but the gate also scores v2 on v1's pinned
+    # reference split (the undrifted digits): v2 was calibrated for logits four times as
+    # sharp, so its NLL there is far worse and v1 stays.
+    decision = alarm.recalibration.decision
+    assert not decision.promote and decision.champion_version == first.version
+    assert decision.candidate_nll < decision.champion_nll  # on the drifted split
+    assert "reference split is worse than" in decision.reason
     tags = client.get_model_version("m", "2").tags
-    assert tags[registry.DECISION_TAG] == alarm.recalibration.decision.label
+    assert tags[registry.DECISION_TAG] == "rejected"
+    assert str(client.get_model_version_by_alias("m", registry.CHAMPION).version) == first.version
     assert "nll rose" in client.get_run(alarm.run_id).data.tags["cord.drift"]

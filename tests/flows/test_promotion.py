@@ -35,7 +35,10 @@ def _champion(client, name="m"):
 
 
 def _served_nll(version: str, dataset: data.Dataset, name="m") -> float:
-    outputs = registry.run_registered_model(f"models:/{name}/{version}", dataset.scores)
+    from mlflow import MlflowClient
+
+    outputs = registry.run_registered_model(MlflowClient(), f"models:/{name}/{version}",
+                                            dataset.scores)
     return metrics.nll(outputs["repaired"].astype(np.float64), dataset.labels)
 
 
@@ -171,7 +174,7 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
     assert "@" in tags[operator.PROMOTED_BY_TAG] and tags[operator.PROMOTED_AT_TAG]
 
     # The champion's graph is truncated on disk.
-    onnx_file = _model_folder(client, "m", "2") / "model.onnx"
+    (onnx_file,) = sorted(_model_folder(client, "m", "2").rglob("*.onnx"))
     onnx_file.write_bytes(onnx_file.read_bytes()[:200])
     capsys.readouterr()
     assert main(["recalibrate", *args, "--seed", "2"]) == 1
@@ -237,6 +240,7 @@ def test_promote_and_rollback_wait_for_the_registry_lock(store, tmp_path, capsys
 
     from flows import tracking
 
+    _client().create_registered_model("m")
     folder = tracking.local_store_folder(store)
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)],
                               stdout=subprocess.PIPE, text=True)

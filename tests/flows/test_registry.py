@@ -171,26 +171,38 @@ from pathlib import Path
 from flows import lock, owner
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 folder, timeout, run_id = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-hold = float(sys.argv[4])
+hold, kind = float(sys.argv[4]), sys.argv[5]
+client = None
+if kind == "lease":
+    from mlflow import MlflowClient
+    from flows import registry
+    client = MlflowClient(sys.argv[6])
+    registry.ensure_registered_model(client, "m")
 holder = {"run_id": run_id, **owner.Owner.current().record()}
 try:
-    with lock.registry_lock("file", "m", timeout, logging.getLogger(), holder,
+    with lock.registry_lock(kind, "m", timeout, logging.getLogger(), holder, client=client,
                             store_folder=folder):
         print("acquired", repr(time.time()), flush=True)
         time.sleep(hold)
+        print("released", repr(time.time()), flush=True)
 except lock.LockTimeout as exc:
     print("timeout:", exc, flush=True)
     sys.exit(3)
 """
 
 
-def _holder(folder, timeout, run_id, hold):
+def _holder(folder, timeout, run_id, hold, kind="file", uri=""):
     import os
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder), str(timeout),
-                             run_id, str(hold)], stdout=subprocess.PIPE, text=True, env=env)
+                             run_id, str(hold), kind, uri], stdout=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def _stamp(out: str, word: str) -> float:
+    return float(next(x for x in out.splitlines() if x.startswith(word)).split()[1])
 
 
 def test_file_lock_serialises_processes_names_the_holder_and_survives_a_kill_9(tmp_path):
@@ -211,9 +223,74 @@ def test_file_lock_serialises_processes_names_the_holder_and_survives_a_kill_9(t
         first.send_signal(signal.SIGKILL)  # the kernel releases a dead holder's lock
         out, _ = waiter.communicate(timeout=60)
         assert waiter.returncode == 0, out
-        acquired = float(next(x for x in out.splitlines() if x.startswith("acquired")).split()[1])
-        assert acquired >= killed_at
+        assert _stamp(out, "acquired") >= killed_at
         assert "acquired after" in out
     finally:
         first.kill()
         first.wait()
+
+
+@pytest.mark.slow
+def test_lease_lock_serialises_processes_and_a_dead_local_holder_is_taken_over(store,
+                                                                               tmp_path):
+    """The fallback lock (a lease tag on the registered model, write-then-verify) across
+    real processes on one store: no two holders overlap, and a holder killed on this host
+    does not block the next one until its lease expires."""
+    import signal
+    import time
+
+    from flows import lock
+
+    holders = [_holder(tmp_path, 120, f"run-{i}", 1.5, "lease", store) for i in range(3)]
+    outs = [h.communicate(timeout=180)[0] for h in holders]
+    assert [h.returncode for h in holders] == [0, 0, 0], outs
+    spans = sorted((_stamp(o, "acquired"), _stamp(o, "released")) for o in outs)
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert start >= end, spans  # one holder at a time
+    assert any("is held by run run-" in o for o in outs)  # someone waited, naming the holder
+
+    victim = _holder(tmp_path, 60, "victim", 120, "lease", store)
+    try:
+        assert victim.stdout.readline().startswith("acquired")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        started = time.time()
+        heir = _holder(tmp_path, 60, "heir", 0, "lease", store)
+        out = heir.communicate(timeout=120)[0]
+        assert heir.returncode == 0, out
+        assert _stamp(out, "acquired") - started < lock.LEASE_TTL  # not after the expiry
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+@pytest.mark.parametrize("what", ["text", "foreign-sqlite", "directory"])
+def test_a_foreign_or_unreadable_store_file_gives_one_error_line(tmp_path, monkeypatch,
+                                                                 digits_file, capsys, what):
+    from flows import cli
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "mlruns" / "mlflow.db"
+    db.parent.mkdir()
+    if what == "text":
+        db.write_text("name,score\nbob,3\n")
+    elif what == "foreign-sqlite":
+        with sqlite3.connect(db) as connection:
+            connection.execute("CREATE TABLE invoices (id INTEGER)")
+        connection.close()
+    else:
+        db.mkdir()
+    before = sorted(p.name for p in db.parent.iterdir())
+
+    code = cli.main(["recalibrate", "--data", str(digits_file), "--model-name", "m"])
+
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert str(db) in lines[0]
+    expected = {"text": "not an SQLite database", "foreign-sqlite": "not an MLflow store",
+                "directory": "cannot read"}[what]
+    assert expected in lines[0]
+    # Nothing was created beside it but the (empty) lock folder of the store check.
+    assert sorted(p.name for p in db.parent.iterdir() if p.name != ".cord-locks") == before

@@ -87,6 +87,9 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
     assert [s.schedule.cron for s in watch.schedules] == ["0 * * * *"]
     assert recal.entrypoint == "flows/recalibrate.py:recalibrate"
     assert recal.global_concurrency_limit.limit == watch.global_concurrency_limit.limit == 1
+    # a tick that finds the previous run still going is dropped, not queued
+    assert recal.concurrency_options.collision_strategy == "CANCEL_NEW"
+    assert watch.concurrency_options.collision_strategy == "CANCEL_NEW"
     assert recal.parameters == parameters
 
 

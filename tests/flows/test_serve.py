@@ -66,7 +66,9 @@ class Traffic:
 
 
 def _expected(version: str, rows: np.ndarray) -> dict[str, np.ndarray]:
-    return registry.run_registered_model(f"models:/{MODEL}/{version}", rows)
+    from mlflow import MlflowClient
+
+    return registry.run_registered_model(MlflowClient(), f"models:/{MODEL}/{version}", rows)
 
 
 def _model_file(client, version: str) -> Path:

@@ -24,7 +24,7 @@ FAST = {
     "dir-odir": {"reg_lambdas": (1e-2,), "reg_mus": (1e-2,), "max_iter": 20},
     "mcct-i": {"max_iter": 60},
 }
-#: Parity bounds of SPEC.md per graph dtype.
+#: Parity bounds of docs/contract.md per graph dtype.
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
 
@@ -145,8 +145,8 @@ def max_abs_diffs(outputs: dict, expected: dict) -> dict[str, float]:
 
 
 def assert_parity(outputs: dict, expected: dict, dtype: str) -> dict[str, float]:
-    """SPEC.md parity: max-abs bound per dtype on every output, identical labels, and the
-    label on top of both ``repaired`` and ``original`` on every row."""
+    """Parity of docs/contract.md: max-abs bound per dtype on every output, identical
+    labels, and the label on top of both ``repaired`` and ``original`` on every row."""
     diffs = max_abs_diffs(outputs, expected)
     assert all(d <= TOLERANCE[dtype] for d in diffs.values()), diffs
     label = outputs["label"]

@@ -54,7 +54,8 @@ def test_sessions_pick_providers_and_threads(saved_model):
     auto = open_session(path, provider="auto")
     expected = "CUDAExecutionProvider" if "CUDAExecutionProvider" in \
         ort.get_available_providers() else "CPUExecutionProvider"
-    assert auto.get_providers()[0] in (expected, "CPUExecutionProvider")
+    # on a CUDA machine "auto" must actually run on CUDA, not quietly fall back to the CPU
+    assert auto.get_providers()[0] == expected
     with pytest.raises(ValueError, match="provider"):
         open_session(path, provider="tpu")
     with pytest.raises(ValueError, match="threads"):

@@ -1,5 +1,5 @@
 """Small synthetic classifier outputs for the reproduction tests (built here, so the tests
-run on a fresh clone without ../shared/data)."""
+run on a fresh clone without the shared data folder)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ import argparse
 import pandas as pd
 import pytest
 
-from flows import reproduce_bench
+from flows.reproduce import bench as reproduce_bench
+from flows.reproduce.defaults import BENCH_EXPERIMENT
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def test_bench_prints_writes_and_logs_one_table(synthetic_dir, tmp_path, prefect
     assert len(flow) == 1 and float(flow["ours"].iloc[0]) > 0
 
     client = MlflowClient(mlflow_uri)
-    experiment = client.get_experiment_by_name(reproduce_bench.BENCH_EXPERIMENT)
+    experiment = client.get_experiment_by_name(BENCH_EXPERIMENT)
     (run,) = client.search_runs([experiment.experiment_id],
                                 filter_string="tags.`mlflow.runName` = 'bench'")
     assert run.data.metrics["toya.fit_vs"] > 0

@@ -4,19 +4,29 @@ the sweep plan."""
 from __future__ import annotations
 
 import argparse
+import io
 
 import numpy as np
 import pytest
 
-from cord_ops import data, metrics
+from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
-from flows import reproduce, reproduce_cli
-from flows.reproduce_paper import LOCAL_WEIGHTS, MEAN_TARGET_VARIANTS
+from flows.progress import Progress
+from flows.reproduce import cli as reproduce_cli
+from flows.reproduce import flow as reproduce_flow
+from flows.reproduce import plan as reproduce_plan
+from flows.reproduce.cell import evaluate_cell
+from flows.reproduce.defaults import (
+    LOCAL_WEIGHTS,
+    MEAN_TARGET_VARIANTS,
+    QUICK_CALIBRATORS,
+    dataset_and_classifier,
+)
 
 
 @pytest.fixture(scope="module")
 def cell(synthetic_dir):
-    return reproduce.evaluate_cell.fn(str(synthetic_dir / "toya_net1.npz"), "vs", 3,
+    return evaluate_cell.fn(str(synthetic_dir / "toya_net1.npz"), "vs", 3,
                                       LOCAL_WEIGHTS, (0.5, 1.0))
 
 
@@ -41,9 +51,34 @@ def test_every_repair_keeps_every_decision(cell):
     for name in repairs:
         assert cell["reports"][name]["tpcr"] == 0.0, name
         assert cell["reports"][name]["accuracy"] == uncal_acc, name
-    assert cell["reports"]["lambda_0.5"] == cell["reports"]["cord"]
-    assert cell["reports"]["mean_none"]["mean_gap_pp"] >= 0.0
     assert np.isfinite(cell["reports"]["cord"]["eta_star"])
+
+
+def test_local_weight_and_mean_target_reports_match_independent_fits(cell, synthetic_dir):
+    """Each variant's report is the one an independent CORD fit with that setting gives
+    (computed here from the split, not copied from the cell), and the settings matter."""
+    dataset = data.load_npz(synthetic_dir / "toya_net1.npz")
+    perm = np.random.default_rng(3).permutation(dataset.n)
+    cal, held = perm[: dataset.n // 2], perm[dataset.n // 2:]
+    model = make_calibrator("vs").fit(dataset.scores[cal], dataset.labels[cal])
+    q_cal, q_eval = model.predict_proba(dataset.scores[cal]), model.predict_proba(
+        dataset.scores[held])
+    p0 = dataset.probabilities()
+    y = dataset.labels[held]
+    for weight in (0.0, 0.5, 1.0):
+        fitted = CORD(local_weight=weight).fit(p0[cal], q_cal)
+        expected = metrics.evaluate(fitted.transform(p0[held], q_eval), y, reference=p0[held])
+        report = cell["reports"][f"lambda_{weight:g}"]
+        assert report["eta_star"] == pytest.approx(fitted.eta_, abs=1e-12)
+        for name, value in expected.items():
+            assert report[name] == pytest.approx(value, abs=1e-12), (weight, name)
+    assert cell["reports"]["lambda_0"]["eta_star"] != cell["reports"]["lambda_1"]["eta_star"]
+
+    repaired = CORD(mean_target="none").fit(p0[cal], q_cal).transform(p0[held], q_eval)
+    rows, a = np.arange(held.size), np.argmax(p0[held], axis=1)
+    gap = 100.0 * abs(repaired[rows, a].mean() - q_eval[rows, a].mean())
+    assert cell["reports"]["mean_none"]["mean_gap_pp"] == pytest.approx(gap, abs=1e-9)
+    assert gap > cell["reports"]["cord"]["mean_gap_pp"]  # CORD's target closes the gap
 
 
 def test_size_study_reuses_the_full_fit_and_refits_subsets(cell):
@@ -57,16 +92,16 @@ def test_size_study_reuses_the_full_fit_and_refits_subsets(cell):
 
 
 def test_quick_plan_takes_one_seed_one_file_per_dataset_and_three_calibrators(synthetic_dir):
-    plan = reproduce.plan_sweep(synthetic_dir, quick=True)
+    plan = reproduce_plan.plan_sweep(synthetic_dir, quick=True)
     assert plan.seeds == (0,)
-    assert sorted(reproduce.dataset_and_classifier(f)[0] for f in plan.files) == \
+    assert sorted(dataset_and_classifier(f)[0] for f in plan.files) == \
         ["toya", "toyb"]
-    assert plan.calibrators == reproduce.QUICK_CALIBRATORS
+    assert plan.calibrators == QUICK_CALIBRATORS
     assert len(plan.cells()) == 6
 
 
 def test_full_plan_submits_the_slowest_fits_first(synthetic_dir):
-    plan = reproduce.plan_sweep(synthetic_dir, seeds=2)
+    plan = reproduce_plan.plan_sweep(synthetic_dir, seeds=2)
     cells = plan.cells()
     assert len(cells) == 3 * 11 * 2
     assert [c[1] for c in cells[:6]] == ["dir-odir"] * 6
@@ -76,14 +111,14 @@ def test_full_plan_submits_the_slowest_fits_first(synthetic_dir):
 
 def test_plan_rejects_bad_input_before_anything_runs(synthetic_dir, tmp_path):
     with pytest.raises(ValueError, match="unknown"):
-        reproduce.plan_sweep(synthetic_dir, calibrators=["vs", "platt"])
+        reproduce_plan.plan_sweep(synthetic_dir, calibrators=["vs", "platt"])
     with pytest.raises(ValueError, match="--seeds"):
-        reproduce.plan_sweep(synthetic_dir, seeds=0)
+        reproduce_plan.plan_sweep(synthetic_dir, seeds=0)
     with pytest.raises(FileNotFoundError, match="no .npz"):
-        reproduce.plan_sweep(tmp_path)
+        reproduce_plan.plan_sweep(tmp_path)
     (tmp_path / "bad_file.npz").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="bad_file.npz"):
-        reproduce.plan_sweep(tmp_path)
+        reproduce_plan.plan_sweep(tmp_path)
 
 
 def test_add_cli_wires_reproduce_and_bench(synthetic_dir):
@@ -109,21 +144,28 @@ def test_a_failed_task_is_recorded_and_the_others_are_kept(prefect_harness):
             raise RuntimeError("diverged")
         return {"calibrator": calibrator}
 
+    out = io.StringIO()
+
     @flow
     def sweep():
-        futures = {("/data/toya_net1.npz", name, 0): cell.submit(name) for name in ("vs", "ms")}
-        return reproduce._collect(futures)
+        futures = {("/data/toya_net1.npz", name, 0): cell.submit(name)
+                   for name in ("vs", "ms", "ts")}
+        return reproduce_flow._collect(futures, Progress(3, "reproduce", stream=out, every=0))
 
     results, failures = sweep()
-    assert results == [{"calibrator": "vs"}]
+    assert results == [{"calibrator": "vs"}, {"calibrator": "ts"}]  # submission order
     assert failures == [{"file": "toya_net1", "calibrator": "ms", "seed": 0,
                          "error": "RuntimeError: diverged"}]
+    lines = out.getvalue().splitlines()
+    assert [line.split(" cells")[0] for line in lines] == \
+        ["reproduce: 1/3", "reproduce: 2/3", "reproduce: 3/3"]
+    assert sum(line.endswith("toya_net1/ms/seed0 FAILED") for line in lines) == 1
 
 
 def test_quick_falls_back_to_two_bundled_digits_classifiers(tmp_path):
-    folder = reproduce.write_digits_data(tmp_path / "digits")
-    plan = reproduce.plan_sweep(folder, quick=True)
-    assert [reproduce.dataset_and_classifier(f) for f in plan.files] == \
+    folder = reproduce_plan.write_digits_data(tmp_path / "digits")
+    plan = reproduce_plan.plan_sweep(folder, quick=True)
+    assert [dataset_and_classifier(f) for f in plan.files] == \
         [("digits", "a"), ("digits", "b")]
     first, second = (data.load_npz(f) for f in plan.files)
     assert first.n_classes == second.n_classes == 10

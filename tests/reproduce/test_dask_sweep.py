@@ -77,7 +77,7 @@ def test_quick_sweep_runs_on_an_external_scheduler(dask_cluster, synthetic_dir, 
                                                    prefect_harness, mlflow_uri):
     from mlflow import MlflowClient
 
-    from flows import reproduce
+    from flows.reproduce import flow as reproduce
 
     address, worker_pid = dask_cluster
     out = tmp_path / "report"

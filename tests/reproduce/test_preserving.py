@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows import reproduce, reproduce_preserving, reproduce_report
+from flows.reproduce import preserving as reproduce_preserving
+from flows.reproduce import report as reproduce_report
+from flows.reproduce.cell import evaluate_cell
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CALIBRATORS = ("vs", "irova", "ts", "ts-tva", "mcct-i")
@@ -17,7 +19,7 @@ CALIBRATORS = ("vs", "irova", "ts", "ts-tva", "mcct-i")
 
 @pytest.fixture(scope="module")
 def cells(paper_named_dir):
-    return [reproduce.evaluate_cell.fn(str(path), calibrator, seed, (0.5,), ())
+    return [evaluate_cell.fn(str(path), calibrator, seed, (0.5,), ())
             for path in sorted(paper_named_dir.glob("*.npz"))
             for calibrator in CALIBRATORS for seed in (0, 1)]
 

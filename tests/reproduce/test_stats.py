@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
-from flows import reproduce_stats as rs
+from flows.reproduce import stats as rs
 
 finite = st.floats(-10.0, 10.0, allow_nan=False, allow_infinity=False)
 

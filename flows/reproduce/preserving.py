@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flows import reproduce_paper as paper
+from flows.reproduce.defaults import NON_PRESERVING
 
 #: Table 4's fit-time baselines that the logit files allow, in the paper's column order.
 PRESERVING = ("ts", "irm", "ts-tva", "mcct-i")
@@ -155,7 +155,7 @@ def _value(frame: pd.DataFrame, classifier: str, calibrator: str, report: str,
 
 def _dagger(frame: pd.DataFrame, classifier: str, metric: str) -> str | None:
     """The non-preserving calibrator with the lowest direct-output ``metric``."""
-    values = {c: _value(frame, classifier, c, "base", metric) for c in paper.NON_PRESERVING}
+    values = {c: _value(frame, classifier, c, "base", metric) for c in NON_PRESERVING}
     values = {c: v for c, v in values.items() if np.isfinite(v)}
     return min(values, key=values.get) if values else None
 
@@ -177,7 +177,7 @@ def comparison_table(conditions: pd.DataFrame, dataset: str, metrics: tuple[str,
         for k, metric in enumerate(metrics):
             dagger = _dagger(frame, classifier, select_by or metric)
             uncal = [_value(frame, classifier, c, "uncal", metric)
-                     for c in (*paper.NON_PRESERVING, *PRESERVING)]
+                     for c in (*NON_PRESERVING, *PRESERVING)]
             uncal = [v for v in uncal if np.isfinite(v)]
             row = {"classifier": classifier, "metric": metric,
                    "uncal": uncal[0] if uncal else np.nan}
@@ -217,7 +217,7 @@ def table12(conditions: pd.DataFrame, dataset: str) -> pd.DataFrame:
         for metric in TABLE4_METRICS:
             dagger = _dagger(frame, classifier, metric)
             row = {"classifier": classifier, "metric": metric, "base_dagger": dagger or ""}
-            for calibrator in paper.NON_PRESERVING:
+            for calibrator in NON_PRESERVING:
                 base = _value(frame, classifier, calibrator, "base", metric)
                 cord = _value(frame, classifier, calibrator, "cord", metric)
                 row[f"{calibrator}"] = base
@@ -232,7 +232,7 @@ def change_decomposition(conditions: pd.DataFrame) -> pd.DataFrame:
     shares (% of evaluation rows) of top-1 changes that fix an error (C+), make one (C-) or
     swap one wrong class for another (C0); C+ - C- is the accuracy change, their sum TPCR."""
     base = conditions[(conditions["report"] == "base")
-                      & conditions["calibrator"].isin(paper.NON_PRESERVING)].copy()
+                      & conditions["calibrator"].isin(NON_PRESERVING)].copy()
     if base.empty or "c_plus" not in base:
         return pd.DataFrame()
     changed = base[["c_plus", "c_minus", "c_zero"]].sum(axis=1)
@@ -243,7 +243,7 @@ def change_decomposition(conditions: pd.DataFrame) -> pd.DataFrame:
     base["d_acc_pp"] = base["c_plus_pct"] - base["c_minus_pct"]
     columns = ["c_plus_pct", "c_minus_pct", "c_zero_pct", "tpcr_pct", "d_acc_pp"]
     out = base.groupby(["dataset", "calibrator"])[columns].mean().reset_index()
-    order = {c: i for i, c in enumerate(paper.NON_PRESERVING)}
+    order = {c: i for i, c in enumerate(NON_PRESERVING)}
     out["_order"] = out["calibrator"].map(order)
     return out.sort_values(["dataset", "_order"]).drop(columns="_order")
 

@@ -24,11 +24,13 @@ import pandas as pd
 
 from cord_ops import CORD, data
 from cord_ops.atomic import atomic_path
-from flows import reproduce_paper as paper
 from flows import tracking
-from flows.reproduce_report import markdown
+from flows.progress import Progress
+from flows.reproduce import paper
+from flows.reproduce.defaults import BENCH_EXPERIMENT, dataset_and_classifier
+from flows.reproduce.report import markdown
+from flows.runtime import prefect_api
 
-BENCH_EXPERIMENT = "cord-ops-bench"
 CORD_CONSTRUCTIONS = 9
 CORD_REPAIRS = 21
 ONNX_RUNS = 7
@@ -39,8 +41,6 @@ WARM_UP_SECONDS = 2.0
 
 def _dataset_files(data_dir) -> dict[str, str]:
     """The first file (sorted) of every dataset prefix in ``data_dir``."""
-    from flows.reproduce import dataset_and_classifier
-
     firsts: dict[str, str] = {}
     for path in sorted(Path(data_dir).glob("*.npz")):
         firsts.setdefault(dataset_and_classifier(path)[0], str(path))
@@ -60,8 +60,10 @@ def _quartiles(values) -> tuple[float, float, float]:
     return float(median), float(q1), float(q3)
 
 
-def calibrator_rows(dataset_name: str, path: str, calibrators) -> list[dict]:
-    """Fit seconds and predict us/example of each calibrator on one file's seed-0 split."""
+def calibrator_rows(dataset_name: str, path: str, calibrators,
+                    progress: Progress | None = None) -> list[dict]:
+    """Fit seconds and predict us/example of each calibrator on one file's seed-0 split;
+    ``progress`` advances after each calibrator."""
     from cord_ops.calibrators import make_calibrator
 
     dataset, cal_idx, eval_idx = _halves(path)
@@ -84,6 +86,8 @@ def calibrator_rows(dataset_name: str, path: str, calibrators) -> list[dict]:
                      "ours": f"{fit:.3f}", "paper": ""})
         rows.append({"measure": f"predict {name} (us/example)", "dataset": dataset_name,
                      "ours": f"{predict:.2f}", "paper": ""})
+        if progress is not None:
+            progress.advance(note=f"{dataset_name}: fit {name}")
     return rows
 
 
@@ -154,15 +158,14 @@ def onnx_rows(dataset_name: str, split, calibrator: str) -> list[dict]:
     return rows
 
 
-def flow_row(dataset_name: str, path: str, calibrator: str) -> dict:
+def flow_row(dataset_name: str, path: str, calibrator: str, uri: str) -> dict:
     """Wall time of one recalibration flow run on ``path`` (register, no promotion)."""
     from flows.recalibrate import recalibrate
-    from flows.reproduce import prefect_api
 
     with prefect_api():
         start = time.perf_counter()
         recalibrate(data=path, calibrator=calibrator, model_name="cord-ops-bench",
-                    promote=False)
+                    promote=False, tracking_uri=uri)
         seconds = time.perf_counter() - start
     return {"measure": f"end-to-end recalibrate flow, {calibrator} (s)",
             "dataset": dataset_name, "ours": f"{seconds:.2f}", "paper": ""}
@@ -172,21 +175,27 @@ def run_bench(args: argparse.Namespace) -> int:
     """Measure, print the table, write bench.md/bench.csv to --out, log them to MLflow."""
     from threadpoolctl import threadpool_limits
 
-    tracking.disable_telemetry()
     if args.data is None:
         print("cord-ops bench: --data is required (../shared/data not found)", file=sys.stderr)
         return 2
     files = _dataset_files(args.data)
+    uri = tracking.store_uri()
     rows: list[dict] = []
     started = time.perf_counter()
+    # one step per calibrator fit, CORD timing and ONNX timing of each dataset, and the flow
+    progress = Progress(len(files) * (len(args.calibrators) + 2) + 1, "bench", unit="steps")
+    progress.start()
     for dataset_name, path in files.items():
         with threadpool_limits(1):
-            rows += calibrator_rows(dataset_name, path, args.calibrators)
+            rows += calibrator_rows(dataset_name, path, args.calibrators, progress)
             cord_table, split = cord_rows(dataset_name, path)
         rows += cord_table
+        progress.advance(note=f"{dataset_name}: CORD")
         rows += onnx_rows(dataset_name, split, args.onnx_calibrator)
+        progress.advance(note=f"{dataset_name}: ONNX")
     first_dataset, first_path = next(iter(files.items()))
-    rows.append(flow_row(first_dataset, first_path, args.onnx_calibrator))
+    rows.append(flow_row(first_dataset, first_path, args.onnx_calibrator, uri))
+    progress.advance(note="recalibrate flow")
     table = pd.DataFrame(rows)
     text = markdown(table)
     print(text)
@@ -196,22 +205,26 @@ def run_bench(args: argparse.Namespace) -> int:
                           ("bench.csv", table.to_csv(index=False))):
         with atomic_path(out / name) as tmp:
             tmp.write_text(payload)
-    _log(table, out, time.perf_counter() - started)
+    _log(uri, table, out, time.perf_counter() - started)
     return 0
 
 
-def _log(table: pd.DataFrame, out: Path, seconds: float) -> None:
+def _log(uri: str, table: pd.DataFrame, out: Path, seconds: float) -> None:
     """One MLflow run holding the table (artifacts) and its numeric entries (metrics)."""
-    import mlflow
-
-    tracking.configure_tracking()
-    mlflow.set_experiment(BENCH_EXPERIMENT)
-    with mlflow.start_run(run_name="bench"):
-        for row in table.itertuples(index=False):
-            value = str(row.ours).split(" ")[0].replace(",", "")
-            key = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in
-                          f"{row.dataset}.{row.measure.split(' (')[0]}")
-            mlflow.log_metric(key, float(value))
-        mlflow.log_metric("bench_seconds", seconds)
-        mlflow.log_artifact(str(out / "bench.md"))
-        mlflow.log_artifact(str(out / "bench.csv"))
+    client = tracking.client(uri)
+    run = client.create_run(tracking.experiment_id(client, BENCH_EXPERIMENT), run_name="bench")
+    values = {}
+    for row in table.itertuples(index=False):
+        value = str(row.ours).split(" ")[0].replace(",", "")
+        key = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in
+                      f"{row.dataset}.{row.measure.split(' (')[0]}")
+        values[key] = float(value)
+    values["bench_seconds"] = seconds
+    try:
+        tracking.log_values(client, run.info.run_id, metrics=values)
+        for name in ("bench.md", "bench.csv"):
+            client.log_artifact(run.info.run_id, str(out / name))
+    except BaseException:
+        client.set_terminated(run.info.run_id, "FAILED")
+        raise
+    client.set_terminated(run.info.run_id, "FINISHED")

@@ -1,7 +1,7 @@
 """The paper's published numbers that the reproduction is compared with.
 
-Tables 7 and 8 (Appendix D) for the five CIFAR classifiers whose logits ship in
-../shared/data (the paper also has WRN-26-10 and DenseNet-121, which we do not have),
+Tables 7 and 8 (Appendix D) for the five CIFAR classifiers whose logits are in the shared
+data folder (the paper also has WRN-26-10 and DenseNet-121, which we do not have),
 transcribed without the significance markers. Per (dataset, classifier): an ``uncal`` row
 (accuracy %, ECE %, NLL, Brier) and one row per calibrator: dAcc (pp from Uncal.),
 Base TPCR (%), Base ECE (%), dR ECE (pp), Base NLL, dR NLL, Base Brier, dR Brier, where
@@ -9,18 +9,6 @@ dR M = M(Base) - M(Base+CORD).
 """
 
 from __future__ import annotations
-
-#: The seven maps that may change the top-1 prediction (the paper's "Base" set, whose
-#: conditions enter Tables 1-3 and 6) and the fit-time preserving baselines of Table 4
-#: (AdaTS needs penultimate features, which no logit file has).
-NON_PRESERVING = ("vs", "svs", "ms", "sms", "dir-odir", "irova", "irova-ts")
-FIT_TIME_BASELINES = ("ts", "irm", "ts-tva", "mcct-i")
-#: Calibrators of the calibration-size study (the paper's ImageNet-1K set, Figure 4).
-SIZE_CALIBRATORS = ("vs", "svs", "irova", "irova-ts")
-SIZE_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-#: Appendix B's grid of local weights; 0.5 is CORD itself.
-LOCAL_WEIGHTS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
-MEAN_TARGET_VARIANTS = ("none", "local", "pointwise")
 
 _TABLES_7_8 = """
 cifar10 vgg16_bn uncal 94.09 4.79 0.3353 0.1056

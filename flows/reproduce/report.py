@@ -1,7 +1,7 @@
 """Tables (Markdown + CSV) and figures (PNG, headless matplotlib) of a reproduction sweep.
 
-Input: the per-(file, calibrator, seed) results of :func:`flows.reproduce.evaluate_cell`
-and :func:`flows.reproduce.evaluate_size`. Output files (``write_report``):
+Input: the per-(file, calibrator, seed) results of
+:func:`flows.reproduce.cell.evaluate_cell`. Output files (``write_report``):
 
 - ``results.csv``: every report of every cell, one row each (the raw numbers);
 - ``table1_paired_reductions``: mean Base - Base+CORD reductions with Bonferroni-adjusted
@@ -15,7 +15,7 @@ and :func:`flows.reproduce.evaluate_size`. Output files (``write_report``):
 - ``size_sensitivity``: Base and Base+CORD over calibration fractions (Figure 4 data);
 - ``timings``: where the compute went, per dataset and calibrator;
 - ``table4_<dataset>``, ``table11_<dataset>``, ``table12_<dataset>``: fit-time vs post-fit
-  prediction preservation (Table 4 and its extensions; :mod:`flows.reproduce_preserving`);
+  prediction preservation (Table 4 and its extensions; :mod:`flows.reproduce.preserving`);
 - ``figure1_changes``: top-1 changes of Base split into C+ / C- / C0 (Figure 1);
 - ``figure2_tradeoff.png``, ``figure4_size.png``, ``reliability_<dataset>.png``.
 
@@ -36,9 +36,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flows import reproduce_paper as paper
-from flows import reproduce_preserving as pp
-from flows import reproduce_stats as rs
+from flows.reproduce import paper
+from flows.reproduce import preserving as pp
+from flows.reproduce import stats as rs
+from flows.reproduce.defaults import (
+    CALIBRATORS,
+    LOCAL_WEIGHTS,
+    MEAN_TARGET_VARIANTS,
+    NON_PRESERVING,
+)
 
 PERCENT = ("ece", "ece_em", "smece", "accuracy", "tpcr")
 N_BOOTSTRAP = rs.N_RESAMPLES
@@ -75,8 +81,8 @@ def _report(conditions: pd.DataFrame, report: str, calibrators) -> pd.DataFrame:
 def _paired(conditions: pd.DataFrame, dataset: str | None, first: str, second: str,
             metric: str) -> tuple[np.ndarray, np.ndarray]:
     """Aligned condition-level values of ``metric`` for two reports (optionally one dataset)."""
-    a = _report(conditions, first, paper.NON_PRESERVING)[metric]
-    b = _report(conditions, second, paper.NON_PRESERVING)[metric]
+    a = _report(conditions, first, NON_PRESERVING)[metric]
+    b = _report(conditions, second, NON_PRESERVING)[metric]
     joined = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").dropna()
     if dataset is not None:
         joined = joined[joined.index.get_level_values("dataset") == dataset]
@@ -84,7 +90,7 @@ def _paired(conditions: pd.DataFrame, dataset: str | None, first: str, second: s
 
 
 def _datasets_with_conditions(conditions: pd.DataFrame) -> list[str]:
-    base = _report(conditions, "base", paper.NON_PRESERVING)
+    base = _report(conditions, "base", NON_PRESERVING)
     return sorted(set(base.index.get_level_values("dataset")))
 
 
@@ -125,7 +131,7 @@ def table2(conditions: pd.DataFrame) -> pd.DataFrame:
 def table3(conditions: pd.DataFrame) -> pd.DataFrame:
     """Mean-target ablation: ECE (%), NLL, Brier and |mean s - mean b| (pp) per variant;
     stars mark a significant reduction by CORD relative to that variant (Holm)."""
-    variants = tuple(f"mean_{t}" for t in paper.MEAN_TARGET_VARIANTS)
+    variants = tuple(f"mean_{t}" for t in MEAN_TARGET_VARIANTS)
     return _comparison(conditions, variants, ("ece", "nll", "brier", "mean_gap_pp"),
                        lambda d, r: paper.TABLE3.get(d, {}).get(r))
 
@@ -158,7 +164,7 @@ def _comparison(conditions: pd.DataFrame, others: tuple[str, ...], columns: tupl
 def table6(conditions: pd.DataFrame) -> pd.DataFrame:
     """Mean paired reductions of each local weight over all conditions (the paper pools its
     114 conditions across datasets) and per dataset."""
-    weights = [w for w in paper.LOCAL_WEIGHTS
+    weights = [w for w in LOCAL_WEIGHTS
                if f"lambda_{w:g}" in set(conditions["report"])]
     rows = []
     for dataset in [None, *_datasets_with_conditions(conditions)]:
@@ -198,7 +204,7 @@ def table7(conditions: pd.DataFrame, dataset: str) -> pd.DataFrame:
                     "d_brier"):
             row[f"paper_{key}"] = theirs[key] if theirs else np.nan
         rows.append(row)
-    order = {name: i for i, name in enumerate(paper.NON_PRESERVING + paper.FIT_TIME_BASELINES)}
+    order = {name: i for i, name in enumerate(CALIBRATORS)}
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
@@ -280,27 +286,26 @@ def workers_table(cells: list[dict]) -> pd.DataFrame:
 
 
 def _figure(rows: int, cols: int, width: float, height: float):
-    """A pyplot-free Agg figure (no global state, safe in any thread)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
+    """A figure drawn on its own Agg canvas, without pyplot: matplotlib's process-wide
+    backend is never touched, and it is safe in any thread."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width * cols, height * rows), dpi=90)
+    FigureCanvasAgg(fig)
     axes = np.atleast_2d(fig.subplots(rows, cols, squeeze=False))
     return fig, axes
 
 
-_MARKERS = dict(zip(paper.NON_PRESERVING + paper.FIT_TIME_BASELINES, "osD^vPX*<hd",
-                    strict=True))
+_MARKERS = dict(zip(CALIBRATORS, "osD^vPX*<hd", strict=True))
 
 
 def tradeoff_figure(conditions: pd.DataFrame, path: Path) -> Path:
     """Figure 2: ECE (%), NLL and Brier against TPCR (%), one row per dataset (their scales
     differ); per calibrator (marker) the classifier- and split-averaged Base point, joined by
     a dashed line to its Base+CORD point at TPCR 0; the grey band marks TPCR = 0."""
-    base = _report(conditions, "base", paper.NON_PRESERVING).reset_index()
-    cord = _report(conditions, "cord", paper.NON_PRESERVING).reset_index()
+    base = _report(conditions, "base", NON_PRESERVING).reset_index()
+    cord = _report(conditions, "cord", NON_PRESERVING).reset_index()
     columns = ["tpcr", "ece", "nll", "brier"]
     base_mean = base.groupby(["dataset", "calibrator"])[columns].mean()
     cord_mean = cord.groupby(["dataset", "calibrator"])[columns].mean()
@@ -346,7 +351,7 @@ def reliability_figure(cells: list[dict], dataset: str, path: Path) -> Path:
     as Uncal. or Base -> Base + CORD."""
     mine = [c for c in cells if c["dataset"] == dataset]
     classifiers = sorted({c["classifier"] for c in mine})
-    order = paper.NON_PRESERVING + paper.FIT_TIME_BASELINES
+    order = CALIBRATORS
     calibrators = sorted({c["calibrator"] for c in mine}, key=lambda n: (n not in order,
                          order.index(n) if n in order else 0, n))
     fig, axes = _figure(len(classifiers), 1 + len(calibrators), 2.1, 2.1)
@@ -536,7 +541,7 @@ def _write_all(cells, failures, stage: Path, n_bootstrap: int) -> list[Path]:
 
 
 def _write_preserving(conditions: pd.DataFrame, stage: Path) -> list[Path]:
-    """Tables 4, 11, 12 per dataset and Figure 1 (:mod:`flows.reproduce_preserving`)."""
+    """Tables 4, 11, 12 per dataset and Figure 1 (:mod:`flows.reproduce.preserving`)."""
     written = []
     for dataset in sorted(set(conditions["dataset"])):
         t4 = pp.table4(conditions, dataset)

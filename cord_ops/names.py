@@ -1,0 +1,18 @@
+"""The names the rest of the project reads: calibrator families and input kinds.
+
+Pure Python with no imports, so a command-line parser can offer these as choices without
+loading numpy, scipy or scikit-learn. ``cord_ops.calibrators`` builds its registry in this
+order and refuses to import if a family's ``name`` is missing here (or the other way round).
+"""
+
+#: Every calibrator ``make_calibrator`` accepts, in the paper's order: the seven maps that
+#: may change a top-1 decision (VS, SVS, MS, SMS, Dir-ODIR, IROvA, IROvA-TS, as in Tables
+#: 7 and 8), then the fit-time preserving baselines TS and IRM, TS-TvA and MCCT-I (Table 4).
+CALIBRATOR_NAMES = ("vs", "svs", "ms", "sms", "dir-odir", "irova", "irova-ts", "ts", "irm",
+                    "ts-tva", "mcct-i")
+
+#: Calibrators whose map never changes a row's top-1 class (up to float64 ties).
+TOP1_PRESERVING = ("ts", "irm", "ts-tva", "mcct-i")
+
+#: What a score matrix holds: raw logits, or probabilities on the simplex.
+INPUT_KINDS = ("logits", "probs")

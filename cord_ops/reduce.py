@@ -1,0 +1,361 @@
+"""Fits and metrics whose data is split into partitions: per-partition reducers (pure numpy,
+run where a partition lives) and drivers that combine their results.
+
+A driver never sees rows. It is given ``reduce(fn, *args)``, which applies
+``fn(partition, *args)`` to every partition and returns the list of results in partition
+order; ``local_reduce`` does that for arrays in this process, ``flows.distributed`` for
+partitions held by Dask workers. A partition is a dict of arrays: ``scores`` (n x K,
+float32 or float64), ``labels`` (n,) and, once computed, ``b``, ``lower``, ``g`` (CORD's
+per-row scalars, ``cord.row_scalars``).
+
+Calibrators: ``ts`` (the Newton iteration of ``temperature.solve_inverse_temperature`` on
+slope and curvature sums) and ``vs`` (L-BFGS-B on NLL and gradient sums, block-Jacobi
+preconditioned like ``_affine._lbfgs``). Both reach the in-memory optimum within their
+stopping tolerance; ``vs`` uses L-BFGS-B where the in-memory fit uses Newton (one
+reduction per iteration either way; L-BFGS needs no Hessian reduction).
+
+CORD: eta* and mu are defined through correctly rounded means of the per-row scalars
+(``exact_sum``: every finite double is an integer multiple of 2^-1074, so a partition
+returns its sum as an exact Python integer and the driver adds integers). eta* therefore
+does not depend on how the rows are split into partitions, to the last bit. Deviation from
+``CORD.fit``: fit's means are numpy's pairwise sums, so the two eta* agree only to the
+rounding of a mean (a few ulps of mu divided by the mean response's slope); both solve
+eq. 22 with the same bisection (``cord.bisect_multiplier``).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from scipy.optimize import minimize
+
+from cord_ops.calibrators import calibrator_from_dict, make_calibrator
+from cord_ops.calibrators._affine import block_preconditioner
+from cord_ops.calibrators.temperature import solve_inverse_temperature
+from cord_ops.cord import (
+    CORD,
+    EPS_NUM,
+    bisect_multiplier,
+    interior_response,
+    multiplier_of,
+    row_scalars,
+)
+from cord_ops.metrics import NLL_CLIP
+from cord_ops.validation import top1
+
+#: Calibrators a reduced fit supports (the others need all rows at once).
+REDUCIBLE = ("ts", "vs")
+
+_SCALE = 1074  # 2^-1074 is the smallest subnormal: x * 2^1074 is an integer for every x
+_CHUNK = 1 << 21  # values per chunk: 2^21 limbs of <= 2^31 units sum exactly in float64
+
+
+def local_reduce(partitions):
+    """``reduce`` over partitions held in this process (a list of dicts)."""
+    return lambda fn, *args: [fn(part, *args) for part in partitions]
+
+
+def exact_sum(x) -> int:
+    """sum(x) * 2^1074 exactly, as a Python integer (x finite float64).
+
+    Every finite double is an integer multiple of 2^-1074. The values are peeled into limbs
+    of 32 bits from the top: ``(r + C) - C`` with C = 1.5 * 2^(s + 52) rounds each r to a
+    multiple of 2^s exactly, the remainder r - limb is exact, and a limb is at most 2^31
+    units of 2^s, so the float64 sum of 2^21 limbs is exact too. The loop stops when every
+    remainder is zero (three limbs for values in [2^-40, 1]). No rounding happens anywhere,
+    so any split of the values gives the same integer.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float64).ravel()
+    total = 0
+    for start in range(0, x.shape[0], _CHUNK):
+        rest = x[start:start + _CHUNK].copy()
+        big = float(np.max(np.abs(rest))) if rest.size else 0.0
+        if not math.isfinite(big):
+            raise ValueError("exact_sum: expected finite values")
+        if big == 0.0:
+            continue
+        if big >= 2.0**960:  # C would overflow; never the case for probabilities and NLLs
+            total += int(sum(map(Fraction, rest.tolist())) * (1 << _SCALE))
+            continue
+        bound = math.frexp(big)[1]  # |rest| < 2^bound
+        while True:
+            scale = max(bound - 31, -_SCALE)
+            c = 1.5 * 2.0 ** (scale + 52)
+            limb = (rest + c) - c
+            rest -= limb
+            num, den = float(np.sum(limb)).as_integer_ratio()
+            total += (num << _SCALE) // den
+            if scale == -_SCALE or not rest.any():
+                break
+            bound = scale - 1
+    return total
+
+
+def exact_mean(total: int, n: int) -> float:
+    """The correctly rounded mean of n values whose ``exact_sum`` is ``total``."""
+    return float(Fraction(total, n << _SCALE))
+
+
+# --- per-partition reducers (pure functions of one partition) ----------------------------
+
+def _logits(scores, input_kind: str, prob_floor: float) -> np.ndarray:
+    x = np.asarray(scores, dtype=np.float64)
+    return np.log(np.maximum(x, prob_floor)) if input_kind == "probs" else x
+
+
+def rows(part) -> int:
+    return int(part["labels"].shape[0])
+
+
+def ts_label_sum(part, input_kind, prob_floor) -> int:
+    """Exact sum of z_{i, y_i}, each row shifted by its max (``fit_inverse_temperature``)."""
+    z = _logits(part["scores"], input_kind, prob_floor)
+    z = z - z.max(axis=1, keepdims=True)
+    return exact_sum(z[np.arange(z.shape[0]), part["labels"]])
+
+
+def ts_slope_sums(part, beta, input_kind, prob_floor) -> tuple[int, int]:
+    """Exact sums of E_q[z_i] and Var_q(z_i) at inverse temperature beta."""
+    z = _logits(part["scores"], input_kind, prob_floor)
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(beta * z)
+    total = e.sum(axis=1)
+    mean_z = np.einsum("ik,ik->i", e, z) / total
+    mean_z2 = np.einsum("ik,ik->i", e, z * z) / total
+    return exact_sum(mean_z), exact_sum(mean_z2 - mean_z * mean_z)
+
+
+def vs_loss_sums(part, weights, bias, input_kind, prob_floor, hessian: bool = False):
+    """(sum NLL, sum dL/dw (K,), sum dL/db (K,)) of softmax(z w + b) over the partition;
+    with ``hessian`` also (sum q(1-q) z^2, sum q(1-q), sum q(1-q) z), each (K,)."""
+    z = _logits(part["scores"], input_kind, prob_floor)
+    y = part["labels"]
+    idx = np.arange(z.shape[0])
+    s = z * weights + bias
+    m = s.max(axis=1)
+    picked = s[idx, y]
+    e = np.exp(s - m[:, None])
+    total = e.sum(axis=1)
+    nll = math.fsum(np.log(total) + m - picked)
+    q = e / total[:, None]
+    d = q.copy()
+    d[idx, y] -= 1.0
+    out = (nll, np.einsum("ik,ik->k", d, z), d.sum(axis=0))
+    if hessian:
+        w = q * (1.0 - q)
+        out += (np.einsum("ik,ik->k", w, z * z), w.sum(axis=0), np.einsum("ik,ik->k", w, z))
+    return out
+
+
+def cord_partition_scalars(part, calibrator_state, input_kind, local_weight, first_row):
+    """(b, min I, g) of the partition's rows: p0 is the scores' softmax (or the scores when
+    they are probabilities), q the calibrator's output. The caller keeps them with the
+    partition; returns them."""
+    from cord_ops.calibrators._base import softmax
+
+    scores = np.asarray(part["scores"], dtype=np.float64)
+    p0 = scores if input_kind == "probs" else softmax(scores)
+    q = calibrator_from_dict(calibrator_state).predict_proba(scores)
+    return row_scalars(p0, q, local_weight, first_row=first_row)
+
+
+def cord_sums(part) -> tuple[int, int, int, int]:
+    """Exact sums of b, min I, g and Pi_I(b) over the partition (``exact_sum``)."""
+    b, lower, g = part["b"], part["lower"], part["g"]
+    return (exact_sum(b), exact_sum(lower), exact_sum(g),
+            exact_sum(np.clip(b, lower, 1.0 - EPS_NUM)))
+
+
+def cord_response_sum(part, eta) -> int:
+    """Exact sum of psi(eta) = Pi_I(H(g, eta)) over the partition (eq. 16)."""
+    return exact_sum(np.clip(interior_response(eta, part["g"]), part["lower"], 1.0 - EPS_NUM))
+
+
+def cord_multiplier_range(part) -> tuple[float, float]:
+    """(max h_g(max I), min h_g(min I)) over the partition: eq. 21's bracket ends."""
+    g, lower = part["g"], part["lower"]
+    upper = np.full_like(g, 1.0 - EPS_NUM)
+    return float(multiplier_of(g, upper).max()), float(multiplier_of(g, lower).min())
+
+
+def metric_sums(part, probs_key, reference_key=None, n_bins: int = 15) -> dict:
+    """Sums behind ECE (per-bin counts, confidence and accuracy sums, equal-width bins
+    (l, u]), NLL, Brier of ``part[probs_key]`` against the labels and, with
+    ``reference_key``, the rows whose top-1 differs from the reference's (TPCR)."""
+    p = np.asarray(part[probs_key], dtype=np.float64)
+    y = part["labels"]
+    idx = np.arange(p.shape[0])
+    top = top1(p)
+    conf = p[idx, top]
+    correct = (top == y).astype(np.float64)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    bins = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1)
+    true_mass = np.clip(p[idx, y], NLL_CLIP, 1.0 - NLL_CLIP)
+    residual = p.copy()
+    residual[idx, y] -= 1.0
+    out = {
+        "n": int(p.shape[0]),
+        "counts": np.bincount(bins, minlength=n_bins).astype(np.int64),
+        "conf": [exact_sum(conf[bins == i]) for i in range(n_bins)],
+        "acc": np.bincount(bins, weights=correct, minlength=n_bins).astype(np.int64),
+        "nll": exact_sum(-np.log(true_mass)),
+        "brier": exact_sum(np.sum(residual * residual, axis=1)),
+    }
+    if reference_key is not None:
+        out["changed"] = int((top1(np.asarray(part[reference_key])) != top).sum())
+    return out
+
+
+def evaluation_sums(part, calibrator_state, cord_state, input_kind, n_bins: int = 15):
+    """``metric_sums`` of the original output, the calibrator's and CORD's repair of it
+    (TPCR against the original), for one partition."""
+    from cord_ops.calibrators._base import softmax
+
+    scores = np.asarray(part["scores"], dtype=np.float64)
+    p0 = scores if input_kind == "probs" else softmax(scores)
+    q = calibrator_from_dict(calibrator_state).predict_proba(scores)
+    repaired = CORD.from_dict(cord_state).transform(p0, q)
+    view = {"labels": part["labels"], "original": p0, "calibrated": q, "repaired": repaired}
+    return {name: metric_sums(view, name, None if name == "original" else "original", n_bins)
+            for name in ("original", "calibrated", "repaired")}
+
+
+# --- drivers ------------------------------------------------------------------------------
+
+def fit_temperature(reduce, n: int, *, input_kind="logits", prob_floor=None, max_iter=100):
+    """TemperatureScaling fitted from partition sums (``solve_inverse_temperature``)."""
+    cal = make_calibrator("ts", input_kind=input_kind, max_iter=max_iter)
+    floor = cal.prob_floor if prob_floor is None else prob_floor
+    mean_zy = exact_mean(sum(reduce(ts_label_sum, input_kind, floor)), n)
+
+    def slope_and_curvature(beta):
+        sums = reduce(ts_slope_sums, beta, input_kind, floor)
+        return (exact_mean(sum(s for s, _ in sums), n) - mean_zy,
+                exact_mean(sum(c for _, c in sums), n))
+
+    beta = solve_inverse_temperature(slope_and_curvature, max_iter=max_iter, name="ts")
+    return {"beta": float(beta)}, floor
+
+
+def fit_vector(reduce, n: int, k: int, *, input_kind="logits", prob_floor=None,
+               max_iter=1000, gtol=1e-6, ftol=1e-12):
+    """VectorScaling weights and bias by L-BFGS-B on the mean NLL reduced over partitions,
+    preconditioned by the 2 x 2 Hessian blocks at the identity (``block_preconditioner``)."""
+    cal = make_calibrator("vs", input_kind=input_kind)
+    floor = cal.prob_floor if prob_floor is None else prob_floor
+
+    def loss(theta, hessian=False):
+        parts = reduce(vs_loss_sums, theta[:, 0], theta[:, 1], input_kind, floor, hessian)
+        value = math.fsum(p[0] for p in parts) / n
+        grad = np.column_stack([sum(p[1] for p in parts) / n, sum(p[2] for p in parts) / n])
+        return value, grad, parts
+
+    theta0 = np.column_stack([np.ones(k), np.zeros(k)])
+    _, _, parts = loss(theta0, hessian=True)
+    diag = np.column_stack([sum(p[3] for p in parts) / n, sum(p[4] for p in parts) / n])
+    cross = sum(p[5] for p in parts) / n
+    to_theta, to_phi, grad_phi = block_preconditioner(diag + 1e-12, cross)
+
+    def fun(phi):
+        value, grad, _ = loss(to_theta(phi.reshape(theta0.shape)))
+        return value, grad_phi(grad).ravel()
+
+    res = minimize(fun, to_phi(theta0).ravel(), jac=True, method="L-BFGS-B",
+                   options={"maxiter": max_iter, "maxfun": 2 * max_iter + 20,
+                            "gtol": gtol, "ftol": ftol})
+    theta = to_theta(res.x.reshape(theta0.shape))
+    return {"weights": theta[:, 0].tolist(), "bias": theta[:, 1].tolist()}, floor
+
+
+def calibrator_state(name: str, params: dict, k: int, input_kind: str, prob_floor: float,
+                     classes=None) -> dict:
+    """The JSON state (``Calibrator.to_dict`` layout) of a calibrator fitted by reduction."""
+    cal = make_calibrator(name, input_kind=input_kind)
+    return {"name": name, "version": 2, "input_kind": input_kind,
+            "prob_floor": float(prob_floor), "n_classes": int(k),
+            "classes": list(range(k)) if classes is None else list(classes),
+            "options": {key: getattr(cal, key) for key in cal._options}, "params": params}
+
+
+def fit_calibrator(name: str, reduce, n: int, k: int, *, input_kind="logits"):
+    """A fitted calibrator ``name`` (one of REDUCIBLE) from partition reductions."""
+    if name not in REDUCIBLE:
+        raise ValueError(f"calibrator {name!r} cannot be fitted over partitions (it needs "
+                         f"every row at once); expected one of {', '.join(REDUCIBLE)}")
+    if name == "ts":
+        params, floor = fit_temperature(reduce, n, input_kind=input_kind)
+    else:
+        params, floor = fit_vector(reduce, n, k, input_kind=input_kind)
+    return calibrator_from_dict(calibrator_state(name, params, k, input_kind, floor))
+
+
+class _ReducedMean:
+    """mean psi(eta) as a correctly rounded mean of exact partition sums."""
+
+    def __init__(self, reduce, n):
+        self.reduce, self.n = reduce, n
+
+    def exact(self, eta: float) -> float:
+        return exact_mean(sum(self.reduce(cord_response_sum, eta)), self.n)
+
+    def at_least(self, eta: float, mu: float) -> bool:
+        return self.exact(eta) >= mu
+
+    def at_most(self, eta: float, mu: float) -> bool:
+        return self.exact(eta) <= mu
+
+
+def cord_row_scalars(part) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The partition's (b, min I, g), for a driver that gathers them."""
+    return part["b"], part["lower"], part["g"]
+
+
+def fit_cord(reduce, n: int, k: int, cord: CORD | None = None, *,
+             gather: bool = False) -> CORD:
+    """Fit ``cord`` (default CORD()) from partitions that hold ``b``, ``lower`` and ``g``.
+
+    Default: mu is eq. 6 (or the chosen ablation) with correctly rounded means and eta* is
+    ``bisect_multiplier`` on the correctly rounded mean response; only scalars travel
+    (module docstring). ``gather=True`` brings the per-row scalars (24 bytes a row) to
+    the driver in partition order and runs ``CORD.fit``'s own bisection on them: the same
+    eta* as ``fit`` on all rows, bit for bit.
+    """
+    cord = CORD() if cord is None else cord
+    cord._check_params()
+    if gather:
+        scalars = reduce(cord_row_scalars)
+        return cord._fit_scalars(*(np.concatenate([s[i] for s in scalars]) for i in range(3)),
+                                 k)
+    upper = 1.0 - EPS_NUM
+    mean = _ReducedMean(reduce, n)
+    if cord.mean_target == "none":
+        return cord._set_fitted(0.0, mean.exact(0.0), n, k)
+    sums = reduce(cord_sums)
+    b, lower, g, pointwise = (exact_mean(sum(s[i] for s in sums), n) for i in range(4))
+    source = {"inherited": b, "local": g, "pointwise": pointwise}[cord.mean_target]
+    mu = min(max(source, lower), upper)
+
+    def ranges():
+        return reduce(cord_multiplier_range)
+
+    eta = bisect_multiplier(mean, mu, lambda: max(r[0] for r in ranges()),
+                            lambda: min(r[1] for r in ranges()))
+    return cord._set_fitted(eta, mu, n, k)
+
+
+def metrics_from_sums(sums: list[dict]) -> dict:
+    """ECE, NLL, Brier (and TPCR when present) from ``metric_sums`` of every partition."""
+    n = sum(s["n"] for s in sums)
+    counts = sum(s["counts"] for s in sums)
+    acc = sum(s["acc"] for s in sums)
+    conf = [exact_mean(sum(s["conf"][i] for s in sums), 1) for i in range(len(counts))]
+    gap = math.fsum(abs(float(acc[i]) - conf[i]) for i in range(len(counts)) if counts[i])
+    out = {"n": n, "ece": gap / n,
+           "nll": exact_mean(sum(s["nll"] for s in sums), n),
+           "brier": exact_mean(sum(s["brier"] for s in sums), n),
+           "accuracy": float(acc.sum()) / n}
+    if all("changed" in s for s in sums):
+        out["tpcr"] = sum(s["changed"] for s in sums) / n
+    return out

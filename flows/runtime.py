@@ -1,0 +1,56 @@
+"""The Prefect API that flows with worker processes report to.
+
+A flow whose tasks run in other processes (Dask workers) needs one Prefect API that every
+process reaches: without ``PREFECT_API_URL`` Prefect would start a temporary server in the
+flow's process and, separately, in every worker. :func:`prefect_api` starts one server and
+makes it current through Prefect's settings context, which Prefect serialises into every
+task it submits, so workers report to the same server. Nothing in ``os.environ`` changes;
+a subprocess this process starts itself gets the URL through :func:`api_environment`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+#: A first start migrates a fresh database, slow on a busy 2-core machine.
+SERVER_STARTUP_SECONDS = 120
+
+
+def current_api_url() -> str | None:
+    """The Prefect API URL in effect here (settings context or environment), if any."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def api_environment() -> dict[str, str]:
+    """Environment entries that point a child process at the current Prefect API."""
+    url = current_api_url()
+    return {"PREFECT_API_URL": url} if url else {}
+
+
+@contextlib.contextmanager
+def prefect_api():
+    """Inside: a Prefect API every process of the flow reaches.
+
+    Yields the API URL. When one is configured already it is used as it is; otherwise a
+    server is started here, made current through the settings context, and stopped on
+    exit after the log queue has drained.
+    """
+    url = current_api_url()
+    if url:
+        yield url
+        return
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    server = SubprocessASGIServer()
+    server.start(timeout=SERVER_STARTUP_SECONDS)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+            with contextlib.suppress(RuntimeError):
+                APILogWorker.drain_all(timeout=10)
+    finally:
+        server.stop()

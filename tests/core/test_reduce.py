@@ -1,0 +1,140 @@
+"""cord_ops.reduce on partitions held in this process: exact sums, CORD's eta* the same to
+the last bit however the rows are split, the gathered mode equal to CORD.fit, calibrators
+and metrics equal to their in-memory versions within the optimiser's tolerance."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from core.test_cord import output_pairs, pairs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from cord_ops import CORD, metrics
+from cord_ops.calibrators import make_calibrator
+from cord_ops.calibrators._base import softmax
+from cord_ops.reduce import (
+    exact_mean,
+    exact_sum,
+    fit_calibrator,
+    fit_cord,
+    local_reduce,
+    metric_sums,
+    metrics_from_sums,
+)
+
+
+def split(n, cuts):
+    edges = [0, *sorted(set(cuts)), n]
+    return [slice(lo, hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True) if hi > lo]
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(arrays(np.float64, st.integers(0, 80), elements=finite), st.data())
+def test_exact_sum_is_the_exact_sum_for_any_split(x, data):
+    exact = sum((Fraction(v) for v in x.tolist()), Fraction(0)) * 2**1074
+    assert exact.denominator == 1 and exact_sum(x) == exact.numerator
+    cuts = data.draw(st.lists(st.integers(0, x.shape[0]), max_size=5))
+    assert sum(exact_sum(x[s]) for s in split(x.shape[0], cuts)) == exact.numerator
+    if x.shape[0]:
+        assert exact_mean(exact.numerator, x.shape[0]) == float(exact / 2**1074 / x.shape[0])
+
+
+def scalar_partitions(p0, q, slices, lam=0.5):
+    from cord_ops.cord import row_scalars
+
+    out = []
+    for rows in slices:
+        b, lower, g = row_scalars(p0[rows], q[rows], lam)
+        out.append({"b": b, "lower": lower, "g": g})
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(output_pairs(max_n=60, max_k=30), st.lists(st.integers(1, 59), max_size=6),
+       st.sampled_from(["inherited", "none", "local", "pointwise"]),
+       st.sampled_from([0.0, 0.5, 1.0]))
+def test_eta_does_not_depend_on_the_split(pair, cuts, target, lam):
+    p0, q = pair
+    n, k = p0.shape
+    whole = fit_cord(local_reduce(scalar_partitions(p0, q, [slice(0, n)], lam)), n, k,
+                     CORD(mean_target=target, local_weight=lam))
+    parts = scalar_partitions(p0, q, split(n, [c for c in cuts if c < n]), lam)
+    reduced = fit_cord(local_reduce(parts), n, k, CORD(mean_target=target, local_weight=lam))
+    assert reduced.eta_.hex() == whole.eta_.hex()
+    assert reduced.mu_.hex() == whole.mu_.hex()
+    gathered = fit_cord(local_reduce(parts), n, k, CORD(mean_target=target, local_weight=lam),
+                        gather=True)
+    fitted = CORD(mean_target=target, local_weight=lam).fit(p0, q)
+    assert gathered.eta_.hex() == fitted.eta_.hex()
+    assert gathered.mu_.hex() == fitted.mu_.hex()
+
+
+@pytest.mark.parametrize("k", [5, 50])
+def test_reduced_eta_solves_the_same_equation_as_fit(k):
+    """The exact-mean eta* and fit's agree to the rounding of a mean: the difference in
+    the mean response they produce is a few ulps of mu."""
+    p0, q = pairs(np.random.default_rng(k), 6000, k)
+    parts = scalar_partitions(p0, q, split(6000, [1000, 2500, 2501, 4000]))
+    reduced = fit_cord(local_reduce(parts), 6000, k)
+    fitted = CORD().fit(p0, q)
+    assert fitted.eta_ != 0.0
+    assert abs(reduced.mu_ - fitted.mu_) <= 4 * np.spacing(fitted.mu_)
+    from cord_ops.cord import RepairTerms, response, row_scalars
+
+    b, lower, g = row_scalars(p0, q, 0.5)
+    terms = RepairTerms(None, b, None, None, lower, np.full(6000, 1 - 1e-12), g)
+    for eta in (reduced.eta_, fitted.eta_):
+        assert abs(np.mean(response(eta, terms)) - fitted.mu_) <= 16 * np.spacing(fitted.mu_)
+
+
+def logit_data(rng, n, k):
+    z = rng.normal(size=(n, k)) * 3.0
+    y = (softmax(0.4 * z + rng.normal(size=k)).cumsum(axis=1) > rng.random((n, 1))).argmax(1)
+    return z, y
+
+
+@pytest.mark.parametrize("name", ["ts", "vs"])
+def test_calibrators_reach_the_in_memory_optimum(name):
+    z, y = logit_data(np.random.default_rng(7), 8000, 8)
+    ref = make_calibrator(name).fit(z, y)
+    parts = [{"scores": z[s], "labels": y[s]} for s in split(8000, [100, 3000, 7000])]
+    cal = fit_calibrator(name, local_reduce(parts), 8000, 8)
+    nll, nll_ref = metrics.nll(cal.predict_proba(z), y), metrics.nll(ref.predict_proba(z), y)
+    assert abs(nll - nll_ref) <= 1e-9 * nll_ref
+    if name == "ts":
+        assert abs(cal.beta_ - ref.beta_) <= 1e-10 * ref.beta_
+        # exact sums: the split does not change a bit of beta
+        other = fit_calibrator("ts", local_reduce([{"scores": z, "labels": y}]), 8000, 8)
+        assert other.beta_.hex() == cal.beta_.hex()
+    else:
+        np.testing.assert_allclose(cal.weights_, ref.weights_, atol=1e-4)
+        # the bias is defined up to a common shift (softmax ignores it)
+        np.testing.assert_allclose(cal.bias_ - cal.bias_.mean(), ref.bias_ - ref.bias_.mean(),
+                                   atol=1e-4)
+
+
+def test_other_calibrators_are_refused_naming_the_ones_that_can():
+    with pytest.raises(ValueError, match=r"'isotonic'.*expected one of ts, vs"):
+        fit_calibrator("isotonic", local_reduce([]), 1, 2)
+
+
+def test_metric_sums_match_the_metrics():
+    rng = np.random.default_rng(3)
+    p0, q = pairs(rng, 5000, 6)
+    y = rng.integers(0, 6, size=5000)
+    slices = split(5000, [10, 2000, 4999])
+    sums = [metric_sums({"labels": y[s], "q": q[s], "p0": p0[s]}, "q", "p0") for s in slices]
+    got = metrics_from_sums(sums)
+    assert got["n"] == 5000
+    assert got["ece"] == pytest.approx(metrics.ece(q, y), abs=1e-14)
+    assert got["nll"] == pytest.approx(metrics.nll(q, y), rel=1e-14)
+    assert got["brier"] == pytest.approx(metrics.brier(q, y), rel=1e-14)
+    assert got["accuracy"] == metrics.accuracy(q, y)
+    assert got["tpcr"] == metrics.tpcr(p0, q)
