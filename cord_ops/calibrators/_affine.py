@@ -322,12 +322,6 @@ def _preconditioner(problem, theta):
     n = problem.x.shape[0]
     q = problem.probabilities(d)
     cross = np.einsum("ik,ik->k", q * (1.0 - q), problem.x) / n
-    return block_preconditioner(diag, cross)
-
-
-def block_preconditioner(diag, cross):
-    """``_preconditioner`` of a diagonal map from its Hessian blocks: ``diag`` (K, 2) holds
-    d2L/dw_k^2 and d2L/db_k^2 (+ 1e-12), ``cross`` (K,) d2L/dw_k db_k."""
     l11 = np.sqrt(diag[:, 0])
     l21 = cross / l11
     l22 = np.sqrt(np.maximum(diag[:, 1] - l21 * l21, 1e-12))

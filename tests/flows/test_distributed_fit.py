@@ -1,0 +1,170 @@
+"""Recalibration over Parquet shards on a real `dask scheduler` with two `dask worker`
+processes: the distributed fits equal the in-memory ones (calibrator within the optimiser's
+tolerance, CORD's eta* to the last bit), eta* does not depend on the number of shards, and
+bad input is refused naming the file."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cord_ops import CORD, data, metrics
+from cord_ops.calibrators import make_calibrator
+from cord_ops.calibrators._base import softmax
+from flows.distributed import fit_shards
+
+pytestmark = pytest.mark.slow
+
+DASK = str(Path(sys.executable).with_name("dask"))
+N, K = 6000, 12
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """`dask scheduler` + two `dask worker` processes (no nanny: their PIDs are ours)."""
+    tmp = tmp_path_factory.mktemp("dask")
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    started = []
+    try:
+        started.append(subprocess.Popen(
+            [DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+            stdout=open(tmp / "scheduler.log", "w"), stderr=subprocess.STDOUT, env=env))
+        for i in range(2):
+            started.append(subprocess.Popen(
+                [DASK, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                 "--host", "127.0.0.1"],
+                stdout=open(tmp / f"worker{i}.log", "w"), stderr=subprocess.STDOUT, env=env,
+                cwd=tmp))
+        from distributed import Client
+
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                client = Client(address, timeout=5)
+                client.wait_for_workers(2, timeout=60)
+                break
+            except OSError:
+                if time.monotonic() > deadline or any(p.poll() is not None for p in started):
+                    raise
+                time.sleep(0.5)
+        with client:
+            yield client, [p.pid for p in started[1:]]
+    finally:
+        for process in reversed(started):
+            stop(process)
+
+
+@pytest.fixture(scope="module")
+def logits():
+    rng = np.random.default_rng(11)
+    z = rng.normal(size=(N, K)) * 3.0
+    shifted = softmax(0.45 * z + rng.normal(size=K) + 0.8 * rng.normal(size=(N, K)))
+    y = (shifted.cumsum(axis=1) > rng.random((N, 1))).argmax(axis=1)
+    return z, y
+
+
+def write_shards(folder: Path, z, y, n_shards: int) -> Path:
+    folder.mkdir(parents=True)
+    for i, rows in enumerate(np.array_split(np.arange(z.shape[0]), n_shards)):
+        data.save_parquet(folder / f"part-{i:02d}.parquet", z[rows], y[rows], "logits")
+    return folder
+
+
+@pytest.mark.parametrize("name", ["ts", "vs"])
+def test_distributed_fit_equals_in_memory(cluster, logits, tmp_path, name):
+    client, pids = cluster
+    z, y = logits
+    shards = write_shards(tmp_path / "shards", z, y, 7)
+    fit = fit_shards(str(shards / "*.parquet"), name, client=client, gather=True)
+    ref = make_calibrator(name).fit(z, y)
+    q, q_ref = fit.calibrator.predict_proba(z), ref.predict_proba(z)
+    assert abs(metrics.nll(q, y) - metrics.nll(q_ref, y)) <= 1e-9 * metrics.nll(q_ref, y)
+    if name == "ts":
+        assert abs(fit.calibrator.beta_ - ref.beta_) <= 1e-10 * ref.beta_
+    else:
+        np.testing.assert_allclose(fit.calibrator.weights_, ref.weights_, atol=1e-4)
+    # CORD on the distributed calibrator's output: the same eta* as the in-memory fit
+    p0 = softmax(z)
+    whole = CORD().fit(p0, q)
+    assert fit.cord.eta_.hex() == whole.eta_.hex()
+    assert (fit.n, fit.n_classes, len(fit.shards)) == (N, K, 7)
+    repaired = whole.transform(p0, q)
+    got = fit.metrics["repaired"]
+    assert got["nll"] == pytest.approx(metrics.nll(repaired, y), rel=1e-13)
+    assert got["brier"] == pytest.approx(metrics.brier(repaired, y), rel=1e-13)
+    assert got["ece"] == pytest.approx(metrics.ece(repaired, y), abs=1e-13)
+    assert got["tpcr"] == 0.0
+    assert fit.metrics["calibrated"]["tpcr"] == metrics.tpcr(p0, q)
+    # the work ran in both worker processes
+    logs = client.run(os.getpid)
+    assert sorted(logs.values()) == sorted(pids)
+
+
+def test_eta_has_the_same_bits_for_1_2_and_7_shards(cluster, logits, tmp_path):
+    client, _ = cluster
+    z, y = logits
+    vs = make_calibrator("vs").fit(z[:3000], y[:3000])  # fixed calibrator: only CORD varies
+    etas = set()
+    for n_shards in (1, 2, 7):
+        shards = write_shards(tmp_path / f"s{n_shards}", z, y, n_shards)
+        fit = fit_shards(str(shards), vs, client=client)
+        etas.add((fit.cord.eta_.hex(), fit.cord.mu_.hex()))
+    assert len(etas) == 1
+    eta = float.fromhex(etas.pop()[0])
+    whole = CORD().fit(softmax(z), vs.predict_proba(z))
+    assert whole.eta_ != 0.0
+    # exact means vs numpy's pairwise means: the same root to a few ulps of mu / slope
+    assert abs(eta - whole.eta_) <= 1e-10 * abs(whole.eta_)
+    ts = set()
+    for n_shards in (1, 7):
+        fit = fit_shards(str(tmp_path / f"s{n_shards}"), "ts", client=client)
+        ts.add(fit.calibrator.beta_.hex())
+    assert len(ts) == 1  # TS sums are exact too
+
+
+def test_bad_input_is_refused_naming_the_file(cluster, logits, tmp_path):
+    client, _ = cluster
+    z, y = logits
+    with pytest.raises(ValueError, match=r"'isotonic' cannot be fitted.*ts, vs"):
+        fit_shards(str(tmp_path / "none"), "isotonic", client=client)
+    shards = write_shards(tmp_path / "mixed", z, y, 2)
+    data.save_parquet(shards / "part-99.parquet", softmax(z[:10]), y[:10], "probs")
+    with pytest.raises(ValueError, match=r"part-99.parquet: holds 'probs' scores"):
+        fit_shards(str(shards), "ts", client=client)
+    bad = write_shards(tmp_path / "nan", z, y, 2)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(bad / "part-01.parquet")
+    values = z[3000:].copy()
+    values[5, 2] = np.nan
+    table = table.set_column(0, "logits", pa.array(list(values)))
+    pq.write_table(table, bad / "part-01.parquet")
+    with pytest.raises(ValueError, match=r"part-01.parquet.*row 5"):
+        fit_shards(str(bad), "ts", client=client)
