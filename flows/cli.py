@@ -219,7 +219,8 @@ def _check_flow_options(args) -> None:
         raise inputs.InputError(f"--seed: expected a non-negative integer, got {args.seed}")
 
 
-def validate_recalibrate(args) -> None:
+def validate_recalibrate(args):
+    """Files, arrays and options of a recalibration; returns the loaded ``--data``."""
     inputs.data_file(args.data, "--data")
     inputs.data_file(args.eval_data, "--eval-data")
     _check_flow_options(args)
@@ -227,6 +228,7 @@ def validate_recalibrate(args) -> None:
     evaluation = (None if args.eval_data is None
                   else inputs.load_data(args.eval_data, dataset.input_kind))
     inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed)
+    return dataset
 
 
 def validate_demo(args) -> None:
@@ -253,11 +255,14 @@ def validate_schedule(args) -> None:
     for path, option in ((args.data, "--data"), (args.eval_data, "--eval-data"),
                          (args.monitor_data, "--monitor-data")):
         inputs.data_file(path, option)
-    validate_recalibrate(args)
+    dataset = validate_recalibrate(args)
     inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
     if args.monitor_data is not None:
-        inputs.load_data(args.monitor_data, args.input_kind)
+        batch = inputs.load_data(args.monitor_data, dataset.input_kind)
+        if batch.n_classes != dataset.n_classes:
+            raise inputs.InputError(f"{batch.path}: has {batch.n_classes} classes but "
+                                    f"{dataset.path} has {dataset.n_classes}")
 
 
 def validate_predict(args) -> None:
