@@ -1,8 +1,14 @@
 """Rows per second of batch scoring at K = 100: Parquet partitions scored by one process
-(one onnxruntime session, files one after another) and by ``cord-ops predict`` on a Dask
-cluster of 1 and 2 local worker processes.
+(one onnxruntime session, files one after another), by ``cord-ops predict`` on a Dask
+cluster of 1 and 2 local worker processes, and (``--spark``) by ``mlflow.pyfunc.spark_udf``
+on a local Spark session (``local[2]``) reading and writing the same Parquet files.
 
     python benchmarks/bench_batch_predict.py [--files 8] [--rows 25000] [--classes 100]
+                                             [--spark]
+
+The Spark figure includes reading, the UDF (the registered model's pyfunc flavour, logged
+to a temporary MLflow store) and writing; not the session's start-up or the model's
+download, which happen before the timed run.
 
 Each configuration reads every file, scores it (VS + CORD float32 graph, one intra-op
 thread per session) and writes the Parquet output; the Dask figures include the client's
@@ -67,12 +73,56 @@ def single_process(model: Path, inputs: list[Path], out: Path, k: int) -> None:
         write_outputs(out / source.name, outputs, passthrough)
 
 
+def spark_seconds(folder: Path, model_path: Path, repeats: int) -> float:
+    """Best time of spark_udf over the Parquet folder (docs/batch-scoring.md's recipe)."""
+    import os
+
+    import mlflow.pyfunc
+    from mlflow import MlflowClient
+    from pyspark.sql import SparkSession
+
+    from flows import pyfunc_model, registry
+    from onnx_export import load_model
+
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    os.environ["MLFLOW_TRACKING_URI"] = uri  # spark_udf downloads through the default client
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("bench", artifact_location=str(folder / "art"))
+    run_id = client.create_run(experiment).info.run_id
+    graph = load_model(model_path)
+    k = int(graph.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
+    info = pyfunc_model.log_model(client, run_id, experiment, graph,
+                                  synthetic_logits(5, k, 0).astype(np.float32))
+    registry.ensure_registered_model(client, "bench")
+    client.create_model_version("bench", source=info.model_uri, run_id=run_id,
+                                model_id=info.model_id)
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.local.dir", str(folder / "spark-tmp")).getOrCreate())
+    try:
+        udf = mlflow.pyfunc.spark_udf(
+            spark, "models:/bench/1", env_manager="local",
+            result_type="struct<repaired: array<float>, label: long, confidence: float>")
+        best = np.inf
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            (spark.read.parquet(str(folder / "in")).withColumn("cord", udf("logits"))
+             .select("id", "cord.label", "cord.confidence", "cord.repaired")
+             .write.mode("error").parquet(str(folder / f"spark-{r}")))
+            if r:  # the first run starts the Python workers
+                best = min(best, time.perf_counter() - t0)
+    finally:
+        spark.stop()
+    return best
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--rows", type=int, default=25_000)
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--spark", action="store_true", help="also time spark_udf")
     args = parser.parse_args(argv)
     from distributed import LocalCluster
 
@@ -113,6 +163,8 @@ def main(argv=None) -> None:
                 results[f"dask, {workers} worker{'s' if workers > 1 else ''}"] = best
             finally:
                 cluster.close()
+        if args.spark:
+            results["spark_udf, local[2]"] = spark_seconds(folder, model, args.repeats)
     print(f"batch scoring, K = {args.classes}, {args.files} Parquet files x {args.rows:,} rows "
           f"= {total:,} rows, VS + CORD float32, one thread per session")
     for name, seconds in results.items():

@@ -41,9 +41,9 @@ from distributed import Client, LocalCluster, WorkerPlugin, get_worker
 
 from cord_ops import data
 from cord_ops.atomic import write_json_atomic
+from flows.inputs import GLOB_CHARS
 from flows.owner import Owner, alive
 
-GLOB_CHARS = "*?["
 #: Name under which the session plugin is registered on the workers, per model digest.
 PLUGIN_PREFIX = "cord-ops-session-"
 #: The owner record inside a partial output folder (removed before the final rename).
@@ -65,12 +65,6 @@ def sweep_dead_partials(output: Path) -> list[Path]:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
-
-
-def is_batch_input(spec) -> bool:
-    """Whether an input is a folder or a glob pattern (batch mode), not one file."""
-    text = str(spec)
-    return any(c in text for c in GLOB_CHARS) or Path(text).is_dir()
 
 
 def expand_inputs(spec) -> tuple[Path, list[Path]]:

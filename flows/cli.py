@@ -234,8 +234,8 @@ def _check_flow_options(args) -> None:
 
 def validate_recalibrate(args):
     """Files, arrays and options of a recalibration; returns the loaded ``--data``."""
-    inputs.npz_file(args.data, "--data")
-    inputs.npz_file(args.eval_data, "--eval-data")
+    inputs.data_file(args.data, "--data")
+    inputs.data_file(args.eval_data, "--eval-data")
     _check_flow_options(args)
     dataset = inputs.load_data(args.data, args.input_kind)
     evaluation = (None if args.eval_data is None
@@ -254,7 +254,7 @@ def validate_demo(args) -> None:
 
 
 def validate_monitor(args) -> None:
-    inputs.npz_file(args.data, "--data")
+    inputs.data_file(args.data, "--data")
     _check_flow_options(args)
     inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
@@ -271,7 +271,7 @@ def validate_schedule(args) -> None:
                          else inputs.check_cron(args.monitor_cron, "--monitor-cron"))
     for path, option in ((args.data, "--data"), (args.eval_data, "--eval-data"),
                          (args.monitor_data, "--monitor-data")):
-        inputs.npz_file(path, option)
+        inputs.data_file(path, option)
     dataset = validate_recalibrate(args)
     inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
@@ -283,9 +283,18 @@ def validate_schedule(args) -> None:
 
 
 def validate_predict(args) -> None:
-    inputs.npz_file(args.input, "--input")
+    if _batch_predict_requested(args):
+        from flows.batch_predict import expand_inputs
+
+        try:
+            expand_inputs(args.input)
+        except ValueError as exc:
+            raise inputs.InputError(f"{exc} (given as --input)") from exc
+        inputs.new_folder(args.output, "--output")
+    else:
+        inputs.data_file(args.input, "--input")
+        inputs.writable_output(args.output, "--output", args.input)
     inputs.model_reference(args.tracking_uri, args.model)
-    inputs.writable_output(args.output, "--output", args.input)
     if args.batch_size is not None and args.batch_size < 1:
         raise inputs.InputError(f"--batch-size: expected a positive integer, got "
                                 f"{args.batch_size}")
@@ -461,9 +470,7 @@ def cmd_predict(args) -> int:
 
 def _batch_predict_requested(args) -> bool:
     """A folder or glob --input, or any Dask option, selects batch scoring on Dask."""
-    from flows.batch_predict import is_batch_input
-
-    return (is_batch_input(args.input) or args.dask_address is not None
+    return (inputs.is_batch_input(args.input) or args.dask_address is not None
             or args.dask_workers is not None)
 
 
@@ -474,7 +481,7 @@ def cmd_predict_batch(args) -> int:
     from flows.batch_predict import predict_batch
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as folder:
-        path = local_model_path(args.model, Path(folder))
+        path = local_model_path(args.model, Path(folder), args.tracking_uri)
         result = predict_batch(path, args.input, args.output, dask_address=args.dask_address,
                                n_workers=args.dask_workers or 2, batch_size=args.batch_size)
     print(f"wrote {result.rows} rows from {result.files} files to {result.output} on "

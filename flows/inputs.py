@@ -33,6 +33,11 @@ MONITOR_OFFSET_MINUTES = 30
 MONITOR_OFFSET_SECONDS = 30
 #: Seconds a remote store's /health may take to answer during validation.
 STORE_PROBE_TIMEOUT_S = 3.0
+#: cord_ops.data.PARQUET_SUFFIXES, restated so this module needs no numpy (a test keeps
+#: the two equal).
+PARQUET_SUFFIXES = (".parquet", ".pq")
+#: Characters that make an --input a glob pattern.
+GLOB_CHARS = "*?["
 
 
 class InputError(ValueError):
@@ -53,28 +58,55 @@ def existing_file(path: Path | str | None, option: str) -> Path | None:
     return path
 
 
-def npz_file(path: Path | str | None, option: str) -> Path | None:
-    """``path`` if it is a file that can be an .npz archive (a zip); None passes through.
-    Only the container is checked here, without numpy: :func:`load_data` reads the arrays.
-    """
+def data_file(path: Path | str | None, option: str) -> Path | None:
+    """``path`` if it is a file that can be an .npz archive (a zip) or, by its suffix
+    .parquet/.pq, a Parquet file (``PAR1`` at both ends); None passes through. Only the
+    container is checked here, without numpy: :func:`load_data` reads the contents."""
     path = existing_file(path, option)
-    if path is not None:
+    if path is None:
+        return None
+    if path.suffix.lower() in PARQUET_SUFFIXES:
         with open(path, "rb") as handle:
-            head = handle.read(6)
-        if head != b"\x93NUMPY" and not zipfile.is_zipfile(path):
-            raise InputError(f"{path}: not an .npz archive (numpy.savez's zip of .npy arrays); "
-                             f"expected 'logits' or 'probs' and 'labels' (given as {option})")
+            head = handle.read(4)
+            handle.seek(max(0, path.stat().st_size - 4))
+            tail = handle.read(4)
+        if head != b"PAR1" or tail != b"PAR1":
+            raise InputError(f"{path}: not a Parquet file (no PAR1 magic); expected the "
+                             f"columns of docs/data-formats.md (given as {option})")
+        return path
+    with open(path, "rb") as handle:
+        head = handle.read(6)
+    if head != b"\x93NUMPY" and not zipfile.is_zipfile(path):
+        raise InputError(f"{path}: not an .npz archive (numpy.savez's zip of .npy arrays); "
+                         f"expected 'logits' or 'probs' and 'labels' (given as {option})")
     return path
 
 
 def load_data(path: Path, input_kind: str = "auto"):
-    """The validated dataset in ``path`` (see :func:`cord_ops.data.load_npz`)."""
+    """The validated dataset in ``path`` (see :func:`cord_ops.data.load`: .npz or Parquet)."""
     from cord_ops import data
 
     try:
-        return data.load_npz(path, input_kind=input_kind)
+        return data.load(path, input_kind=input_kind)
     except (ValueError, TypeError, OSError) as exc:
         raise InputError(str(exc)) from exc
+
+
+def is_batch_input(spec) -> bool:
+    """Whether an --input is a folder or a glob pattern (batch mode), not one file."""
+    text = str(spec)
+    return any(c in text for c in GLOB_CHARS) or Path(text).is_dir()
+
+
+def new_folder(path: Path, option: str) -> Path:
+    """An output folder that does not exist yet, in a folder that does."""
+    if path.exists():
+        raise InputError(f"{path}: already exists; batch output goes to a new folder "
+                         f"(given as {option})")
+    if not path.resolve().parent.is_dir():
+        raise InputError(f"{path}: folder {path.resolve().parent} does not exist "
+                         f"(given as {option})")
+    return path
 
 
 def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float, seed: int,

@@ -58,3 +58,23 @@ def test_bad_parquet_fails_before_any_run_exists(store, tmp_path, digits):
         recalibrate(data=str(bad), model_name="m")
     client = MlflowClient()
     assert client.get_experiment_by_name("m") is None
+
+
+def test_cli_refuses_bad_parquet_before_any_store_or_server(mlflow_uri, tmp_path, digits,
+                                                            capsys):
+    from flows import cli, inputs
+
+    assert inputs.PARQUET_SUFFIXES == data.PARQUET_SUFFIXES
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 but not really")
+    assert cli.main(["recalibrate", "--data", "junk.parquet"]) == 1
+    assert "junk.parquet: not a Parquet file" in capsys.readouterr().err
+    labels = np.array(digits.labels)
+    labels[11] = 10
+    pq.write_table(pa.table({"logits": list(digits.scores), "labels": labels}),
+                   tmp_path / "bad.parquet")
+    assert cli.main(["recalibrate", "--data", "bad.parquet"]) == 1
+    assert "bad.parquet: column 'labels': row 11 is 10" in capsys.readouterr().err
+    assert cli.main(["predict", "--model", "models:/m@champion", "--input",
+                     str(tmp_path / "nothing-*.parquet"), "--output", "out"]) == 1
+    assert "matches no .parquet/.pq file" in capsys.readouterr().err
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()
