@@ -168,3 +168,14 @@ def test_bad_input_is_refused_naming_the_file(cluster, logits, tmp_path):
     pq.write_table(table, bad / "part-01.parquet")
     with pytest.raises(ValueError, match=r"part-01.parquet.*row 5"):
         fit_shards(str(bad), "ts", client=client)
+
+
+def test_local_cluster_when_no_address(logits, tmp_path):
+    """Without a client or an address, fit_shards starts (and closes) its own two-worker
+    local cluster; the fit is the one the external cluster gives."""
+    z, y = logits
+    shards = write_shards(tmp_path / "local", z[:2000], y[:2000], 3)
+    fit = fit_shards(str(shards), "ts", n_workers=2)
+    ref = make_calibrator("ts").fit(z[:2000], y[:2000])
+    assert abs(fit.calibrator.beta_ - ref.beta_) <= 1e-10 * ref.beta_
+    assert fit.cord.eta_ == CORD().fit(softmax(z[:2000]), ref.predict_proba(z[:2000])).eta_
