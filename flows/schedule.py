@@ -31,7 +31,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 #: A SIGTERM stops serving within this many seconds (the signal reaches the handler late
 #: on a busy machine, and an operator expects the service gone within 5 s).
 STOP_WITHIN_S = 3.0
-#: Each deployment runs one flow at a time (the registry's crash clean-up relies on it); a
+#: Each deployment runs one flow at a time (the registry section is serialised by
+#: flows.lock whatever runs it; this only avoids piling up runs of one schedule); a
 #: tick that comes while the previous run is still going is cancelled, not queued, so a
 #: slow run or a stopped runner never leaves a backlog that fires all at once later.
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1,
