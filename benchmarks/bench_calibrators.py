@@ -9,6 +9,7 @@ peers' convention). Fit time = ``time.perf_counter`` around ``fit`` on 5,000 row
 discarded warm-up fit on 500 rows; predict time = one ``predict_proba`` on the 5,000
 evaluation rows. Fit CPU seconds (``time.process_time``) are printed too: fits run on one
 BLAS thread, so on a shared machine they show the cost without other processes' load.
+Every time is taken by ``flows.reproduce.timing`` (the protocol of ``cord-ops bench``).
 With ``--seeds 5`` the table also shows probmetrics 1.3's five-seed mean NLL from the
 anchors and our difference.
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import warnings
 from pathlib import Path
 
@@ -32,6 +32,7 @@ import numpy as np
 
 from cord_ops.calibrators import CALIBRATOR_NAMES, make_calibrator
 from cord_ops.calibrators._base import softmax
+from flows.reproduce.timing import measure, once
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -71,15 +72,13 @@ def run_file(path: Path, names, seeds: int, input_kind: str) -> list[dict]:
             calibrator = make_calibrator(name, input_kind=input_kind)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                c0, t0 = time.process_time(), time.perf_counter()
-                calibrator.fit(cal_x, cal_y)
-                c1, t1 = time.process_time(), time.perf_counter()
-            q = calibrator.predict_proba(ev_x)
-            t2 = time.perf_counter()
+                fit = once(lambda c=calibrator, x=cal_x, y=cal_y: c.fit(x, y))
+            predict = once(lambda c=calibrator, x=ev_x: c.predict_proba(x))
+            q = predict.result
             n_warn += len(caught)
-            fits.append(t1 - t0)
-            cpus.append(c1 - c0)
-            predicts.append(t2 - t1)
+            fits.append(fit.best)
+            cpus.append(fit.best_cpu)
+            predicts.append(predict.best)
             nlls.append(nll(q, ev_y))
             uncals.append(nll(softmax(logits[ev]), ev_y))
         uncal = float(np.mean(uncals))
@@ -114,13 +113,11 @@ def run_synthetic(n: int = 25_000, k: int = 1_000) -> None:
     calibrator = make_calibrator("vs")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        c0, t0 = time.process_time(), time.perf_counter()
-        calibrator.fit(logits, labels)
-        c1, t1 = time.process_time(), time.perf_counter()
-    q = calibrator.predict_proba(logits)
-    t2 = time.perf_counter()
-    print(f"synthetic {n} x {k}: vs fit {t1 - t0:.2f}s (cpu {c1 - c0:.2f}) predict "
-          f"{t2 - t1:.2f}s, top-1 {np.mean(logits.argmax(axis=1) == labels):.3f}, "
+        fit = once(lambda: calibrator.fit(logits, labels))
+    predict = once(lambda: calibrator.predict_proba(logits))
+    q = predict.result
+    print(f"synthetic {n} x {k}: vs fit {fit.best:.2f}s (cpu {fit.best_cpu:.2f}) predict "
+          f"{predict.best:.2f}s, top-1 {np.mean(logits.argmax(axis=1) == labels):.3f}, "
           f"NLL {nll(softmax(logits), labels):.4f} -> {nll(q, labels):.4f} (calibration "
           f"rows), warnings {len(caught)}", flush=True)
 
@@ -164,12 +161,7 @@ def run_predict(rows: int = 5_000, ks=(10, 100, 1000), names=("ts", "vs", "ms"))
     from scipy.special import softmax as scipy_softmax
 
     def best(fn, repeats=7):
-        fastest = np.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            fastest = min(fastest, time.perf_counter() - start)
-        return fastest * 1e3
+        return measure(fn, repeats=repeats, warm_up=False)[0].best * 1e3
 
     for k in ks:
         rng = np.random.default_rng(k)

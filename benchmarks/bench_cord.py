@@ -8,7 +8,8 @@ transcribed from the equations), the one numpy transcription the test suite also
 cord_ops against. Both run in this process on the same synthetic (p0, q) pairs, with
 cord_ops validating its inputs and the listing not. Calls alternate (ours, listing, ours,
 ...) and each time is the minimum over ``--repeats``: on a shared machine the minimum is
-the run least disturbed by other processes, and alternating exposes both to the same load.
+the run least disturbed by other processes, and alternating exposes both to the same load
+(``flows.reproduce.timing.measure``, the protocol ``cord-ops bench`` uses too).
 Prints each ratio next to its target (issue 15): fit and transform <= 0.8x the listing at
 n = 5,000 (K = 10, 100); fit <= 0.8x and transform <= 0.4x at n = 25,000, K = 1,000.
 Peak extra memory of one call (tracemalloc) is in units of one n x K float64 array.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests" / "core"))
 import cord_listing as listing  # noqa: E402
 
 from cord_ops import CORD  # noqa: E402
+from flows.reproduce.timing import measure  # noqa: E402
 
 #: (fit, transform) target ratios against the listing, by (n, K).
 TARGETS = {(5000, 10): (0.8, 0.8), (5000, 100): (0.8, 0.8), (25000, 1000): (0.8, 0.4)}
@@ -49,14 +50,9 @@ def make_pair(n, k, seed=0):
 
 
 def alternating_minima(first, second, repeats):
-    """Minimum wall time of each of two callables, called alternately ``repeats`` times."""
-    best = [np.inf, np.inf]
-    for _ in range(repeats):
-        for slot, fn in enumerate((first, second)):
-            start = time.perf_counter()
-            fn()
-            best[slot] = min(best[slot], time.perf_counter() - start)
-    return best
+    """Minimum wall time of each of two callables, called alternately ``repeats`` times
+    (the calls above are their warm-up)."""
+    return [t.best for t in measure(first, second, repeats=repeats, warm_up=False)]
 
 
 def peak_extra(fn):

@@ -28,7 +28,6 @@ import argparse
 import multiprocessing
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cord_ops import CORD  # noqa: E402
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator  # noqa: E402
 from cord_ops.calibrators._base import softmax  # noqa: E402
+from flows.reproduce.timing import measure  # noqa: E402
 from onnx_export import export_onnx, open_session, run_batched  # noqa: E402
 from onnx_export.runtime import batches, default_batch_size  # noqa: E402
 
@@ -62,16 +62,12 @@ def fit_pipeline(name: str, k: int, n_fit: int = 3000):
     return cal, CORD().fit(softmax(x), cal.predict_proba(x))
 
 
-def best_of(run, repeats: int, rows: int) -> tuple[float, float]:
-    """(wall, CPU) microseconds per row of the fastest of ``repeats`` calls. CPU time sums
-    all threads of the process; on a busy machine it is the steadier of the two."""
-    wall = cpu = np.inf
-    for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        run()
-        wall = min(wall, time.perf_counter() - start)
-        cpu = min(cpu, time.process_time() - start_cpu)
-    return wall / rows * 1e6, cpu / rows * 1e6
+def best_of(run, repeats: int, rows: int, warm_up: bool = False) -> tuple[float, float]:
+    """(wall, CPU) microseconds per row of the fastest of ``repeats`` calls
+    (``flows.reproduce.timing``). CPU time sums all threads of the process; on a busy
+    machine it is the steadier of the two."""
+    (timing,) = measure(run, repeats=repeats, warm_up=warm_up)
+    return timing.best / rows * 1e6, timing.best_cpu / rows * 1e6
 
 
 def time_numpy(cal, cord, logits: np.ndarray, repeats: int) -> tuple[float, float]:
@@ -82,9 +78,8 @@ def time_numpy(cal, cord, logits: np.ndarray, repeats: int) -> tuple[float, floa
 def time_onnx(model_bytes: bytes, scores: np.ndarray, threads: int, batch_size: int,
               repeats: int) -> tuple[float, float]:
     session = open_session(model_bytes, provider="cpu", threads=threads)
-    run_batched(session, scores, batch_size=batch_size)
     return best_of(lambda: run_batched(session, scores, batch_size=batch_size), repeats,
-                   len(scores))
+                   len(scores), warm_up=True)
 
 
 def _status_kib(field: str) -> int:
@@ -129,13 +124,9 @@ def copy_bandwidth_gb_s(megabytes: int = 256, repeats: int = 5) -> float:
     """Bytes read plus bytes written per second by one numpy copy of ``megabytes``."""
     src = np.ones(megabytes * 2**20 // 8)
     dst = np.empty_like(src)
-    np.copyto(dst, src)  # touch every page first
-    best = np.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.nbytes / best / 1e9
+    # the warm-up copy touches every page first
+    (timing,) = measure(lambda: np.copyto(dst, src), repeats=repeats)
+    return 2 * src.nbytes / timing.best / 1e9
 
 
 #: (calibrator, K, [(dtype, outputs), ...]) measured by default; --quick keeps the first.

@@ -12,7 +12,9 @@ bottom:
   seed) evaluation, the tables and figures;
 - :mod:`~flows.reproduce.stats` and :mod:`~flows.reproduce.paper`: paired statistics, the
   paper's published numbers;
-- :mod:`~flows.reproduce.plan` and :mod:`~flows.reproduce.defaults`: what a sweep covers.
+- :mod:`~flows.reproduce.plan` and :mod:`~flows.reproduce.defaults`: what a sweep covers;
+- :mod:`~flows.reproduce.timing`: the one timing protocol, which the scripts in
+  ``benchmarks/`` use too.
 
 Its own dependency, prefect-dask (Prefect's task runner on Dask), comes with the
 ``reproduce`` extra: ``pip install -e ".[reproduce]"``.

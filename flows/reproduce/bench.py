@@ -6,7 +6,8 @@ per example) as post-warm-up medians [Q1, Q3] over 9 constructions and 21 full-s
 repairs with q from IROvA-TS, single-threaded, next to the paper's Table 5; throughput of
 the exported ONNX graph in float32 and float64 (onnxruntime CPU, examples per second); and
 the end-to-end time of the recalibration flow (load -> fit -> CORD -> ONNX -> parity ->
-MLflow -> register).
+MLflow -> register). Every figure is taken by :mod:`flows.reproduce.timing`, the protocol
+the scripts in ``benchmarks/`` use too.
 
 Calibrator and CORD timings run with BLAS/OpenMP pinned to one thread (as each Dask worker
 of ``cord-ops reproduce`` is); onnxruntime and the flow use the machine's defaults.
@@ -29,6 +30,7 @@ from flows.progress import Progress
 from flows.reproduce import paper
 from flows.reproduce.defaults import BENCH_EXPERIMENT, dataset_and_classifier
 from flows.reproduce.report import markdown
+from flows.reproduce.timing import measure, once
 from flows.runtime import prefect_api
 
 CORD_CONSTRUCTIONS = 9
@@ -55,11 +57,6 @@ def _halves(path: str, seed: int = 0):
     return dataset, cal_idx, eval_idx
 
 
-def _quartiles(values) -> tuple[float, float, float]:
-    q1, median, q3 = np.quantile(np.asarray(values), [0.25, 0.5, 0.75])
-    return float(median), float(q1), float(q3)
-
-
 def calibrator_rows(dataset_name: str, path: str, calibrators,
                     progress: Progress | None = None) -> list[dict]:
     """Fit seconds and predict us/example of each calibrator on one file's seed-0 split;
@@ -71,19 +68,16 @@ def calibrator_rows(dataset_name: str, path: str, calibrators,
         dataset.scores[eval_idx]
     rows = []
     for name in calibrators:
-        start = time.perf_counter()
-        model = make_calibrator(name, input_kind=dataset.input_kind).fit(x_cal, y_cal)
-        fit = time.perf_counter() - start
-        if fit < WARM_UP_SECONDS:  # time a second fit; for slow ones warm-up is immaterial
-            model = make_calibrator(name, input_kind=dataset.input_kind)
-            start = time.perf_counter()
-            model.fit(x_cal, y_cal)
-            fit = time.perf_counter() - start
-        start = time.perf_counter()
-        model.predict_proba(x_eval)
-        predict = (time.perf_counter() - start) / x_eval.shape[0] * 1e6
+        def fit(name=name):
+            return make_calibrator(name, input_kind=dataset.input_kind).fit(x_cal, y_cal)
+
+        fitted = once(fit)
+        if fitted.best < WARM_UP_SECONDS:  # time a second fit; for slow ones warm-up is immaterial
+            fitted = once(fit)
+        fit_seconds, model = fitted.best, fitted.result
+        predict = once(lambda m=model: m.predict_proba(x_eval)).best / x_eval.shape[0] * 1e6
         rows.append({"measure": f"fit {name} (s)", "dataset": dataset_name,
-                     "ours": f"{fit:.3f}", "paper": ""})
+                     "ours": f"{fit_seconds:.3f}", "paper": ""})
         rows.append({"measure": f"predict {name} (us/example)", "dataset": dataset_name,
                      "ours": f"{predict:.2f}", "paper": ""})
         if progress is not None:
@@ -104,19 +98,11 @@ def cord_rows(dataset_name: str, path: str) -> tuple[list[dict], tuple]:
     p_cal, p_eval = p0[cal_idx], p0[eval_idx]
     q_cal = model.predict_proba(dataset.scores[cal_idx])
     q_eval = model.predict_proba(dataset.scores[eval_idx])
-    repair = CORD().fit(p_cal, q_cal)
-    repair.transform(p_eval, q_eval)  # warm-up
-    constructions, repairs = [], []
-    for _ in range(CORD_CONSTRUCTIONS):
-        start = time.perf_counter()
-        CORD().fit(p_cal, q_cal)
-        constructions.append(time.perf_counter() - start)
-    for _ in range(CORD_REPAIRS):
-        start = time.perf_counter()
-        repair.transform(p_eval, q_eval)
-        repairs.append((time.perf_counter() - start) / p_eval.shape[0] * 1e6)
+    (construction,) = measure(lambda: CORD().fit(p_cal, q_cal), repeats=CORD_CONSTRUCTIONS)
+    repair = construction.result
+    (repairs,) = measure(lambda: repair.transform(p_eval, q_eval), repeats=CORD_REPAIRS)
     published = paper.TABLE5.get(dataset_name)
-    c, r = _quartiles(constructions), _quartiles(repairs)
+    c, r = construction.quartiles(), repairs.quartiles(1e6 / p_eval.shape[0])
     rows = [
         {"measure": "CORD construction (s), median [Q1, Q3]", "dataset": dataset_name,
          "ours": f"{c[0]:.4f} [{c[1]:.4f}, {c[2]:.4f}]",
@@ -146,12 +132,9 @@ def onnx_rows(dataset_name: str, split, calibrator: str) -> list[dict]:
         session = onnxruntime.InferenceSession(graph.SerializeToString(),
                                                providers=["CPUExecutionProvider"])
         scores = np.ascontiguousarray(dataset.scores[eval_idx], dtype=dtype)
-        session.run(None, {"scores": scores})  # warm-up
-        rates = []
-        for _ in range(ONNX_RUNS):
-            start = time.perf_counter()
-            session.run(None, {"scores": scores})
-            rates.append(scores.shape[0] / (time.perf_counter() - start))
+        (runs,) = measure(lambda s=session, x=scores: s.run(None, {"scores": x}),
+                          repeats=ONNX_RUNS)
+        rates = scores.shape[0] / np.asarray(runs.wall)
         rows.append({"measure": f"ONNX {calibrator}+CORD {dtype} (examples/s)",
                      "dataset": dataset_name, "ours": f"{np.median(rates):,.0f}",
                      "paper": ""})
@@ -163,10 +146,9 @@ def flow_row(dataset_name: str, path: str, calibrator: str, uri: str) -> dict:
     from flows.recalibrate import recalibrate
 
     with prefect_api():
-        start = time.perf_counter()
-        recalibrate(data=path, calibrator=calibrator, model_name="cord-ops-bench",
-                    promote=False, tracking_uri=uri)
-        seconds = time.perf_counter() - start
+        seconds = once(lambda: recalibrate(data=path, calibrator=calibrator,
+                                           model_name="cord-ops-bench", promote=False,
+                                           tracking_uri=uri)).best
     return {"measure": f"end-to-end recalibrate flow, {calibrator} (s)",
             "dataset": dataset_name, "ours": f"{seconds:.2f}", "paper": ""}
 
