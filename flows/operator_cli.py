@@ -1,5 +1,5 @@
 """``cord-ops status | promote | rollback``: the operator's commands on a registered model
-(logic in :mod:`flows.operator`). None of them imports Prefect; each talks to the tracking
+(logic in :mod:`flows.champion_ops`). None of them imports Prefect; each talks to the tracking
 store :func:`flows.tracking.tracking_uri` names."""
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ def _client(args):
 
 
 def cmd_status(args) -> int:
-    from flows import operator
+    from flows import champion_ops
 
     client, _ = _client(args)
-    print(operator.format_status(operator.status(client, args.model_name, args.limit)))
+    print(champion_ops.format_status(champion_ops.status(client, args.model_name, args.limit)))
     return 0
 
 
 def cmd_promote(args) -> int:
-    from flows import operator
+    from flows import champion_ops
 
     client, uri = _client(args)
-    previous = operator.promote(client, uri, args.model_name, str(args.version), args.reason,
+    previous = champion_ops.promote(client, uri, args.model_name, str(args.version), args.reason,
                                 args.lock_timeout)
     before = "none" if previous is None else f"v{previous}"
     print(f"{args.model_name}@champion: {before} -> v{args.version} ({args.reason}); "
@@ -38,10 +38,10 @@ def cmd_promote(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from flows import operator
+    from flows import champion_ops
 
     client, uri = _client(args)
-    current, target = operator.rollback(client, uri, args.model_name, args.reason,
+    current, target = champion_ops.rollback(client, uri, args.model_name, args.reason,
                                         args.lock_timeout)
     print(f"{args.model_name}@champion: v{current} -> v{target} (rollback: {args.reason})")
     return 0

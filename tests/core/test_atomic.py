@@ -46,7 +46,9 @@ def test_next_write_sweeps_tmp_files_of_killed_writers_but_not_live_ones(tmp_pat
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # The checkout under test only: this process's sys.path may have picked up folders
+    # (e.g. a model-from-code's) whose modules would shadow the standard library.
+    env = {**os.environ, "PYTHONPATH": _checkout_root()}
     killed = subprocess.run([sys.executable, "-c", WRITER, str(tmp_path / "out.npz"), "die"],
                             capture_output=True, text=True, env=env, timeout=60)
     assert killed.returncode == -9
@@ -63,3 +65,11 @@ def test_next_write_sweeps_tmp_files_of_killed_writers_but_not_live_ones(tmp_pat
         live.kill()
         live.wait()
     assert sorted(p.name for p in tmp_path.iterdir()) == [in_use.name, "state.json"]
+
+
+def _checkout_root() -> str:
+    from pathlib import Path
+
+    import cord_ops
+
+    return str(Path(cord_ops.__file__).resolve().parents[1])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cord_ops import data, metrics
-from flows import gate, operator, reference, registry
+from flows import champion_ops, gate, reference, registry
 from flows.cli import main
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -170,8 +170,8 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
                  "--reason", "seed 1 split"]) == 0
     assert _champion(client) == "2"
     tags = client.get_model_version("m", "2").tags
-    assert tags[operator.PROMOTION_REASON_TAG] == "promote: seed 1 split"
-    assert "@" in tags[operator.PROMOTED_BY_TAG] and tags[operator.PROMOTED_AT_TAG]
+    assert tags[champion_ops.PROMOTION_REASON_TAG] == "promote: seed 1 split"
+    assert "@" in tags[champion_ops.PROMOTED_BY_TAG] and tags[champion_ops.PROMOTED_AT_TAG]
 
     # The champion's graph is truncated on disk.
     (onnx_file,) = sorted(_model_folder(client, "m", "2").rglob("*.onnx"))

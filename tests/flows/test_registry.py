@@ -195,7 +195,9 @@ def _holder(folder, timeout, run_id, hold, kind="file", uri=""):
     import os
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # The checkout under test only: this process's sys.path may have picked up folders
+    # (e.g. a model-from-code's) whose modules would shadow the standard library.
+    env = {**os.environ, "PYTHONPATH": _checkout_root()}
     return subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder), str(timeout),
                              run_id, str(hold), kind, uri], stdout=subprocess.PIPE, text=True,
                             env=env)
@@ -294,3 +296,11 @@ def test_a_foreign_or_unreadable_store_file_gives_one_error_line(tmp_path, monke
     assert expected in lines[0]
     # Nothing was created beside it but the (empty) lock folder of the store check.
     assert sorted(p.name for p in db.parent.iterdir() if p.name != ".cord-locks") == before
+
+
+def _checkout_root() -> str:
+    from pathlib import Path
+
+    import cord_ops
+
+    return str(Path(cord_ops.__file__).resolve().parents[1])
