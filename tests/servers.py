@@ -54,3 +54,41 @@ def running(command: list[str], log: Path, env: dict[str, str] | None = None,
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
+
+
+@contextlib.contextmanager
+def dask_cluster(folder: Path, workers: int = 2, timeout: float = 90.0):
+    """A real ``dask scheduler`` and ``workers`` ``dask worker`` processes on 127.0.0.1.
+
+    Workers run without a nanny, so each PID we started is the worker itself (a test can
+    kill -9 one). BLAS threads are pinned to one so two workers fit on a 2-core runner.
+    Yields (address, [worker PIDs]); every process is gone afterwards.
+    """
+    import sys
+
+    dask = str(Path(sys.executable).with_name("dask"))
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    with contextlib.ExitStack() as stack:
+        started = [stack.enter_context(running(
+            [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+            folder / "scheduler.log", env=env, cwd=folder))]
+        for i in range(workers):
+            started.append(stack.enter_context(running(
+                [dask, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                 "--host", "127.0.0.1"], folder / f"worker{i}.log", env=env, cwd=folder)))
+        from distributed import Client
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with Client(address, timeout=5) as client:
+                    client.wait_for_workers(workers, timeout=60)
+                break
+            except OSError:
+                if time.monotonic() > deadline or any(p.poll() is not None for p in started):
+                    raise
+                time.sleep(0.5)
+        yield address, [p.pid for p in started[1:]]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from servers import dask_cluster, free_port
 
 from cord_ops import CORD, data
 from cord_ops.calibrators import make_calibrator
@@ -27,61 +27,14 @@ from onnx_export import export_onnx, predict_file, save_model
 
 pytestmark = pytest.mark.slow
 
-DASK = str(Path(sys.executable).with_name("dask"))
 K = 10
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """`dask scheduler` + two `dask worker` processes (no nanny: the PIDs are the workers');
-    yields (address, [worker PIDs])."""
-    logs = tmp_path_factory.mktemp("dask-logs")
-    port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    started = []
-    try:
-        started.append(subprocess.Popen(
-            [DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-            stdout=open(logs / "scheduler.log", "w"), stderr=subprocess.STDOUT, env=env))
-        for i in range(2):
-            started.append(subprocess.Popen(
-                [DASK, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                 "--host", "127.0.0.1"],
-                stdout=open(logs / f"worker{i}.log", "w"), stderr=subprocess.STDOUT, env=env,
-                cwd=logs))
-        from distributed import Client
-
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with Client(address, timeout=5) as client:
-                    client.wait_for_workers(2, timeout=60)
-                break
-            except OSError:
-                if time.monotonic() > deadline or any(p.poll() is not None for p in started):
-                    raise
-                time.sleep(0.5)
-        yield address, [p.pid for p in started[1:]]
-    finally:
-        for process in reversed(started):
-            stop(process)
+    """`dask scheduler` + two `dask worker` processes; yields (address, [worker PIDs])."""
+    with dask_cluster(tmp_path_factory.mktemp("dask-logs")) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,11 @@ bad input is refused naming the file."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from servers import dask_cluster
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
@@ -22,62 +19,17 @@ from flows.distributed import fit_shards
 
 pytestmark = pytest.mark.slow
 
-DASK = str(Path(sys.executable).with_name("dask"))
 N, K = 6000, 12
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """`dask scheduler` + two `dask worker` processes (no nanny: their PIDs are ours)."""
-    tmp = tmp_path_factory.mktemp("dask")
-    port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
-    started = []
-    try:
-        started.append(subprocess.Popen(
-            [DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-            stdout=open(tmp / "scheduler.log", "w"), stderr=subprocess.STDOUT, env=env))
-        for i in range(2):
-            started.append(subprocess.Popen(
-                [DASK, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                 "--host", "127.0.0.1"],
-                stdout=open(tmp / f"worker{i}.log", "w"), stderr=subprocess.STDOUT, env=env,
-                cwd=tmp))
-        from distributed import Client
+    """`dask scheduler` + two `dask worker` processes; yields (client, [worker PIDs])."""
+    from distributed import Client
 
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                client = Client(address, timeout=5)
-                client.wait_for_workers(2, timeout=60)
-                break
-            except OSError:
-                if time.monotonic() > deadline or any(p.poll() is not None for p in started):
-                    raise
-                time.sleep(0.5)
-        with client:
-            yield client, [p.pid for p in started[1:]]
-    finally:
-        for process in reversed(started):
-            stop(process)
+    with dask_cluster(tmp_path_factory.mktemp("dask")) as (address, pids), \
+            Client(address, timeout=30) as client:
+        yield client, pids
 
 
 @pytest.fixture(scope="module")

@@ -3,74 +3,24 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
+import servers
 
 pytestmark = pytest.mark.slow
 
-DASK = str(Path(sys.executable).with_name("dask"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop(process: subprocess.Popen) -> None:
-    """End one process we started, by its PID: terminate, then kill if it lingers."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 @pytest.fixture
 def dask_cluster(tmp_path):
     """`dask scheduler` + one `dask worker` (no nanny, so the worker runs in the process we
     started and its PID is known); yields (address, worker PID)."""
-    port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
     logs = tmp_path / "dask-logs"
     logs.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
-    started = []
-    try:
-        started.append(subprocess.Popen(
-            [DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-            stdout=open(logs / "scheduler.log", "w"), stderr=subprocess.STDOUT, env=env))
-        started.append(subprocess.Popen(
-            [DASK, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-             "--host", "127.0.0.1"],
-            stdout=open(logs / "worker.log", "w"), stderr=subprocess.STDOUT, env=env,
-            cwd=tmp_path))
-        from distributed import Client
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with Client(address, timeout=5) as client:
-                    client.wait_for_workers(1, timeout=30)
-                break
-            except OSError:
-                if time.monotonic() > deadline or any(p.poll() is not None for p in started):
-                    raise
-                time.sleep(0.5)
-        yield address, started[1].pid
-    finally:
-        for process in reversed(started):
-            stop(process)
+    with servers.dask_cluster(logs, workers=1, timeout=60) as (address, pids):
+        yield address, pids[0]
 
 
 def test_quick_sweep_runs_on_an_external_scheduler(dask_cluster, synthetic_dir, tmp_path,
