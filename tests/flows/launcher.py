@@ -24,7 +24,6 @@ import time
 
 import mlflow  # noqa: F401 - imported before the fork, on purpose
 import mlflow.onnx  # noqa: F401
-import mlflow.tracking.fluent
 import onnxruntime  # noqa: F401
 import prefect  # noqa: F401
 
@@ -39,9 +38,17 @@ def _child(spec: dict) -> None:
     os.dup2(fd, 2)
     os.environ.update(spec.get("env", {}))
     if spec.get("finalize_kill"):
-        def killed(*args, **kwargs):
-            os.kill(os.getpid(), signal.SIGKILL)
-        mlflow.tracking.fluent.finalize_logged_model = killed
+        # flows.tracking.log_model marks the model READY through the client it was given;
+        # dying there leaves the logged model PENDING with its run still RUNNING.
+        finalize = mlflow.MlflowClient.finalize_logged_model
+
+        def killed(self, model_id, status, *args, **kwargs):
+            from mlflow.entities import LoggedModelStatus
+
+            if status in (LoggedModelStatus.READY, "READY"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return finalize(self, model_id, status, *args, **kwargs)
+        mlflow.MlflowClient.finalize_logged_model = killed
     code = 1
     try:
         code = flows.cli.main(spec["argv"])
