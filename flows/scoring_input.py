@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cord_ops.names import INPUT_KINDS
 from cord_ops.validation import check_probabilities, check_scores
 
-INPUT_KINDS = ("logits", "probs")
 #: Codes of :attr:`InputError.reason`.
 REASONS = ("bad_payload", "bad_shape", "wrong_width", "non_finite", "not_probabilities",
            "out_of_range")
