@@ -70,8 +70,27 @@ def log_reference_split(client, run_id: str, evaluation: data.Dataset) -> str:
                "source_file": evaluation.path, "source_file_sha256": evaluation.sha256}
     entity = Dataset(name=DATASET_NAME, digest=sha256[:DIGEST_LENGTH], source_type=source_type,
                      source=source, profile=json.dumps(profile))
-    client.log_inputs(run_id, datasets=[DatasetInput(entity, [InputTag(CONTEXT_TAG, CONTEXT)])])
+    _log_input(client, run_id, DatasetInput(entity, [InputTag(CONTEXT_TAG, CONTEXT)]))
     return sha256
+
+
+def _log_input(client, run_id: str, dataset_input, attempts: int = 3) -> None:
+    """``log_inputs``, tolerating the race of concurrent runs over one dataset row.
+
+    MLflow's database store looks a dataset up by (experiment, name, digest) and inserts it
+    when absent, without a lock: runs that pin the same split at the same moment both
+    insert and all but one hit the unique constraint. The row then exists, so logging again
+    links this run to it (the split itself is read from each run's own artifact).
+    """
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(attempts):
+        try:
+            client.log_inputs(run_id, datasets=[dataset_input])
+            return
+        except MlflowException as exc:
+            if "unique constraint" not in str(exc).lower() or attempt == attempts - 1:
+                raise
 
 
 def reference_input(client, run_id: str):

@@ -63,3 +63,49 @@ def test_a_changed_or_missing_reference_is_unavailable(client, run_id, digits):
     stored.unlink()
     with pytest.raises(reference.ReferenceUnavailable, match="cannot be downloaded"):
         reference.load_reference_split(client, run_id)
+
+
+PIN_AT_ONCE = """
+import sys, time
+from mlflow import MlflowClient
+from mlflow.entities import Dataset, DatasetInput, InputTag
+from flows import reference
+uri, run_id, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+client = MlflowClient(uri)
+# What log_reference_split records, for one split shared by every run.
+pinned = DatasetInput(Dataset(name=reference.DATASET_NAME, digest="c09a9f694ccb41e0",
+                              source_type="local", source='{"uri": "same-split.npz"}'),
+                      [InputTag(reference.CONTEXT_TAG, reference.CONTEXT)])
+while time.time() < start:
+    pass
+reference._log_input(client, run_id, pinned)
+"""
+
+
+def test_runs_pinning_the_same_split_at_once_all_succeed(tmp_path):
+    """MLflow inserts a dataset row without a lock; eight runs pinning the same split at the
+    same moment race on its unique key. Every one of them must still record its input."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    import cord_ops
+    from flows import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    tracking.prepare_store(uri)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("pins")
+    runs = [client.create_run(experiment).info.run_id for _ in range(8)]
+    env = {**os.environ, "PYTHONPATH": str(Path(cord_ops.__file__).resolve().parents[1])}
+    start = time.time() + 15  # every process imported and waiting before the first insert
+    processes = [subprocess.Popen([sys.executable, "-c", PIN_AT_ONCE, uri, run, str(start)],
+                                  env=env, stderr=subprocess.PIPE, text=True) for run in runs]
+    errors = [p.communicate(timeout=300)[1] for p in processes]
+    assert [p.returncode for p in processes] == [0] * 8, [e[-800:] for e in errors]
+    for run in runs:
+        assert reference.reference_input(client, run) is not None
