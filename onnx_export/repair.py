@@ -130,11 +130,17 @@ def build_repair(gb: GraphBuilder, p0_a: str, p0_on_boundary: str | None, calibr
     divisor = gb.op("Where", gb.op("Equal", s, b), one, gb.div(tail, gb.sub(one, s)),
                     hint="divisor")
     # In float32, 1 - delta rounds to 1: c1 is 1 on every row and its product is skipped.
-    stab = rest if gb.dtype == np.float32 else gb.mul(rest, c1, hint="rest_stab")
-    scaled = gb.div(gb.add(stab, c0), divisor, hint="tail_scaled")
-    runner_up = gb.div(gb.add(gb.mul(top_raw, c1), c0), divisor, hint="runner_up")
-
+    # So it is when the result is cast to float32: the factor moves the tail by a relative
+    # 1e-10, far below float32's rounding (6e-8), and the [N, K] product costs a pass.
+    # The runner-up uses the same formula as the tail, so it stays the tail's maximum.
     dtype = gb.dtype if out_dtype is None else np.dtype(out_dtype)
+    if dtype == np.float32:
+        stab, top_stab = rest, top_raw
+    else:
+        stab, top_stab = gb.mul(rest, c1, hint="rest_stab"), gb.mul(top_raw, c1)
+    scaled = gb.div(gb.add(stab, c0), divisor, hint="tail_scaled")
+    runner_up = gb.div(gb.add(top_stab, c0), divisor, hint="runner_up")
+
     if dtype != gb.dtype:
         # Casting is monotone, so the cast runner-up is still the maximum of the cast tail.
         scaled, runner_up, s = (gb.cast(t, dtype) for t in (scaled, runner_up, s))

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from onnx_export import open_session
 from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder
-from onnx_export.calibrators import interpolate
+from onnx_export.interpolate import cell_value, interpolate, knot_tables
 
 
 def interp_graph(knots: list, k: int):
@@ -106,14 +106,61 @@ def test_clustered_knots_and_queries_at_knots_and_cell_edges(shared):
 
 
 def test_lookup_steps_do_not_grow_with_the_knot_count():
+    """Knots as PAV leaves them (block ends in close pairs, blocks spread out, piling up
+    near 0): 100 or 10,000 of them take the same operations, two halving steps (the many
+    knots near 0 add a Sqrt that spreads them over the cells)."""
     rng = np.random.default_rng(3)
 
-    def operations(n_knots):
-        x = np.sort(rng.uniform(0.0, 1.0, n_knots))
+    def operations(n_blocks):
+        starts = ((np.arange(n_blocks) + rng.uniform(0.0, 0.5, n_blocks)) / n_blocks) ** 2
+        x = np.unique(np.concatenate([starts, starts + 1e-12]))
         gb = GraphBuilder("float64")
         gb.fresh("t")
-        interpolate(gb, "t", [(x, np.sort(rng.uniform(0.0, 1.0, n_knots)))])
+        interpolate(gb, "t", [(x, np.sort(rng.uniform(0.0, 1.0, len(x))))])
         return [node.op_type for node in gb.nodes]
 
-    assert operations(10_000) == operations(100)
-    assert operations(100).count("Gather") == 2
+    many, few = operations(5_000), operations(50)
+    assert [op for op in many if op != "Sqrt"] == few
+    # one cell lookup, one per halving step, then x_j, y_j and slope_j
+    assert operations(50).count("GatherElements") == 1 + 2 + 3
+    assert "Gather" not in operations(50)
+
+
+def lookup_in_numpy(tables, t: np.ndarray, column_set: np.ndarray, cast) -> np.ndarray:
+    """The graph's lookup replayed in numpy with ``cast`` turning v into the cell index."""
+    v = cell_value(t, tables.lo, tables.hi, tables.scale[column_set], tables.shift[column_set],
+                   tables.sqrt)
+    u = np.clip(t, tables.lo, tables.hi)
+    j = tables.cell_start[cast(v).astype(np.int64)].astype(np.int64)
+    for step in reversed(range(tables.steps)):
+        h = 1 << step
+        j = j + h * (tables.shifted_x(h)[j] <= u)
+    return tables.slope[j] * (u - tables.x[j]) + tables.y[j]
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=4), seed=st.integers(0, 10**6),
+       clustered=st.booleans())
+def test_cells_hold_whether_cast_truncates_or_rounds(sizes, seed, clustered):
+    """ONNX leaves open whether Cast truncates or rounds; the tables give np.interp's j
+    either way, at the knots, next to them and at every cell boundary."""
+    rng = np.random.default_rng(seed)
+    knots = [(_clustered_knots(rng, size) if clustered else knot_set(size, rng))
+             for size in sizes]
+    tables = knot_tables(knots)
+    for index, (kx, ky) in enumerate(knots):
+        scale, shift = tables.scale[index], tables.shift[index]
+        # t at which v crosses c - 1/2, c and c + 1/2 for the cells around each knot
+        v = cell_value(kx, tables.lo, tables.hi, scale, shift, tables.sqrt)
+        bounds = (np.floor(v)[:, None] + np.arange(-1.0, 2.0, 0.5)).ravel()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u = (bounds - shift) / scale
+        edges = u**2 if tables.sqrt else u
+        t = np.concatenate([kx, np.nextafter(kx, -np.inf), np.nextafter(kx, np.inf),
+                            edges[np.isfinite(edges)], rng.uniform(-0.1, 1.1, 200)])
+        t = np.concatenate([t, np.nextafter(t, -np.inf), np.nextafter(t, np.inf)])
+        expected = np.interp(t, kx, ky)
+        column_set = np.full(len(t), index)
+        for cast in (np.trunc, np.rint, np.floor):
+            np.testing.assert_array_equal(lookup_in_numpy(tables, t, column_set, cast),
+                                          expected)
