@@ -125,26 +125,38 @@ def _check_fitted(calibrator, cord, n_classes: int, input_kind: str, dtype: str)
         raise ValueError(f"cord: eta_ must be finite, got {cord.eta_!r}")
 
 
-def _label_and_original_float32(gb: GraphBuilder, input_kind: str) -> tuple[str, str, str]:
-    """([N, 1] label, original, [N, 1] original[label]) of a float32 graph; ``label`` is
-    strictly on top of ``original`` (see the module docstring). original[label] is built
-    without reading ``original``, so a graph that does not output it drops it."""
+def _label_and_original_float32(gb: GraphBuilder, input_kind: str,
+                                with_original: bool) -> tuple[str, str]:
+    """([N, 1] label, [N, 1] original probability of the label) of a float32 graph, and
+    the ``original`` output when ``with_original``, with ``label`` strictly on top of it
+    (see the module docstring).
+
+    The label is column 0 of TopK, which puts the lower index first among equal values
+    (the tie rule); TopK with k = 1 costs about half of k = 2 and less than ArgMax, so the
+    runner-up is only asked for when ``original`` is built. The probability handed to the
+    repair is the plain softmax entry in both cases, so a lean graph's outputs are the full
+    graph's bit for bit."""
+    width = 2 if with_original and input_kind == "logits" else 1
+    _, top = gb.op("TopK", INPUT, gb.const(np.array([width], dtype=np.int64), f"top{width}",
+                                          dtype=np.int64), outputs=2, hint="top", axis=1)
+    if width == 1:
+        label = top
+    else:
+        label, runner = gb.op("Split", top, axis=1, num_outputs=2, outputs=2, hint="top2_col")
     if input_kind == "probs":
-        # Same array, same tie rule: ArgMax of the input already is its first maximum.
-        label = gb.row_argmax(INPUT, hint="label_col")
-        return label, gb.op("Identity", INPUT, out="original"), gb.take(INPUT, label)
-    # TopK puts the lower index first among equal values, so column 0 is the smallest
-    # maximising index (the tie rule) and column 1 the runner-up logit, at the cost of one
-    # ArgMax. Softmax is monotone, so the runner-up logit's probability is the largest one
-    # other than the label's; where rounding made the two equal, the label's is raised.
-    _, top2 = gb.op("TopK", INPUT, gb.const(np.array([2], dtype=np.int64), "two",
-                                           dtype=np.int64), outputs=2, hint="top2", axis=1)
-    split = gb.op("Split", top2, axis=1, num_outputs=2, outputs=2, hint="top2_col")
-    label, runner = split
+        # Same array, same tie rule: the input already is the original row.
+        if with_original:
+            gb.op("Identity", INPUT, out="original")
+        return label, gb.take(INPUT, label, hint="p0_a")
     p = gb.softmax(INPUT)
-    nudge = gb.const(1.0 + 2.0 * np.finfo(np.float32).eps)
-    top = gb.op("Max", gb.take(p, label), gb.mul(gb.take(p, runner), nudge), hint="p0_top")
-    return label, gb.put(p, label, top, out="original"), top
+    p0_a = gb.take(p, label, hint="p0_a")
+    if with_original:
+        # Softmax is monotone, so the runner-up logit's probability is the largest one
+        # other than the label's; where rounding made the two equal, the label's is raised.
+        nudge = gb.const(1.0 + 2.0 * np.finfo(np.float32).eps)
+        top_p = gb.op("Max", p0_a, gb.mul(gb.take(p, runner), nudge), hint="p0_top")
+        gb.put(p, label, top_p, out="original")
+    return label, p0_a
 
 
 #: At or below this eta*, a float32 graph computes q and the repair in float64 (module
@@ -188,7 +200,7 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
         _, confidence = build_repair(gb, gb.take(original, label), on_boundary(gb, original),
                                      q, label, changed, eta, weight, k)
     else:
-        label, _, p0_a = _label_and_original_float32(gb, input_kind)
+        label, p0_a = _label_and_original_float32(gb, input_kind, "original" in keep)
         if family.float64_inside or eta <= WIDE_REPAIR_BELOW_ETA:
             wide = gb.retyped("float64")
             q = family.build(wide, wide.cast(INPUT, np.float64), calibrator)

@@ -16,6 +16,8 @@ CASES = [
     ("ts", 10, "probs", "float32"),
     ("irova", 10, "logits", "float32"),
     ("ms", 10, "logits", "float32"),
+    ("irm", 100, "probs", "float32"),
+    ("vs", 1000, "logits", "float32"),
 ]
 
 
