@@ -116,7 +116,10 @@ def _isotonic(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
         p = gb.softmax(gb.mul(gb.const(cal.beta_), model_logits(gb, x, cal)))
     else:
         p = x if cal.input_kind == "probs" else gb.softmax(x)
-    r = gb.add(interpolate(gb, p, cal.knots_), gb.mul(gb.const(cal.tie_eps), p), hint="r")
+    # A softmax output lies in [0, 1] and needs no clipping before the lookup.
+    bounded = cal.name == "irova-ts" or cal.input_kind == "logits"
+    r = gb.add(interpolate(gb, p, cal.knots_, bounded=bounded),
+               gb.mul(gb.const(cal.tie_eps), p), hint="r")
     total = gb.row_sum(r, hint="r_sum")
     empty = gb.cast(gb.op("Equal", total, gb.const(0.0), hint="empty_row"), gb.dtype,
                     hint="empty")

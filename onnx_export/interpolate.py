@@ -6,22 +6,24 @@ column k, with one knot set shared by all columns (``irm``) or one per column (`
 slope_j * (t - x_j) + y_j with slope_j = (y_{j+1} - y_j) / (x_{j+1} - x_j), y_0 left of
 x_0 and y_last from x_last on. The graph finds the same j in a fixed number of steps:
 
-1. t is clipped to [lo, hi] = [min(0, x_0), max(1, x_last)] over all sets (probabilities
-   are never moved);
-2. v = f(t) * scale + shift, with f = sqrt (knots >= 0) or the identity, and the *cell*
-   c = Cast(v) to int32. Clip, Sqrt, Mul and Add are correctly rounded IEEE operations, so
-   numpy reproduces v exactly, and each is monotone, so v is a non-decreasing function of
-   t; the export evaluates v at every knot. Cast may truncate or round (the ONNX
-   specification leaves it open): either way t in cell c has c - 1/2 <= v(t) < c + 1, so
-   every knot with v < c - 1/2 is below t and every knot with v >= c + 1 is above it,
-   whatever the rounding. ``scale`` is chosen per set so that such a window holds a few
-   knots at most (sqrt spreads the knots that isotonic fits on probabilities pile up near
-   0), and ``shift`` gives each set its own range of one flat cell table;
+1. (only for inputs not known to lie in [lo, hi]) t is clipped to [lo, hi] =
+   [min(0, x_0), max(1, x_last)] over all sets; probabilities are never moved;
+2. in float32, v = f(t) * scale + shift with f = sqrt (knots >= 0) or the identity, and
+   the *cell* c = Cast(v) to int32. Clip, Cast to float32, Sqrt, Mul and Add are
+   correctly rounded IEEE operations, so numpy reproduces v exactly, and each is monotone,
+   so v is a non-decreasing function of t; the export evaluates v at every knot. Cast to
+   int32 may truncate or round (the ONNX specification leaves it open): either way t in
+   cell c has c - 1/2 <= v(t) < c + 1, so every knot with v < c - 1/2 is below t and every
+   knot with v >= c + 1 is above it, whatever the rounding. ``scale`` is chosen per set so
+   that such a window holds a few knots at most (sqrt spreads the knots that isotonic fits
+   on probabilities pile up near 0), and ``shift`` gives each set its own range of one flat
+   cell table. float32 is enough to pick a window (knots closer than its resolution share
+   one) and its Sqrt costs a tenth of float64's;
 3. the cell table gives J, the flat index of the last knot below the window (the set's
    left sentinel when there is none), and ``steps`` halving steps j += h * [x_{j+h} <= t]
-   (h = 2**(steps-1), ..., 1) reach the largest j with x_j <= t, the window holding at
-   most 2**steps - 1 knots; x_{j+h} comes from a copy of the knot table shifted by h, and
-   +inf padding after each set keeps a step inside its set;
+   (h = 2**(steps-1), ..., 1; float64 comparisons) reach the largest j with x_j <= t, the
+   window holding at most 2**steps - 1 knots; x_{j+h} comes from a copy of the knot table
+   shifted by h, and +inf padding after each set keeps a step inside its set;
 4. x_j, y_j and slope_j are looked up and slope_j * (t - x_j) + y_j is np.interp's own
    formula (separate Mul and Add, as numpy computes it). The left sentinel (t < x_0) and
    the last knot have slope 0 and give y_0 and y_last exactly.
@@ -31,9 +33,10 @@ and the steps use Cast and Add rather than Where: onnxruntime's CPU kernels take
 1 ns per element for those, against 10-40 ns for Gather on axis 0 (a memcpy per index)
 and about 5 ns for Where on int32.
 
-Deviation from np.interp: NaN t is not supported (np.interp returns NaN; here the cell
-index is undefined and onnxruntime rejects the lookup). The values reaching this graph
-are probabilities, which the serving path validates.
+Deviation from np.interp: NaN and infinite t are not supported (np.interp returns NaN or
+a clipped value; here the cell index is undefined and onnxruntime rejects the lookup, or
+the product with a zero slope is NaN). The values reaching this graph are probabilities,
+which the serving path validates.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from onnx import TensorProto
 
 from onnx_export.builder import GraphBuilder
 
-#: Upper bound on the cells of all knot sets together (the int32 cell table: 4 bytes each).
+#: Upper bound on the cells of all knot sets together (the int32 cell table: 4 bytes each;
+#: float32 holds every cell number below 2**24 exactly).
 MAX_CELLS = 1 << 21
 #: Upper bound on the cells of one knot set.
 MAX_SET_CELLS = 1 << 16
@@ -54,9 +58,8 @@ MAX_SET_CELLS = 1 << 16
 TARGET_PER_CELL = 3
 #: The smallest power-of-two cell count per set.
 MIN_CELLS = 16
-#: f = identity (no Sqrt in the graph) when the identity needs at most this many cells in
-#: all; knots piled up near 0 need far more, and sqrt then spreads them.
-IDENTITY_CELLS = 1 << 16
+
+F32 = np.float32
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,8 @@ class KnotTables:
     sqrt: bool  # f = sqrt, or the identity
     lo: float  # t is clipped to [lo, hi]
     hi: float
-    scale: np.ndarray  # [S] per set
-    shift: np.ndarray  # [S]
+    scale: np.ndarray  # float32 [S] per set
+    shift: np.ndarray  # float32 [S]
     cell_start: np.ndarray  # int32 [cells]: J per cell
     x: np.ndarray  # [M] flat knots: per set a sentinel, the knots, +inf padding
     y: np.ndarray  # [M] y_0 at the sentinel, the set's last y in the padding
@@ -80,53 +83,48 @@ class KnotTables:
 
 
 def cell_value(t: np.ndarray, lo: float, hi: float, scale, shift, sqrt: bool) -> np.ndarray:
-    """v of the module docstring, with the graph's operations in the graph's order."""
-    u = np.clip(t, lo, hi)
+    """v of the module docstring (float32), with the graph's operations in its order. The
+    float64 clip is the identity on a bounded t (in [0, 1], inside [lo, hi]), so it is
+    the same whether the graph has it or not."""
+    u = np.clip(np.asarray(t, dtype=np.float64), lo, hi).astype(F32)
     if sqrt:
         u = np.sqrt(u)
-    return u * scale + shift
+    return u * np.asarray(scale, dtype=F32) + np.asarray(shift, dtype=F32)
 
 
-def _wanted_cells(u: np.ndarray, span: float) -> float:
+def _wanted_cells(u: np.ndarray, span: float) -> int:
     """A power-of-two cell count over a span of f at which no window (1.5 cells) should hold
-    more than TARGET_PER_CELL knots: three times span / (smallest distance between knots
-    TARGET_PER_CELL apart), the factor leaving room for the half-cell margin and rounding;
-    at least MIN_CELLS, possibly inf."""
+    more than TARGET_PER_CELL knots: three times span / (smallest positive distance between
+    knots TARGET_PER_CELL apart; knots closer than float32 resolves share a window anyway),
+    the factor leaving room for the half-cell margin and rounding; MIN_CELLS to
+    MAX_SET_CELLS."""
     if len(u) <= TARGET_PER_CELL:
         return MIN_CELLS
-    gap = (u[TARGET_PER_CELL:] - u[:-TARGET_PER_CELL]).min()
-    want = 3.0 * span / gap if gap > 0 else np.inf
-    if not want < 2.0**60:
-        return np.inf
-    return max(MIN_CELLS, 2 ** int(np.ceil(np.log2(max(want, 1.0)))))
-
-
-def _cell_counts(sets: list, transform, span: float) -> tuple[list[int], bool]:
-    """(cells per set within MAX_SET_CELLS and MAX_CELLS, whether every set got what it
-    wanted)."""
-    wanted = [_wanted_cells(transform(kx), span) for kx, _ in sets]
-    cells = [int(min(n, MAX_SET_CELLS)) for n in wanted]
-    while sum(cells) > MAX_CELLS and max(cells) > MIN_CELLS:
-        largest = max(cells)
-        cells = [n // 2 if n == largest else n for n in cells]
-    return cells, cells == wanted
+    gaps = u[TARGET_PER_CELL:].astype(np.float64) - u[:-TARGET_PER_CELL]
+    gaps = gaps[gaps > 0]
+    if not len(gaps):
+        return MIN_CELLS
+    want = 3.0 * span / gaps.min()
+    if not want < MAX_SET_CELLS:
+        return MAX_SET_CELLS
+    return max(MIN_CELLS, 1 << int(np.ceil(np.log2(max(want, 1.0)))))
 
 
 def _layout(kx: np.ndarray, clip: tuple, sqrt: bool, cells: int, offset: int):
     """(scale, shift, v at the knots, first cell, last cell) of one set whose cells start at
-    ``offset``: v(lo) lands at offset + 1/2, v(hi) about ``cells`` higher. A scale that
-    overflows falls back to one cell for the set."""
+    ``offset``: v(lo) lands near offset + 1/2, v(hi) about ``cells`` higher."""
     lo, hi = clip
-    u_lo, u_hi = (np.sqrt([lo, hi]) if sqrt else np.array([lo, hi]))
-    for n_cells in (cells, 0):
-        with np.errstate(over="ignore", invalid="ignore"):
-            scale = n_cells / (u_hi - u_lo) if u_hi > u_lo else 0.0
-            shift = offset + 0.5 - u_lo * scale
-            ends = cell_value(np.array([lo, hi]), lo, hi, scale, shift, sqrt)
-            knots_v = cell_value(kx, lo, hi, scale, shift, sqrt)
-        first, last = np.floor(ends[0]), np.ceil(ends[1])
-        if np.isfinite([scale, shift, first, last]).all() and first >= offset:
-            return scale, shift, knots_v, int(first), int(last)
+    ends = np.array([lo, hi])
+    u_lo, u_hi = np.array([lo, hi]).astype(F32)
+    if sqrt:
+        u_lo, u_hi = np.sqrt(u_lo), np.sqrt(u_hi)
+    for nudge in range(64):  # float32 rounding may put v(lo) below offset: move up
+        scale = F32(cells / (float(u_hi) - float(u_lo)))
+        shift = F32(offset + 0.5 + nudge - float(u_lo) * float(scale))
+        first, last = cell_value(ends, lo, hi, scale, shift, sqrt).astype(np.float64)
+        if np.floor(first) >= offset:
+            knots_v = cell_value(kx, lo, hi, scale, shift, sqrt).astype(np.float64)
+            return scale, shift, knots_v, int(np.floor(first)), int(np.ceil(last))
     raise ValueError(f"knots: cannot place a knot set at cell {offset}")
 
 
@@ -136,14 +134,23 @@ def knot_tables(knots: list) -> KnotTables:
             for kx, ky in knots]
     lo = min(0.0, min(kx[0] for kx, _ in sets))
     hi = max(1.0, max(kx[-1] for kx, _ in sets))
-    cells, enough = _cell_counts(sets, lambda a: a, hi - lo)
-    sqrt = lo >= 0.0 and not (enough and sum(cells) <= IDENTITY_CELLS)
-    if sqrt:
-        cells, _ = _cell_counts(sets, np.sqrt, np.sqrt(hi) - np.sqrt(lo))
+    sqrt = lo >= 0.0
+
+    def f(a):
+        u = np.asarray(a, dtype=np.float64).astype(F32)
+        return np.sqrt(u) if sqrt else u
+
+    span = float(f(hi)) - float(f(lo))
+    cells = [_wanted_cells(f(kx), span) for kx, _ in sets]
+    while sum(cells) > MAX_CELLS and max(cells) > MIN_CELLS:
+        largest = max(cells)
+        cells = [n // 2 if n == largest else n for n in cells]
     layouts, offset = [], 0
     for (kx, _), n_cells in zip(sets, cells, strict=True):
         layouts.append(_layout(kx, (lo, hi), sqrt, n_cells, offset))
         offset = layouts[-1][4] + 1
+    if offset >= 1 << 23:
+        raise ValueError(f"knots: {offset} cells exceed what float32 numbers exactly")
     # Window of cell c: knots with c - 1/2 <= v < c + 1.
     per_cell = 1
     for _, _, knots_v, first, last in layouts:
@@ -165,25 +172,32 @@ def knot_tables(knots: list) -> KnotTables:
         ys.append(np.concatenate([ky[:1], ky, np.full(pad, ky[-1])]))
         slopes.append(slope)
         base += 1 + len(kx) + pad
-    if max(base, offset) >= 2**31:
+    if base >= 2**31:
         raise ValueError(f"knots: {base} table entries exceed int32 indices")
     return KnotTables(
-        sqrt=sqrt, lo=lo, hi=hi, scale=np.array([layout[0] for layout in layouts]),
-        shift=np.array([layout[1] for layout in layouts]),
+        sqrt=sqrt, lo=lo, hi=hi, scale=np.array([layout[0] for layout in layouts], dtype=F32),
+        shift=np.array([layout[1] for layout in layouts], dtype=F32),
         cell_start=cell_start.astype(np.int32), x=np.concatenate(xs), y=np.concatenate(ys),
         slope=np.concatenate(slopes), steps=steps)
 
 
-def interpolate(gb: GraphBuilder, t: str, knots: list) -> str:
+def interpolate(gb: GraphBuilder, t: str, knots: list, bounded: bool = False) -> str:
     """np.interp(t[:, k], x_k, y_k) for every column k of the [N, K] float64 tensor t, with
-    one knot set shared by all columns or one per column; returns [N, K]."""
+    one knot set shared by all columns or one per column; returns [N, K]. ``bounded``: t
+    is known to lie in [0, 1] (a softmax output), so it needs no clipping."""
     if gb.dtype != np.float64:
         raise ValueError("interpolate: np.interp parity needs a float64 graph")
     tables = knot_tables(knots)
     shared = len(knots) == 1
-    per_set = (lambda a, hint: gb.const(a[0], hint)) if shared else gb.const
-    t = gb.op("Clip", t, gb.const(tables.lo), gb.const(tables.hi), hint="t_clipped")
-    u = gb.op("Sqrt", t, hint="t_sqrt") if tables.sqrt else t
+    if not (bounded and tables.lo <= 0.0 and tables.hi >= 1.0):
+        t = gb.op("Clip", t, gb.const(tables.lo), gb.const(tables.hi), hint="t_clipped")
+    u = gb.cast(t, F32, hint="t_f32")
+    if tables.sqrt:
+        u = gb.op("Sqrt", u, hint="u_sqrt")
+
+    def per_set(values: np.ndarray, hint: str) -> str:
+        return gb.const(values[0] if shared else values, hint, dtype=F32)
+
     v = gb.add(gb.mul(u, per_set(tables.scale, "cell_scale")),
                per_set(tables.shift, "cell_shift"), hint="cell_value")
     flat_shape = gb.const(np.array([1, -1], dtype=np.int64), "flat_shape", dtype=np.int64)
