@@ -40,7 +40,7 @@ from cord_ops.calibrators import ConvergenceWarning, make_calibrator  # noqa: E4
 from cord_ops.calibrators._base import softmax  # noqa: E402
 from flows.reproduce.timing import measure  # noqa: E402
 from onnx_export import export_onnx, open_session, run_batched  # noqa: E402
-from onnx_export.runtime import batches, default_batch_size  # noqa: E402
+from onnx_export.runtime import batches, session_batch_size  # noqa: E402
 
 
 def synthetic_logits(n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -99,7 +99,7 @@ def _session_peak(model_path: str, scores_path: str, threads: int, batch_size: i
     session = open_session(model_path, provider="cpu", threads=threads)
     # Outputs of each batch are dropped: what is measured is the session (model, arena,
     # one batch of intermediates and outputs), not the caller's result arrays.
-    for rows in batches(len(scores), batch_size or default_batch_size(scores.shape[1])):
+    for rows in batches(len(scores), batch_size or session_batch_size(session, scores.shape[1])):
         session.run(None, {"scores": scores[rows]})
     queue.put((_status_kib("VmHWM") - before) / 1024)
 

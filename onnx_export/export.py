@@ -54,7 +54,7 @@ from onnx import TensorProto, helper
 import cord_ops
 from cord_ops.atomic import write_bytes_atomic
 from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder, tensor_info
-from onnx_export.calibrators import family_of
+from onnx_export.calibrators import FAMILIES, family_of
 from onnx_export.repair import CHANGED_FROM_RUNNER_UP, build_repair, on_boundary
 
 INPUT = "scores"
@@ -245,6 +245,20 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
     })
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def compute_itemsize(metadata: dict[str, str]) -> int | None:
+    """Bytes per element of the [N, K] intermediates of an exported graph, from its
+    metadata: 8 where it computes in float64 (a float64 graph, a family with
+    ``float64_inside``, or eta* <= WIDE_REPAIR_BELOW_ETA), 4 otherwise; None for a model
+    without cord metadata."""
+    try:
+        dtype, name = metadata["cord.dtype"], metadata["cord.calibrator"]
+        eta = float(metadata["cord.eta_star"])
+        wide = FAMILIES[name].float64_inside
+    except (KeyError, ValueError):
+        return None
+    return 8 if dtype == "float64" or wide or eta <= WIDE_REPAIR_BELOW_ETA else 4
 
 
 def save_model(model: onnx.ModelProto, path) -> Path:
