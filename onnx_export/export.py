@@ -29,13 +29,14 @@ same inputs upcast to float64:
 Order guarantees of float32 graphs (docs/contract.md: argmax(repaired) == label ==
 argmax(original)):
 
-- ``label`` is the argmax of the float32 input itself, smallest index on ties (TopK puts the
-  lower index first). For probabilities that is exactly cord_ops' label on the same inputs;
+- ``label`` is the argmax of the float32 input itself, smallest index on ties (ArgMax with
+  select_last_index = 0). For probabilities that is exactly cord_ops' label on the same inputs;
   for logits it is argmax softmax(z) in float64 except when the top two logits differ by
   less than about 2**-52 (only possible for |z| < 2e-9).
 - float32 softmax can round two distinct logits to the same probability, so ``original``
   has its ``label`` entry raised to just above the runner-up logit's probability on the rows
-  where rounding tied them (a few ulps; other rows are the plain softmax).
+  where rounding tied them (a few ulps; other rows are the plain softmax). The repair uses
+  the plain softmax entry of the label.
 - ``repaired`` keeps the label strictly on top by the fix-up in ``onnx_export.repair``.
 - whether q keeps the original top-1 (eq. 5) is decided exactly where it matters: not at
   all for TS (it provably does), by float64 argmax where q is computed in float64, and by
@@ -131,18 +132,12 @@ def _label_and_original_float32(gb: GraphBuilder, input_kind: str,
     the ``original`` output when ``with_original``, with ``label`` strictly on top of it
     (see the module docstring).
 
-    The label is column 0 of TopK, which puts the lower index first among equal values
-    (the tie rule); TopK with k = 1 costs about half of k = 2 and less than ArgMax, so the
-    runner-up is only asked for when ``original`` is built. The probability handed to the
-    repair is the plain softmax entry in both cases, so a lean graph's outputs are the full
-    graph's bit for bit."""
-    width = 2 if with_original and input_kind == "logits" else 1
-    _, top = gb.op("TopK", INPUT, gb.const(np.array([width], dtype=np.int64), f"top{width}",
-                                          dtype=np.int64), outputs=2, hint="top", axis=1)
-    if width == 1:
-        label = top
-    else:
-        label, runner = gb.op("Split", top, axis=1, num_outputs=2, outputs=2, hint="top2_col")
+    The label is the ArgMax of the input (first maximum: the tie rule). TopK, which also
+    yields the runner-up, costs 3-9x an ArgMax at K = 10 in onnxruntime, so the runner-up
+    probability is the maximum of the row with the label's entry zeroed, and only where
+    ``original`` is built. The probability handed to the repair is the plain softmax entry
+    either way, so a lean graph's outputs are the full graph's bit for bit."""
+    label = gb.row_argmax(INPUT, hint="label_col")
     if input_kind == "probs":
         # Same array, same tie rule: the input already is the original row.
         if with_original:
@@ -151,11 +146,12 @@ def _label_and_original_float32(gb: GraphBuilder, input_kind: str,
     p = gb.softmax(INPUT)
     p0_a = gb.take(p, label, hint="p0_a")
     if with_original:
-        # Softmax is monotone, so the runner-up logit's probability is the largest one
-        # other than the label's; where rounding made the two equal, the label's is raised.
+        # Softmax is monotone, so the largest probability other than the label's is the
+        # runner-up logit's; where rounding made it equal to the label's, that is raised.
+        runner = gb.row_max(gb.put(p, label, gb.zeros_like(label), hint="p_others"))
         nudge = gb.const(1.0 + 2.0 * np.finfo(np.float32).eps)
-        top_p = gb.op("Max", p0_a, gb.mul(gb.take(p, runner), nudge), hint="p0_top")
-        gb.put(p, label, top_p, out="original")
+        top = gb.op("Max", p0_a, gb.mul(runner, nudge), hint="p0_top")
+        gb.put(p, label, top, out="original")
     return label, p0_a
 
 
