@@ -52,12 +52,18 @@ class GraphBuilder:
         self._used.add(name)
         return name
 
-    def const(self, value, hint: str = "c", dtype=None) -> str:
+    def const(self, value, hint: str = "c", dtype=None, rank0: bool = False) -> str:
         """An initializer holding ``value`` cast to ``dtype`` (the compute dtype by default).
 
-        Scalars are deduplicated, so the same constant is stored once.
+        A scalar is stored with shape [1, 1] (``rank0``: shape [], for inputs that must be
+        scalars, such as Clip's bounds): onnxruntime broadcasts an [N, 1] tensor against a
+        rank-0 scalar one row at a time, 10-20x slower than against [1, 1], and the per-row
+        [N, 1] arithmetic of the repair is made of such operations. Scalars are
+        deduplicated, so the same constant is stored once.
         """
         arr = np.asarray(value, dtype=self.dtype if dtype is None else dtype)
+        if arr.ndim == 0 and not rank0:
+            arr = arr.reshape(1, 1)
         key = (arr.dtype.str, arr.shape, arr.tobytes()) if arr.size == 1 else None
         if key is not None and key in self._consts:
             return self._consts[key]

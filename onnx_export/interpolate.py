@@ -190,7 +190,8 @@ def interpolate(gb: GraphBuilder, t: str, knots: list, bounded: bool = False) ->
     tables = knot_tables(knots)
     shared = len(knots) == 1
     if not (bounded and tables.lo <= 0.0 and tables.hi >= 1.0):
-        t = gb.op("Clip", t, gb.const(tables.lo), gb.const(tables.hi), hint="t_clipped")
+        t = gb.op("Clip", t, gb.const(tables.lo, rank0=True), gb.const(tables.hi, rank0=True),
+                  hint="t_clipped")
     u = gb.cast(t, F32, hint="t_f32")
     if tables.sqrt:
         u = gb.op("Sqrt", u, hint="u_sqrt")
