@@ -1,25 +1,31 @@
 """Throughput and memory of exported pipelines under onnxruntime (CPU), against cord_ops.
 
-Prints, for N = 25,000 synthetic rows: microseconds per example of the VS + CORD graph in
-float32 at K = 1,000 and K = 100, full (five outputs) and lean (``outputs="lean"``:
-repaired, label, confidence; target at K = 1,000: <= 2.5 us/example on 2 threads), the
-same graphs in float64, the isotonic graphs (irova, irova-ts, irm at K = 10, 100, 1,000;
-target: no slower than cord_ops' numpy path), and the peak memory a session adds to its
-process. Each line sets the graph beside cord_ops' numpy path (``predict_proba`` then
-``transform``) on the same rows.
+Prints, for N synthetic rows (default 25,000): microseconds per example of the VS + CORD
+graph in float32 at K = 1,000 and K = 100, full (five outputs) and lean
+(``outputs="lean"``: repaired, label, confidence; target at K = 1,000: <= 2.5 us/example
+on 2 threads), the same graphs in float64, and the isotonic graphs (irova, irova-ts, irm
+at K = 10, 100, 1,000, float32 and float64; target: no slower than cord_ops' numpy path),
+and the peak memory a session adds to its process. Each line sets the graph, at every
+thread count asked for, beside cord_ops' numpy path (``predict_proba`` then
+``transform``, single-threaded) on the same rows, and prints the load average when it
+was measured.
 
 The memory-bandwidth bound of a lean graph: it must read the N x K input and write the
 N x K repaired rows plus a label and a confidence, (8 K + 12) bytes per example in float32,
 so no implementation runs faster than that over the machine's copy bandwidth, which is
 measured here (one numpy thread copying 256 MiB: read + write bytes over time).
 
-    python benchmarks/bench_onnx.py [--threads 2] [--rows 25000] [--batch-size N] [--quick]
+    python benchmarks/bench_onnx.py [--threads 1,2] [--rows 25000] [--only irova,irm]
+                                    [--batch-size N] [--repeats 5] [--quick] [--no-memory]
 
-Each configuration is timed as the best of ``--repeats`` full passes over the N rows in
-batches of ``--batch-size`` (after one warm-up pass), as wall time and as process CPU time
-(summed over threads, steadier on a shared machine); the speed-up is the wall-time ratio.
-Memory is measured in a fresh process per configuration (peak RSS while the session runs
-minus RSS before it opened). All graphs include the calibrator and the repair.
+Timing: ``flows.reproduce.timing.measure``, the numpy path and every graph x thread count
+called alternately (each exposed to the same load), ``--repeats`` full passes over the N
+rows each after one warm-up pass; a figure is the fastest pass / N, as wall time and as
+process CPU time (summed over threads, steadier on a shared machine). ``numpy/onnx`` is the
+wall-time ratio (above 1: the graph is faster). Graphs run in batches of
+``onnx_export.runtime.session_batch_size`` rows unless ``--batch-size`` is given. Memory
+is measured in a fresh process per configuration (peak RSS while the session runs minus
+RSS before it opened). All graphs include the calibrator and the repair.
 """
 
 from __future__ import annotations
@@ -62,24 +68,19 @@ def fit_pipeline(name: str, k: int, n_fit: int = 3000):
     return cal, CORD().fit(softmax(x), cal.predict_proba(x))
 
 
-def best_of(run, repeats: int, rows: int, warm_up: bool = False) -> tuple[float, float]:
-    """(wall, CPU) microseconds per row of the fastest of ``repeats`` calls
-    (``flows.reproduce.timing``). CPU time sums all threads of the process; on a busy
-    machine it is the steadier of the two."""
-    (timing,) = measure(run, repeats=repeats, warm_up=warm_up)
-    return timing.best / rows * 1e6, timing.best_cpu / rows * 1e6
+def load_average() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
 
 
-def time_numpy(cal, cord, logits: np.ndarray, repeats: int) -> tuple[float, float]:
+def pipeline_call(cal, cord, logits: np.ndarray):
+    """cord_ops' numpy path on float64 copies of the logits."""
     x = logits.astype(np.float64)
-    return best_of(lambda: cord.transform(softmax(x), cal.predict_proba(x)), repeats, len(x))
+    return lambda: cord.transform(softmax(x), cal.predict_proba(x))
 
 
-def time_onnx(model_bytes: bytes, scores: np.ndarray, threads: int, batch_size: int,
-              repeats: int) -> tuple[float, float]:
+def onnx_call(model_bytes: bytes, scores: np.ndarray, threads: int, batch_size: int | None):
     session = open_session(model_bytes, provider="cpu", threads=threads)
-    return best_of(lambda: run_batched(session, scores, batch_size=batch_size), repeats,
-                   len(scores), warm_up=True)
+    return lambda: run_batched(session, scores, batch_size=batch_size)
 
 
 def _status_kib(field: str) -> int:
@@ -99,7 +100,8 @@ def _session_peak(model_path: str, scores_path: str, threads: int, batch_size: i
     session = open_session(model_path, provider="cpu", threads=threads)
     # Outputs of each batch are dropped: what is measured is the session (model, arena,
     # one batch of intermediates and outputs), not the caller's result arrays.
-    for rows in batches(len(scores), batch_size or session_batch_size(session, scores.shape[1])):
+    rows_per_batch = batch_size or session_batch_size(session, scores.shape[1])
+    for rows in batches(len(scores), rows_per_batch):
         session.run(None, {"scores": scores[rows]})
     queue.put((_status_kib("VmHWM") - before) / 1024)
 
@@ -130,61 +132,68 @@ def copy_bandwidth_gb_s(megabytes: int = 256, repeats: int = 5) -> float:
 
 
 #: (calibrator, K, [(dtype, outputs), ...]) measured by default; --quick keeps the first.
+ISOTONIC = (("float32", "full"), ("float64", "full"))
 CONFIGS = (
     ("vs", 1000, (("float32", "lean"), ("float32", "full"), ("float64", "full"))),
     ("vs", 100, (("float32", "lean"), ("float32", "full"), ("float64", "full"))),
-    ("irova", 10, (("float32", "full"),)),
-    ("irova", 100, (("float32", "full"),)),
-    ("irova", 1000, (("float32", "full"),)),
-    ("irova-ts", 10, (("float32", "full"),)),
-    ("irova-ts", 100, (("float32", "full"),)),
-    ("irova-ts", 1000, (("float32", "full"),)),
-    ("irm", 10, (("float32", "full"),)),
-    ("irm", 100, (("float32", "full"),)),
-    ("irm", 1000, (("float32", "full"),)),
+    *((name, k, ISOTONIC) for name in ("irova", "irova-ts", "irm") for k in (10, 100, 1000)),
 )
+#: us/example of the lean VS + CORD float32 graph at K = 1,000 on 2 threads.
+LEAN_TARGET_US = 2.5
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=25_000)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", default="1,2",
+                        help="comma-separated intra-op thread counts (default 1,2)")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="rows per batch (default: onnx_export.runtime.default_batch_size)")
-    parser.add_argument("--repeats", type=int, default=3)
+                        help="rows per batch (default: onnx_export.runtime.session_batch_size)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", default=None,
+                        help="comma-separated calibrator names to measure (default: all)")
     parser.add_argument("--quick", action="store_true", help="VS at K = 1,000 only")
     parser.add_argument("--no-memory", action="store_true",
                         help="skip the per-session peak-memory processes")
     args = parser.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")]
+    configs = CONFIGS[:1] if args.quick else CONFIGS
+    if args.only:
+        configs = [c for c in configs if c[0] in args.only.split(",")]
 
-    load = Path("/proc/loadavg").read_text().split()[0]
-    rows_per_batch = args.batch_size or "2^20 / K (256..4096)"
     bandwidth = copy_bandwidth_gb_s()
-    print(f"onnxruntime CPU, {args.threads} threads, N = {args.rows}, batches of "
-          f"{rows_per_batch} rows; us/example = best of {args.repeats} passes / N; wall and "
-          f"process CPU time; load average {load} on {multiprocessing.cpu_count()} cores")
+    print(f"onnxruntime CPU, N = {args.rows}, batches of "
+          f"{args.batch_size or 'session_batch_size'} rows; us/example = fastest of "
+          f"{args.repeats} passes / N, wall (process CPU); {multiprocessing.cpu_count()} "
+          f"cores, load average {load_average()} at the start")
     print(f"copy bandwidth (1 numpy thread, read + write): {bandwidth:.1f} GB/s; lean float32 "
           f"bound = (8 K + 12) bytes / bandwidth: {(8 * 1000 + 12) / bandwidth / 1e3:.2f} "
-          f"us/example at K = 1,000, {(8 * 100 + 12) / bandwidth / 1e3:.3f} at K = 100")
-    header = (f"{'graph':<30}{'K':>6}{'onnx wall':>11}{'onnx cpu':>10}{'numpy wall':>12}"
-              f"{'numpy cpu':>11}{'speed-up':>10}{'session MiB':>13}")
+          f"us/example at K = 1,000, {(8 * 100 + 12) / bandwidth / 1e3:.3f} at K = 100; "
+          f"lean VS target at K = 1,000 on 2 threads: {LEAN_TARGET_US} us/example")
+    columns = "".join(f"{f'onnx {t}t':>17}{'numpy/onnx':>11}" for t in threads)
+    header = (f"{'graph':<24}{'K':>6}{'numpy':>17}{columns}{'session MiB':>12}{'load':>6}")
     print(header)
     print("-" * len(header))
-    for name, k, variants in CONFIGS[:1] if args.quick else CONFIGS:
+    for name, k, variants in configs:
         cal, cord = fit_pipeline(name, k)
         logits, _ = synthetic_logits(args.rows, k, seed=k + 1)
-        numpy_wall, numpy_cpu = time_numpy(cal, cord, logits, args.repeats)
         for dtype, outputs in variants:
             model = export_onnx(cal, cord, k, dtype=dtype, outputs=outputs)
             scores = logits.astype(dtype)
-            onnx_wall, onnx_cpu = time_onnx(model.SerializeToString(), scores, args.threads,
-                                            args.batch_size, args.repeats)
+            calls = [pipeline_call(cal, cord, logits)] + [
+                onnx_call(model.SerializeToString(), scores, t, args.batch_size)
+                for t in threads]
+            numpy_time, *onnx_times = measure(*calls, repeats=args.repeats)
+            per_row = 1e6 / args.rows
+            cells = "".join(
+                f"{o.best * per_row:>8.2f} ({o.best_cpu * per_row:>6.2f})"
+                f"{numpy_time.best / o.best:>10.2f}x" for o in onnx_times)
             peak = (np.nan if args.no_memory
-                    else session_peak_mib(model, scores, args.threads, args.batch_size))
+                    else session_peak_mib(model, scores, threads[-1], args.batch_size))
             label = f"{name} {dtype} {outputs}"
-            print(f"{label:<30}{k:>6}{onnx_wall:>11.2f}{onnx_cpu:>10.2f}"
-                  f"{numpy_wall:>12.2f}{numpy_cpu:>11.2f}{numpy_wall / onnx_wall:>9.2f}x"
-                  f"{peak:>13.1f}")
+            print(f"{label:<24}{k:>6}{numpy_time.best * per_row:>8.2f} "
+                  f"({numpy_time.best_cpu * per_row:>6.2f}){cells}{peak:>12.1f}"
+                  f"{load_average():>6}", flush=True)
 
 
 if __name__ == "__main__":

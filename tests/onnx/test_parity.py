@@ -173,3 +173,23 @@ def test_subnormal_tails_stay_finite(dtype, cases, run_model):
     assert (s < 0.9).all()
     outputs = run_model(export_onnx(cal, cord, k, dtype=dtype), logits.astype(dtype))
     cases.assert_parity(outputs, expected, dtype)
+
+
+@pytest.mark.parametrize("name", ["irova", "irm"])
+def test_isotonic_rows_summing_to_zero_become_uniform(name, cases, run_model):
+    """With tie_eps = 0 a row whose entries all map to 0 sums to 0 and is calibrated to the
+    uniform row (the graph's (r + e/K) / (sum r + e) form); other rows are untouched."""
+    # every map is 0 up to 0.45 and 1 from 0.55 on
+    train = np.array([[0.55, 0.45, 0.0], [0.0, 0.55, 0.45], [0.45, 0.0, 0.55]])
+    cal = make_calibrator(name, input_kind="probs", tie_eps=0.0).fit(train, [0, 1, 2])
+    cord = CORD().fit(train, cal.predict_proba(train))
+    scores = np.array([[1 / 3, 1 / 3, 1 / 3], [0.4, 0.35, 0.25], [0.5, 0.3, 0.2],
+                       [0.8, 0.1, 0.1]])
+    expected = cases.reference(cal, cord, scores)
+    assert np.all(expected["calibrated"][:2] == 1 / 3)  # the case under test happens
+    assert not np.all(expected["calibrated"][2:] == 1 / 3)
+    for dtype in DTYPES:
+        got = run_model(export_onnx(cal, cord, 3, input_kind="probs", dtype=dtype),
+                        scores.astype(dtype))
+        cases.assert_parity(got, expected, dtype)
+        assert np.all(got["calibrated"][:2] == np.asarray(1 / 3, dtype=dtype))
