@@ -146,7 +146,6 @@ def prefect_api(args, start_managed: bool = False):
     if managed is None and start_managed:
         managed, started = server.start(folder)
         print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
-        server.start_runner(folder)  # for the commands after this one
     if managed is None:
         with prefect_server.temporary_api():
             try:

@@ -124,7 +124,8 @@ def _process_start_time(pid: int) -> float | None:
 
 
 def running(folder: Path) -> dict | None:
-    """The runner's record if its process is alive and is the one recorded."""
+    """The runner's record if its process is alive and is the one recorded: ``ready``
+    once it listens, false while it is still importing."""
     try:
         record = json.loads(record_file(folder).read_text())
         started = _process_start_time(int(record["pid"]))
@@ -145,14 +146,26 @@ def spawn(folder: Path) -> int:
     env = dict(os.environ)
     # The runner must import this checkout's modules, whichever folder it runs from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    expected = fingerprint(os.environ)
     with open(log_file(folder), "ab") as log:
         log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} warm runner\n".encode())
         log.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", "flows.warm", str(folder), fingerprint(os.environ)],
+            [sys.executable, "-m", "flows.warm", str(folder), expected],
             cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    # Recorded at once, so a second ``server start`` finds this one instead of starting
+    # another while it imports.
+    _write_record(folder, process.pid, expected, ready=False)
     return process.pid
+
+
+def _write_record(folder: Path, pid: int, expected: str, ready: bool) -> None:
+    from cord_ops.atomic import write_json_atomic
+
+    write_json_atomic(record_file(folder), {
+        "pid": pid, "create_time": _process_start_time(pid), "ready": ready,
+        "socket": str(socket_path(folder)), "fingerprint": expected, "written_at": time.time()})
 
 
 def wait_ready(folder: Path, pid: int, timeout: float = READY_TIMEOUT_S) -> bool:
@@ -160,7 +173,7 @@ def wait_ready(folder: Path, pid: int, timeout: float = READY_TIMEOUT_S) -> bool
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         record = running(folder)
-        if record is not None and int(record["pid"]) == pid:
+        if record is not None and int(record["pid"]) == pid and record.get("ready"):
             return True
         if _process_start_time(pid) is None:
             with contextlib.suppress(ChildProcessError):
@@ -175,6 +188,8 @@ def status(folder: Path) -> str:
     record = running(folder)
     if record is None:
         return "warm runner: not running (commands start in-process)"
+    if not record.get("ready"):
+        return f"warm runner: pid {record['pid']}, still importing"
     same = record.get("fingerprint") == fingerprint()
     return (f"warm runner: pid {record['pid']}, socket {record['socket']}"
             + ("" if same else "; started from other cord-ops sources or settings than this "
@@ -243,7 +258,7 @@ def forward(folder: Path, argv: list[str], started_ago: float) -> int | None:
     when the runner is not there, not ready, or was started from other sources or
     settings (then nothing was run and the caller runs the command itself)."""
     record = running(folder)
-    if record is None or record.get("fingerprint") != fingerprint():
+    if record is None or not record.get("ready") or record.get("fingerprint") != fingerprint():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -388,11 +403,7 @@ def serve(folder: Path, expected: str) -> None:
     listener.listen(16)
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
-    from cord_ops.atomic import write_json_atomic
-
-    write_json_atomic(record_file(folder), {
-        "pid": os.getpid(), "create_time": _process_start_time(os.getpid()),
-        "socket": str(path), "fingerprint": expected, "started_at": time.time()})
+    _write_record(folder, os.getpid(), expected, ready=True)
     print(f"warm runner ready: pid {os.getpid()}, socket {path}", flush=True)
     try:
         while not stopping:
