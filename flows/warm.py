@@ -13,10 +13,11 @@ MLflow and cord-ops environment variables (:func:`fingerprint`), the command sen
 arguments, working folder and environment, and passes its own stdin, stdout and stderr
 (``SCM_RIGHTS``). The runner forks a child that adopts those descriptors, folder and
 environment and runs the command exactly as the CLI runs it in-process
-(:func:`flows.cli.run_parsed`), then reports the exit status. Output, terminal detection,
-exit status and the ``error:`` contract are the command's own. Anything that does not
-match sends the command down the ordinary in-process path; nothing is half-forwarded (a
-runner that refuses answers before any work starts).
+(:func:`flows.cli.main`, handed to :func:`serve` by ``flows/warm_main.py``), then reports
+the exit status. Output, terminal detection, exit status and the ``error:`` contract are
+the command's own. Anything that does not match sends the command down the ordinary
+in-process path; nothing is half-forwarded (a runner that refuses answers before any work
+starts).
 
 Operator promises, each tested in ``tests/flows/test_warm_runner.py``:
 
@@ -151,7 +152,7 @@ def spawn(folder: Path) -> int:
         log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} warm runner\n".encode())
         log.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", "flows.warm", str(folder), expected],
+            [sys.executable, "-m", "flows.warm_main", str(folder), expected],
             cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     # Recorded at once, so a second ``server start`` finds this one instead of starting
@@ -327,7 +328,8 @@ def _warm_up() -> None:
                               Path(folder) / "warm.png", title="warm-up")
 
 
-def _child(conn: socket.socket, request: dict, fds: list[int], listener: socket.socket) -> None:
+def _child(conn: socket.socket, request: dict, fds: list[int], listener: socket.socket,
+           entry) -> None:
     """In the forked child: become the command's process, run it, report its status."""
     code = 1
     finished = threading.Event()
@@ -349,12 +351,10 @@ def _child(conn: socket.socket, request: dict, fds: list[int], listener: socket.
         os.environ.update(request["env"])
         _send(conn, {"pid": os.getpid()})
         threading.Thread(target=_die_with_command, args=(conn, finished), daemon=True).start()
-        from flows import cli
-
         started = time.perf_counter() - float(request["started_ago"])
         sys.argv = ["cord-ops", *request["argv"]]
         try:
-            code = cli.main(request["argv"], started=started, forward=False)
+            code = entry(request["argv"], started=started, forward=False)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # the child must always report and exit, never return to the loop
@@ -385,8 +385,10 @@ def _die_with_command(conn: socket.socket, finished: threading.Event) -> None:
         os.killpg(0, signal.SIGKILL)
 
 
-def serve(folder: Path, expected: str) -> None:
-    """The runner's loop: warm up, listen, fork a child per command."""
+def serve(folder: Path, expected: str, entry) -> None:
+    """The runner's loop: warm up, listen, fork a child per command, which calls
+    ``entry(argv, started=..., forward=False)`` (the CLI's ``main``) and exits with its
+    status."""
     _warm_up()
     if threading.active_count() != 1:
         print(f"warm runner: the warm-up started threads {threading.enumerate()}; not "
@@ -413,7 +415,7 @@ def serve(folder: Path, expected: str) -> None:
             if not ready or stopping:
                 continue
             conn, _ = listener.accept()
-            _handle(conn, listener, expected)
+            _handle(conn, listener, expected, entry)
     finally:
         listener.close()
         with contextlib.suppress(OSError):
@@ -422,7 +424,7 @@ def serve(folder: Path, expected: str) -> None:
                 path.unlink(missing_ok=True)
 
 
-def _handle(conn: socket.socket, listener: socket.socket, expected: str) -> None:
+def _handle(conn: socket.socket, listener: socket.socket, expected: str, entry) -> None:
     fds: list[int] = []
     try:
         conn.settimeout(10.0)
@@ -440,7 +442,7 @@ def _handle(conn: socket.socket, listener: socket.socket, expected: str) -> None
             return
         conn.settimeout(None)
         if os.fork() == 0:
-            _child(conn, request, fds, listener)
+            _child(conn, request, fds, listener, entry)
     except OSError as exc:
         print(f"warm runner: a request failed: {exc}", flush=True)
     finally:
@@ -455,6 +457,3 @@ def _reap() -> None:
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
 
-
-if __name__ == "__main__":
-    serve(Path(sys.argv[1]), sys.argv[2])
