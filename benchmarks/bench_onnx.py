@@ -18,6 +18,10 @@ measured here (one numpy thread copying 256 MiB: read + write bytes over time).
     python benchmarks/bench_onnx.py [--threads 1,2] [--rows 25000] [--only irova,irm]
                                     [--batch-size N] [--repeats 5] [--quick] [--no-memory]
 
+Lean graphs are also timed as a server runs them, ``session.run`` batch after batch with
+the outputs handed on rather than assembled into N x K arrays (assembling adds a fresh
+result array, which the kernel zeroes, to every pass).
+
 Timing: ``flows.reproduce.timing.measure``, the numpy path and every graph x thread count
 called alternately (each exposed to the same load), ``--repeats`` full passes over the N
 rows each after one warm-up pass; a figure is the fastest pass / N, as wall time and as
@@ -79,8 +83,23 @@ def pipeline_call(cal, cord, logits: np.ndarray):
 
 
 def onnx_call(model_bytes: bytes, scores: np.ndarray, threads: int, batch_size: int | None):
+    """``run_batched``: every batch through the session, outputs assembled into [N, ...]
+    arrays (as the numpy path returns them)."""
     session = open_session(model_bytes, provider="cpu", threads=threads)
     return lambda: run_batched(session, scores, batch_size=batch_size)
+
+
+def serving_call(model_bytes: bytes, scores: np.ndarray, threads: int,
+                 batch_size: int | None):
+    """What a server does: each batch through ``session.run`` and its outputs handed on,
+    not assembled (so no fresh N x K result array is zeroed by the kernel each pass)."""
+    session = open_session(model_bytes, provider="cpu", threads=threads)
+    rows_per_batch = batch_size or session_batch_size(session, scores.shape[1])
+
+    def run():
+        for rows in batches(len(scores), rows_per_batch):
+            session.run(None, {"scores": scores[rows]})
+    return run
 
 
 def _status_kib(field: str) -> int:
@@ -194,6 +213,16 @@ def main(argv=None) -> None:
             print(f"{label:<24}{k:>6}{numpy_time.best * per_row:>8.2f} "
                   f"({numpy_time.best_cpu * per_row:>6.2f}){cells}{peak:>12.1f}"
                   f"{load_average():>6}", flush=True)
+            if outputs == "lean":
+                served = measure(*(serving_call(model.SerializeToString(), scores, t,
+                                                args.batch_size) for t in threads),
+                                 repeats=args.repeats)
+                figures = ", ".join(
+                    f"{t} threads {o.best * per_row:.2f} ({o.best_cpu * per_row:.2f})"
+                    for t, o in zip(threads, served, strict=True))
+                target = f" (target {LEAN_TARGET_US} on 2 threads)" if k == 1000 else ""
+                print(f"  {label} served batch by batch (session.run): {figures} "
+                      f"us/example{target}, load {load_average()}", flush=True)
 
 
 if __name__ == "__main__":
