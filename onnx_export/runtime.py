@@ -8,6 +8,7 @@ batched runs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -73,33 +74,39 @@ def input_dtype(session: ort.InferenceSession) -> np.dtype:
             "tensor(double)": np.dtype(np.float64)}[kind]
 
 
-#: Rows per batch are chosen so that each [rows, K] intermediate takes about this many
-#: bytes and stays in a core's L2 cache (1 MiB on the development machine): with 2**20
-#: elements (8 MiB in float64) the isotonic graphs ran 1.4x slower than with 2**17, and
-#: VS float32 at K = 1,000 1.15x slower than with 2**18.
+#: Rows per batch are chosen so that each thread's share of a [rows, K] intermediate takes
+#: about this many bytes and stays in its core's L2 cache (1 MiB on the development
+#: machine): with 2**20-element batches (8 MiB in float64) the isotonic graphs ran 1.4x
+#: slower than with 2**17 on one thread, and VS float32 at K = 1,000 1.15x slower than
+#: with 2**18. More threads take proportionally more rows, which also spreads each
+#: operation's fixed cost of waking them over more rows.
 BATCH_BYTES = 1 << 20
 #: Bounds on the rows per batch: fewer rows let per-node overhead dominate, more gain
 #: nothing once it is amortised.
 MIN_BATCH_ROWS, MAX_BATCH_ROWS = 64, 16384
 
 
-def default_batch_size(n_classes: int, itemsize: int = 4) -> int:
-    """Rows per batch for K classes computed with ``itemsize``-byte numbers: about
-    BATCH_BYTES per [rows, K] intermediate, between MIN_BATCH_ROWS and MAX_BATCH_ROWS."""
-    rows = BATCH_BYTES // (max(1, n_classes) * itemsize)
+def default_batch_size(n_classes: int, itemsize: int = 4, threads: int = 1) -> int:
+    """Rows per batch for K classes computed with ``itemsize``-byte numbers on ``threads``
+    threads: about BATCH_BYTES per thread and [rows, K] intermediate, between
+    MIN_BATCH_ROWS and MAX_BATCH_ROWS."""
+    rows = max(1, threads) * BATCH_BYTES // (max(1, n_classes) * itemsize)
     return int(min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, rows)))
 
 
 def session_batch_size(session: ort.InferenceSession, width: int) -> int:
     """default_batch_size for an exported pipeline's session: K and the compute width from
-    its metadata (``export.compute_itemsize``); the input's width and dtype otherwise."""
+    its metadata (``export.compute_itemsize``; the input's width and dtype for other
+    models) and the session's intra-op threads (0, onnxruntime's default, is one per
+    core)."""
     metadata = session.get_modelmeta().custom_metadata_map
     itemsize = compute_itemsize(metadata) or input_dtype(session).itemsize
     try:
         n_classes = int(metadata["cord.n_classes"])
     except (KeyError, ValueError):
         n_classes = width
-    return default_batch_size(n_classes, itemsize)
+    threads = session.get_session_options().intra_op_num_threads or os.cpu_count() or 1
+    return default_batch_size(n_classes, itemsize, threads)
 
 
 def batches(n: int, batch_size: int) -> Iterator[slice]:

@@ -1,6 +1,7 @@
-"""Default batches of ``run_batched``: sized from the model's metadata so that each
-[rows, K] intermediate stays near ``BATCH_BYTES`` (float64 where the graph computes in
-float64), and the batched result is the one-shot result bit for bit."""
+"""Default batches of ``run_batched``: sized from the model's metadata and the session's
+threads so that each thread's share of a [rows, K] intermediate stays near
+``BATCH_BYTES`` (float64 where the graph computes in float64), and the batched result is
+the one-shot result bit for bit."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def test_batch_follows_the_compute_dtype(cases, name, dtype, itemsize):
     session = open_session(model, provider="cpu", threads=1)
     rows = session_batch_size(session, k)
     assert rows == min(16384, BATCH_BYTES // (k * itemsize))
+    two = open_session(model, provider="cpu", threads=2)
+    assert session_batch_size(two, k) == min(16384, 2 * BATCH_BYTES // (k * itemsize))
     scores = cases.adversarial_scores(k, "logits", seed=5).astype(dtype)
     scores = np.concatenate([scores] * (2 * rows // len(scores) + 2))  # several batches
     batched = run_batched(session, scores)
