@@ -17,6 +17,7 @@ measured here (one numpy thread copying 256 MiB: read + write bytes over time).
 
     python benchmarks/bench_onnx.py [--threads 1,2] [--rows 25000] [--only irova,irm]
                                     [--batch-size N] [--repeats 5] [--quick] [--no-memory]
+                                    [--no-spin]
 
 Lean graphs are also timed as a server runs them, ``session.run`` batch after batch with
 the outputs handed on rather than assembled into N x K arrays (assembling adds a fresh
@@ -82,18 +83,19 @@ def pipeline_call(cal, cord, logits: np.ndarray):
     return lambda: cord.transform(softmax(x), cal.predict_proba(x))
 
 
-def onnx_call(model_bytes: bytes, scores: np.ndarray, threads: int, batch_size: int | None):
+def onnx_call(model_bytes: bytes, scores: np.ndarray, threads: int, batch_size: int | None,
+              spin: bool = True):
     """``run_batched``: every batch through the session, outputs assembled into [N, ...]
     arrays (as the numpy path returns them)."""
-    session = open_session(model_bytes, provider="cpu", threads=threads)
+    session = open_session(model_bytes, provider="cpu", threads=threads, spin=spin)
     return lambda: run_batched(session, scores, batch_size=batch_size)
 
 
 def serving_call(model_bytes: bytes, scores: np.ndarray, threads: int,
-                 batch_size: int | None):
+                 batch_size: int | None, spin: bool = True):
     """What a server does: each batch through ``session.run`` and its outputs handed on,
     not assembled (so no fresh N x K result array is zeroed by the kernel each pass)."""
-    session = open_session(model_bytes, provider="cpu", threads=threads)
+    session = open_session(model_bytes, provider="cpu", threads=threads, spin=spin)
     rows_per_batch = batch_size or session_batch_size(session, scores.shape[1])
 
     def run():
@@ -174,14 +176,19 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="VS at K = 1,000 only")
     parser.add_argument("--no-memory", action="store_true",
                         help="skip the per-session peak-memory processes")
+    parser.add_argument("--no-spin", action="store_true",
+                        help="idle intra-op threads sleep instead of spinning (open_session's "
+                             "spin=False; for a machine other processes keep busy)")
     args = parser.parse_args(argv)
+    spin = not args.no_spin
     threads = [int(t) for t in args.threads.split(",")]
     configs = CONFIGS[:1] if args.quick else CONFIGS
     if args.only:
         configs = [c for c in configs if c[0] in args.only.split(",")]
 
     bandwidth = copy_bandwidth_gb_s()
-    print(f"onnxruntime CPU, N = {args.rows}, batches of "
+    print(f"onnxruntime CPU{'' if spin else ' (threads do not spin)'}, N = {args.rows}, "
+          f"batches of "
           f"{args.batch_size or 'session_batch_size'} rows; us/example = fastest of "
           f"{args.repeats} passes / N, wall (process CPU); {multiprocessing.cpu_count()} "
           f"cores, load average {load_average()} at the start")
@@ -200,7 +207,7 @@ def main(argv=None) -> None:
             model = export_onnx(cal, cord, k, dtype=dtype, outputs=outputs)
             scores = logits.astype(dtype)
             calls = [pipeline_call(cal, cord, logits)] + [
-                onnx_call(model.SerializeToString(), scores, t, args.batch_size)
+                onnx_call(model.SerializeToString(), scores, t, args.batch_size, spin)
                 for t in threads]
             numpy_time, *onnx_times = measure(*calls, repeats=args.repeats)
             per_row = 1e6 / args.rows
@@ -215,7 +222,7 @@ def main(argv=None) -> None:
                   f"{load_average():>6}", flush=True)
             if outputs == "lean":
                 served = measure(*(serving_call(model.SerializeToString(), scores, t,
-                                                args.batch_size) for t in threads),
+                                                args.batch_size, spin) for t in threads),
                                  repeats=args.repeats)
                 figures = ", ".join(
                     f"{t} threads {o.best * per_row:.2f} ({o.best_cpu * per_row:.2f})"

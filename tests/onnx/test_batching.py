@@ -46,3 +46,16 @@ def test_a_model_without_cord_metadata_uses_its_input():
                               ir_version=IR_VERSION)
     session = open_session(model, provider="cpu", threads=1)
     assert session_batch_size(session, 50) == BATCH_BYTES // (50 * 8)
+
+
+def test_sessions_that_do_not_spin_give_the_same_outputs(cases):
+    cal, cord = cases.fitted("irova", 10, "logits")
+    model = export_onnx(cal, cord, 10, outputs="lean")
+    scores = cases.adversarial_scores(10, "logits", seed=6)
+    quiet = open_session(model, provider="cpu", threads=2, spin=False)
+    assert quiet.get_session_options().get_session_config_entry(
+        "session.intra_op.allow_spinning") == "0"
+    spinning = open_session(model, provider="cpu", threads=2)
+    for got, want in zip(run_batched(quiet, scores).values(),
+                         run_batched(spinning, scores).values(), strict=True):
+        np.testing.assert_array_equal(got, want)
