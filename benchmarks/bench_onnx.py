@@ -21,7 +21,10 @@ measured here (one numpy thread copying 256 MiB: read + write bytes over time).
 
 Lean graphs are also timed as a server runs them, ``session.run`` batch after batch with
 the outputs handed on rather than assembled into N x K arrays (assembling adds a fresh
-result array, which the kernel zeroes, to every pass).
+result array, which the kernel zeroes, to every pass), each thread count in a fresh
+process (in the alternating loop, the idle threads of one session and the numpy path
+disturb the others: at load 2.3 that loop timed 6.3 us where a process of its own
+timed 2.9).
 
 Timing: ``flows.reproduce.timing.measure``, the numpy path and every graph x thread count
 called alternately (each exposed to the same load), ``--repeats`` full passes over the N
@@ -91,17 +94,38 @@ def onnx_call(model_bytes: bytes, scores: np.ndarray, threads: int, batch_size: 
     return lambda: run_batched(session, scores, batch_size=batch_size)
 
 
-def serving_call(model_bytes: bytes, scores: np.ndarray, threads: int,
-                 batch_size: int | None, spin: bool = True):
-    """What a server does: each batch through ``session.run`` and its outputs handed on,
-    not assembled (so no fresh N x K result array is zeroed by the kernel each pass)."""
-    session = open_session(model_bytes, provider="cpu", threads=threads, spin=spin)
+def _served(model_path: str, scores_path: str, threads: int, batch_size: int | None,
+            spin: bool, repeats: int, queue) -> None:
+    scores = np.load(scores_path)
+    session = open_session(model_path, provider="cpu", threads=threads, spin=spin)
     rows_per_batch = batch_size or session_batch_size(session, scores.shape[1])
 
     def run():
         for rows in batches(len(scores), rows_per_batch):
             session.run(None, {"scores": scores[rows]})
-    return run
+
+    (timing,) = measure(run, repeats=repeats)
+    queue.put((timing.best, timing.best_cpu))
+
+
+def served_seconds(model, scores: np.ndarray, threads: int, batch_size: int | None,
+                   spin: bool, repeats: int) -> tuple[float, float]:
+    """(wall, CPU) seconds of the fastest pass of what a server does, each batch through
+    ``session.run`` with its outputs handed on (not assembled, so no fresh N x K result
+    array is zeroed by the kernel each pass), in a fresh process: the idle threads of the
+    other sessions and the numpy path of this one cannot disturb it."""
+    with tempfile.TemporaryDirectory() as folder:
+        model_path, scores_path = f"{folder}/m.onnx", f"{folder}/x.npy"
+        Path(model_path).write_bytes(model.SerializeToString())
+        np.save(scores_path, scores)
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_served, args=(model_path, scores_path, threads,
+                                                  batch_size, spin, repeats, queue))
+        child.start()
+        result = queue.get()
+        child.join()
+    return result
 
 
 def _status_kib(field: str) -> int:
@@ -221,12 +245,11 @@ def main(argv=None) -> None:
                   f"({numpy_time.best_cpu * per_row:>6.2f}){cells}{peak:>12.1f}"
                   f"{load_average():>6}", flush=True)
             if outputs == "lean":
-                served = measure(*(serving_call(model.SerializeToString(), scores, t,
-                                                args.batch_size, spin) for t in threads),
-                                 repeats=args.repeats)
+                served = [served_seconds(model, scores, t, args.batch_size, spin,
+                                         args.repeats) for t in threads]
                 figures = ", ".join(
-                    f"{t} threads {o.best * per_row:.2f} ({o.best_cpu * per_row:.2f})"
-                    for t, o in zip(threads, served, strict=True))
+                    f"{t} threads {wall * per_row:.2f} ({cpu * per_row:.2f})"
+                    for t, (wall, cpu) in zip(threads, served, strict=True))
                 target = f" (target {LEAN_TARGET_US} on 2 threads)" if k == 1000 else ""
                 print(f"  {label} served batch by batch (session.run): {figures} "
                       f"us/example{target}, load {load_average()}", flush=True)
