@@ -26,7 +26,7 @@ K = 10 and -2 otherwise; smaller K is our extension), each pair scored by the me
 random_state)``; KFold with the same seed when a class has fewer members than folds).
 Explicit ``reg_lambdas`` / ``reg_mus`` replace the grid.
 
-Search (``search="path"``, the default): the reference evaluates all 243 (K = 100) to 324
+Search (``search="path"``, the default): the reference evaluates all 243 (K = 100) to 432
 (K = 10) pairs; we walk the grid by warm-started coordinate descent instead:
 
 1. lambda from the strongest value down, mu = the grid value nearest lambda (log scale),
