@@ -213,7 +213,14 @@ def metric_sums(part, probs_key, reference_key=None, n_bins: int = 15) -> dict:
         "brier": exact_sum(np.sum(residual * residual, axis=1)),
     }
     if reference_key is not None:
-        out["changed"] = int((top1(np.asarray(part[reference_key])) != top).sum())
+        before = top1(np.asarray(part[reference_key]))
+        changed = before != top
+        out["changed"] = int(changed.sum())
+        # metrics.prediction_changes' counts: incorrect -> correct, correct -> incorrect,
+        # incorrect -> another incorrect class
+        out["c_plus"] = int((changed & (top == y)).sum())
+        out["c_minus"] = int((changed & (before == y)).sum())
+        out["c_zero"] = int((changed & (before != y) & (top != y)).sum())
     return out
 
 
@@ -374,4 +381,28 @@ def metrics_from_sums(sums: list[dict]) -> dict:
            "accuracy": float(acc.sum()) / n}
     if all("changed" in s for s in sums):
         out["tpcr"] = sum(s["changed"] for s in sums) / n
+        out["changes"] = {key: sum(s[key] for s in sums)
+                          for key in ("c_plus", "c_minus", "c_zero")}
     return out
+
+
+def label_counts(part, k: int) -> np.ndarray:
+    """Rows per class in the partition (the gate's label histograms)."""
+    return np.bincount(part["labels"], minlength=k).astype(np.int64)
+
+
+def split_rows(n: int, seed: int, fraction: float, shard_key: int):
+    """(calibration mask, sample keys) of a shard's n rows: deterministic in (seed, shard),
+    whatever worker reads the shard and however many there are.
+
+    Row i goes to calibration when u_i < ``fraction`` (1.0: every row, for calibration
+    shards beside a separate evaluation set; 0.0: none, for that set) and gets the
+    sample key v_i, with
+    (u, v) the first 2n draws of ``np.random.default_rng([seed, shard_key])``. Unlike
+    ``data.split_indices`` the split sizes are binomial, not round(fraction * n): the
+    rows of one shard never depend on the others.
+    """
+    rng = np.random.default_rng([int(seed), int(shard_key)])
+    u = rng.random(n)
+    keys = rng.random(n)
+    return u < fraction, keys
