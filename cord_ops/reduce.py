@@ -44,10 +44,8 @@ from cord_ops.cord import (
     row_scalars,
 )
 from cord_ops.metrics import NLL_CLIP
+from cord_ops.names import REDUCIBLE
 from cord_ops.validation import top1
-
-#: Calibrators a reduced fit supports (the others need all rows at once).
-REDUCIBLE = ("ts", "vs")
 
 _SCALE = 1074  # 2^-1074 is the smallest subnormal: x * 2^1074 is an integer for every x
 _CHUNK = 1 << 21  # values per chunk: 2^21 limbs of <= 2^31 units sum exactly in float64

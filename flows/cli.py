@@ -244,12 +244,13 @@ def validate_shard_recalibrate(args):
     if args.dask_workers < 1:
         raise inputs.InputError(f"--dask-workers: expected a positive integer, got "
                                 f"{args.dask_workers}")
+    inputs.shard_options(args.calibrator, args.eval_sample)
+    args.dask_address = inputs.dask_scheduler(args.dask_address)
     plan = inputs.shard_plan(args.data, args.eval_data, args.input_kind, args.seed,
                              args.fraction)
     inputs.check_shard_recalibration(plan, args.calibrator, args.eval_sample,
                                      _gate_options(args))
     inputs.champion_reads(args.tracking_uri, args.model_name, plan.data)
-    args.dask_address = inputs.dask_scheduler(args.dask_address)
     return plan.data
 
 

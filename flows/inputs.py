@@ -167,19 +167,26 @@ def shard_plan(spec, eval_spec, input_kind: str, seed: int, fraction: float):
         raise InputError(str(exc)) from exc
 
 
-def check_shard_recalibration(plan, calibrator: str, eval_sample: int,
-                              gate_options: dict | None = None):
-    """:func:`check_recalibration` for a :class:`flows.distributed.ShardPlan`: a calibrator
-    that cannot be fitted from partition sums is refused naming the ones that can, and
-    the split sizes are the plan's exact counts. Returns the gate's policy."""
-    from cord_ops.reduce import REDUCIBLE
-    from flows import gate
+def shard_options(calibrator: str, eval_sample: int) -> None:
+    """A calibrator that cannot be fitted from partition sums is refused naming the ones
+    that can; the evaluation sample must hold a row (no imports: checked first)."""
+    from cord_ops.names import REDUCIBLE
 
     if calibrator not in REDUCIBLE:
         raise InputError(f"--calibrator {calibrator}: cannot be fitted on shards (it needs "
                          f"every row in one process); expected one of {', '.join(REDUCIBLE)}")
     if isinstance(eval_sample, bool) or not isinstance(eval_sample, int) or eval_sample < 1:
         raise InputError(f"--eval-sample: expected a positive integer, got {eval_sample!r}")
+
+
+def check_shard_recalibration(plan, calibrator: str, eval_sample: int,
+                              gate_options: dict | None = None):
+    """:func:`check_recalibration` for a :class:`flows.distributed.ShardPlan`:
+    :func:`shard_options`, then the gate's thresholds and the split sizes (the plan's
+    exact counts). Returns the gate's policy."""
+    from flows import gate
+
+    shard_options(calibrator, eval_sample)
     where = plan.data.path if plan.evaluation is None else (
         f"{plan.data.path} / {plan.evaluation.path}")
     try:
