@@ -246,8 +246,13 @@ def validate_shard_recalibrate(args):
                                 f"{args.dask_workers}")
     inputs.shard_options(args.calibrator, args.eval_sample)
     args.dask_address = inputs.dask_scheduler(args.dask_address)
-    plan = inputs.shard_plan(args.data, args.eval_data, args.input_kind, args.seed,
-                             args.fraction)
+    from flows.distributed import plan_shards
+
+    try:
+        plan = plan_shards(args.data, args.eval_data, args.input_kind, args.seed,
+                           args.fraction)
+    except (ValueError, TypeError, OSError) as exc:
+        raise inputs.InputError(str(exc)) from exc
     inputs.check_shard_recalibration(plan, args.calibrator, args.eval_sample,
                                      _gate_options(args))
     inputs.champion_reads(args.tracking_uri, args.model_name, plan.data)

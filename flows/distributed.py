@@ -1,17 +1,23 @@
 """Recalibration on a Dask cluster for labelled outputs in Parquet shards (docs/ layout:
-score columns and ``labels``), one shard a partition.
+score columns and ``labels``), one shard a partition, out of core.
 
 Order of events, so that bad input stops everything before a cluster is contacted:
 
-1. list the shards (a folder or glob, ``batch_predict.expand_inputs``) and read each one's
-   schema: every shard must hold the same score layout and a ``labels`` column; a
-   calibrator that cannot be fitted from partition sums is refused naming the ones that
-   can (``cord_ops.reduce.REDUCIBLE``);
-2. connect to ``dask_address`` or start a local cluster; each worker loads its shards once
-   (``data.load_parquet``: a bad value is reported naming the file, column and row) and
-   keeps them for the passes below;
-3. fit the calibrator from reduced sums, then CORD's per-row scalars per partition and eta*
-   from exact partition sums (``cord_ops.reduce``), then reduce the evaluation metrics.
+1. list the shards (a folder or glob, ``batch_predict.expand_inputs``) and read their
+   footers (:func:`describe_shards`): every shard must hold the same score layout and K, a
+   ``labels`` column and rows; a calibrator that cannot be fitted from partition sums is
+   refused naming the ones that can (``cord_ops.names.REDUCIBLE``);
+2. connect to ``dask_address`` or start a local cluster; each worker reads and validates
+   its shards once (``data.load_parquet``: a bad value is reported naming the file, column
+   and row), splits the rows (``reduce.split_rows``) and writes each part's scores to a
+   raw ``.npy`` scratch file in its local directory (float32 when that is exact, never
+   pickle); only labels and sample keys stay in worker memory;
+3. every later pass reads the scratch files memory-mapped, in row blocks of about
+   ``BLOCK_BYTES`` of float64 (file pages are the page cache's, not the worker's heap), on
+   the worker that wrote them: fit the calibrator from reduced sums, CORD's per-row
+   scalars (kept in memory, 24 bytes a row) and eta* from exact partition sums
+   (``cord_ops.reduce``), then the evaluation metrics. Closing the session deletes the
+   scratch files.
 
 The numerics live in ``cord_ops.reduce`` (pure numpy); this module only moves them.
 """
@@ -19,11 +25,15 @@ The numerics live in ``cord_ops.reduce`` (pure numpy); this module only moves th
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from distributed import Client, LocalCluster
+import numpy as np
+from distributed import Client, LocalCluster, get_worker, wait
 
 from cord_ops import data
 from cord_ops.cord import CORD
@@ -37,8 +47,10 @@ from cord_ops.reduce import (
     metrics_from_sums,
     split_rows,
 )
-from cord_ops.reduce import rows as partition_rows
 from flows.batch_predict import expand_inputs
+
+#: Size of one row block's float64 scores during a pass (the worker's working set).
+BLOCK_BYTES = 32 << 20
 
 
 def shard_kind(files, input_kind: str = "auto") -> str:
@@ -65,26 +77,127 @@ def shard_kind(files, input_kind: str = "auto") -> str:
     return next(iter(kinds.values()))
 
 
-def load_shard(path: str, input_kind: str) -> dict:
-    """One partition: the shard's validated scores and labels (a worker task)."""
-    dataset = data.load_parquet(path, input_kind=input_kind)
-    return {"path": path, "scores": dataset.scores, "labels": dataset.labels}
-
-
-def shard_shape(part) -> tuple[int, int]:
-    return int(part["scores"].shape[0]), int(part["scores"].shape[1])
-
-
-def with_cord_scalars(part, calibrator_state, input_kind, local_weight) -> dict:
-    """The partition plus CORD's per-row scalars; errors name the shard."""
+# ---------------------------------------------------------------- worker side
+def _scratch_folder(session_id: str) -> Path:
+    """This worker's scratch folder for a session (its local directory; the system's
+    temporary folder outside a worker)."""
     try:
-        b, lower, g = cord_partition_scalars(part, calibrator_state, input_kind,
-                                             local_weight, 0)
-    except ValueError as exc:
-        raise ValueError(f"{part['path']}: {exc}") from None
-    return {**part, "b": b, "lower": lower, "g": g}
+        base = get_worker().local_directory
+    except ValueError:
+        base = tempfile.gettempdir()
+    folder = Path(base) / f"cord-ops-{session_id}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
+def remove_scratch(session_id: str, dask_worker=None) -> None:
+    """Delete a worker's scratch folder of the session (``Client.run`` on every worker
+    passes the worker as ``dask_worker``)."""
+    base = tempfile.gettempdir() if dask_worker is None else dask_worker.local_directory
+    shutil.rmtree(Path(base) / f"cord-ops-{session_id}", ignore_errors=True)
+
+
+def load_split_shard(path: str, kind: str, k: int, seed: int, fraction: float, key: int,
+                     session_id: str) -> dict:
+    """Read and validate one shard (errors name the file, column and row), split its rows
+    (``reduce.split_rows``) and write each part's scores to a scratch ``.npy`` (a worker
+    task). Returns the shard's digest and its ``calibration`` and ``evaluation``
+    partitions: handles holding the scratch file, the row count, the labels and (for the
+    evaluation part) the sample keys."""
+    dataset = data.load_parquet(path, input_kind=kind)
+    if dataset.n_classes != k:
+        raise ValueError(f"{path}: holds {dataset.n_classes} classes; expected {k} like the "
+                         "first shard")
+    calibration, keys = split_rows(dataset.n, seed, fraction, key)
+    scores = dataset.scores
+    narrow = scores.astype(np.float32)
+    if np.array_equal(narrow, scores):  # float32 outputs: half the scratch, same values
+        scores = narrow
+    del narrow
+    folder = _scratch_folder(session_id)
+    out = {"path": path, "sha256": dataset.sha256}
+    for name, chosen in (("calibration", calibration), ("evaluation", ~calibration)):
+        file = folder / f"{name}-{uuid.uuid4().hex}.npy"
+        if chosen.any():
+            np.save(file, scores[chosen], allow_pickle=False)
+        out[name] = {"path": path, "scratch": str(file), "n": int(chosen.sum()),
+                     "labels": dataset.labels[chosen]}
+    out["evaluation"]["keys"] = keys[~calibration]
+    return out
+
+
+def blocks(part):
+    """The partition in row blocks: dicts with ``scores`` (float64 copy of the block's
+    rows, read from the memory-mapped scratch file) and every per-row array sliced."""
+    scores = np.load(part["scratch"], mmap_mode="r", allow_pickle=False)
+    step = max(1, BLOCK_BYTES // (8 * scores.shape[1]))
+    for start in range(0, part["n"], step):
+        stop = min(part["n"], start + step)
+        block = {key: value[start:stop] for key, value in part.items()
+                 if isinstance(value, np.ndarray)}
+        block["scores"] = np.asarray(scores[start:stop], dtype=np.float64)
+        block["path"] = part["path"]
+        block["first_row"] = start
+        yield block
+
+
+def _add(a, b):
+    """Sum of two reducer results of the same shape (numbers, arrays, tuples, dicts)."""
+    if isinstance(a, dict):
+        return {key: _add(a[key], b[key]) for key in a}
+    if isinstance(a, tuple | list):
+        return type(a)(_add(x, y) for x, y in zip(a, b, strict=True))
+    return a + b
+
+
+def summed(part, fn, *args):
+    """``fn(block, *args)`` summed over the partition's row blocks: every reducer of
+    ``cord_ops.reduce`` returns sums (exact integers stay exact)."""
+    total = None
+    for block in blocks(part):
+        value = fn(block, *args)
+        total = value if total is None else _add(total, value)
+    return total
+
+
+def cord_scalars(part, calibrator_state, input_kind, local_weight) -> dict:
+    """CORD's per-row scalars (b, min I, g) of the partition, kept in worker memory for
+    the bisection (24 bytes a row); errors name the shard."""
+    found = []
+    for block in blocks(part):
+        try:
+            found.append(cord_partition_scalars(block, calibrator_state, input_kind,
+                                                local_weight, block["first_row"]))
+        except ValueError as exc:
+            raise ValueError(f"{part['path']}: {exc}") from None
+    b, lower, g = (np.concatenate([f[i] for f in found]) for i in range(3))
+    return {"path": part["path"], "b": b, "lower": lower, "g": g}
+
+
+def partition_rows(part) -> int:
+    return int(part["n"])
+
+
+def shard_digest(loaded) -> tuple[str, str, int, int]:
+    """(path, sha256, calibration rows, evaluation rows) of a loaded shard."""
+    return (loaded["path"], loaded["sha256"], partition_rows(loaded["calibration"]),
+            partition_rows(loaded["evaluation"]))
+
+
+def pick(loaded, name: str) -> dict:
+    return loaded[name]
+
+
+def sample_below(part, threshold: float) -> tuple:
+    """(scores, labels, keys) of the partition's rows whose sample key is below
+    ``threshold`` (only those rows are read from the scratch file)."""
+    chosen = np.flatnonzero(part["keys"] < threshold)
+    scores = np.load(part["scratch"], mmap_mode="r", allow_pickle=False)
+    return (np.asarray(scores[chosen], dtype=np.float64), part["labels"][chosen],
+            part["keys"][chosen])
+
+
+# ---------------------------------------------------------------- the old entry point
 @dataclass
 class DistributedFit:
     calibrator: object
@@ -97,21 +210,16 @@ class DistributedFit:
     seconds: dict = field(default_factory=dict)
 
 
-def _reducer(client: Client, futures):
-    def reduce(fn, *args):
-        return client.gather([client.submit(fn, f, *args, pure=False) for f in futures])
-    return reduce
-
-
 def fit_shards(spec, calibrator: str = "ts", *, dask_address: str | None = None,
                client: Client | None = None, n_workers: int = 2,
                memory_limit: str | None = None, input_kind: str = "auto",
                cord: CORD | None = None, gather: bool = False) -> DistributedFit:
     """Fit ``calibrator`` (a name in REDUCIBLE, or an already fitted calibrator, which is
-    kept) + CORD on the Parquet shards of ``spec`` (folder or glob) on
-    Dask: ``client``, else the scheduler at ``dask_address``, else a local cluster of
-    ``n_workers`` single-threaded processes (``memory_limit`` each). ``gather`` selects
-    ``fit_cord``'s gathered mode (eta* bit-identical to ``CORD.fit`` on all rows)."""
+    kept) + CORD on every row of the Parquet shards of ``spec`` (folder or glob) on Dask:
+    ``client``, else the scheduler at ``dask_address``, else a local cluster of
+    ``n_workers`` single-threaded processes (``memory_limit`` each). ``metrics`` are over
+    the same rows. ``gather`` selects ``fit_cord``'s gathered mode (eta* bit-identical to
+    ``CORD.fit`` on all rows)."""
     if not isinstance(calibrator, str):
         calibrator._check_fitted()  # a fitted calibrator: only CORD is fitted here
     elif calibrator not in REDUCIBLE:
@@ -120,69 +228,24 @@ def fit_shards(spec, calibrator: str = "ts", *, dask_address: str | None = None,
                          f"{', '.join(REDUCIBLE)}")
     cord = CORD() if cord is None else cord
     cord._check_params()
-    _, files = expand_inputs(spec)
-    kind = shard_kind(files, input_kind)
-    cluster = None
-    try:
-        if client is None and dask_address is None:
-            cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, memory_limit=memory_limit)
-        with (Client(dask_address or cluster) if client is None else _borrowed(client)) as c:
-            return _fit(c, files, calibrator, kind, cord, gather)
-    finally:
-        if cluster is not None:
-            cluster.close()
-
-
-class _borrowed:
-    """A caller's client as a context manager that leaves it open."""
-
-    def __init__(self, client):
-        self.client = client
-
-    def __enter__(self):
-        return self.client
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _fit(client, files, calibrator, kind, cord, gather) -> DistributedFit:
-    seconds = {}
-    start = time.perf_counter()
-    parts = [client.submit(load_shard, str(path), kind, pure=False) for path in files]
-    shapes = client.gather([client.submit(shard_shape, p, pure=False) for p in parts])
-    k = shapes[0][1]
-    for path, (_, width) in zip(files, shapes, strict=True):
-        if width != k:
-            raise ValueError(f"{path}: holds {width} classes; {files[0]} holds {k}")
-    n = sum(rows for rows, _ in shapes)
-    seconds["load"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    if isinstance(calibrator, str):
-        cal = fit_calibrator(calibrator, _reducer(client, parts), n, k, input_kind=kind)
-    else:
-        cal = calibrator
-        if cal.n_classes_ != k or cal.input_kind != kind:
-            raise ValueError(f"calibrator: fitted for K = {cal.n_classes_} "
-                             f"{cal.input_kind}; the shards hold K = {k} {kind}")
-    state = cal.to_dict()
-    seconds["calibrator"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    scalars = [client.submit(with_cord_scalars, p, state, kind, float(cord.local_weight),
-                             pure=False) for p in parts]
-    del parts  # the partitions now live on inside ``scalars``
-    fitted = fit_cord(_reducer(client, scalars), n, k, cord, gather=gather)
-    seconds["cord"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    sums = _reducer(client, scalars)(evaluation_sums, state, fitted.to_dict(), kind)
-    metrics = {name: metrics_from_sums([s[name] for s in sums])
-               for name in ("original", "calibrated", "repaired")}
-    seconds["evaluate"] = time.perf_counter() - start
-    return DistributedFit(cal, fitted, metrics, n, k, kind, [str(f) for f in files], seconds)
+    shards = describe_shards(spec, input_kind)
+    plan = ShardPlan(shards, None, 0, 1.0, shards.n, 0)
+    with open_session(plan, dask_address=dask_address, client=client, n_workers=n_workers,
+                      memory_limit=memory_limit) as session:
+        if isinstance(calibrator, str):
+            cal = fit_calibrator_on(session, calibrator)
+        else:
+            cal = calibrator
+            if cal.n_classes_ != shards.n_classes or cal.input_kind != shards.input_kind:
+                raise ValueError(f"calibrator: fitted for K = {cal.n_classes_} "
+                                 f"{cal.input_kind}; the shards hold K = {shards.n_classes} "
+                                 f"{shards.input_kind}")
+        fitted = fit_cord_on(session, cal, cord, gather=gather)
+        start = time.perf_counter()
+        metrics = _metrics(session, "calibration", cal, fitted)
+        session.seconds["evaluate"] = time.perf_counter() - start
+        return DistributedFit(cal, fitted, metrics, shards.n, shards.n_classes,
+                              shards.input_kind, list(shards.files), dict(session.seconds))
 
 
 # ---------------------------------------------------------------- the recalibration flow's
@@ -308,64 +371,60 @@ def plan_shards(spec, eval_spec=None, input_kind: str = "auto", seed: int = 0,
     return ShardPlan(shards, evaluation, int(seed), float(fraction), n_cal, n_eval)
 
 
-def load_split_shard(path: str, kind: str, k: int, seed: int, fraction: float,
-                     key: int) -> dict:
-    """Read and validate one shard (errors name the file, column and row) and split its
-    rows (``reduce.split_rows``): a worker task. Returns the shard's digest and its
-    ``calibration`` and ``evaluation`` partitions (the latter with the sample keys)."""
-    dataset = data.load_parquet(path, input_kind=kind)
-    if dataset.n_classes != k:
-        raise ValueError(f"{path}: holds {dataset.n_classes} classes; expected {k} like the "
-                         "first shard")
-    calibration, keys = split_rows(dataset.n, seed, fraction, key)
-    scores, labels = dataset.scores, dataset.labels
-    evaluation = ~calibration
-    return {"path": path, "sha256": dataset.sha256,
-            "calibration": {"path": path, "scores": scores[calibration],
-                            "labels": labels[calibration]},
-            "evaluation": {"path": path, "scores": scores[evaluation],
-                           "labels": labels[evaluation], "keys": keys[evaluation]}}
-
-
-def shard_digest(loaded) -> tuple[str, str, int, int]:
-    """(path, sha256, calibration rows, evaluation rows) of a loaded shard."""
-    return (loaded["path"], loaded["sha256"], partition_rows(loaded["calibration"]),
-            partition_rows(loaded["evaluation"]))
-
-
-def pick(loaded, name: str) -> dict:
-    return loaded[name]
-
-
-def sample_below(part, threshold: float) -> tuple:
-    """(scores, labels, keys) of the partition's rows whose sample key is below
-    ``threshold``."""
-    chosen = part["keys"] < threshold
-    return part["scores"][chosen], part["labels"][chosen], part["keys"][chosen]
-
-
 class ShardSession:
     """A Dask client whose workers hold the split shards of a :class:`ShardPlan`:
-    ``calibration`` and ``evaluation`` are lists of futures of non-empty partitions.
-    Close it (or use it as a context manager) to release the partitions and a local
-    cluster it started."""
+    ``calibration`` and ``evaluation`` are lists of futures of non-empty partitions
+    (scratch-file handles), each pinned to the worker that wrote its file. Close it (or
+    use it as a context manager) to release the partitions, delete the scratch files and
+    stop a local cluster it started."""
 
     def __init__(self, plan: ShardPlan, client: Client, cluster=None, owns_client=True):
         self.plan, self.client, self.cluster = plan, client, cluster
         self.owns_client = owns_client
+        self.id = uuid.uuid4().hex
         self.calibration: list = []
         self.evaluation: list = []
+        self.home: dict = {}  # future key -> the worker holding its scratch file
         self.seconds: dict = {}
 
     def reduce(self, which: str):
-        """``reduce(fn, *args)`` over the ``calibration`` or ``evaluation`` partitions."""
-        return _reducer(self.client, getattr(self, which))
+        """``reduce(fn, *args)``: ``fn`` summed over the row blocks of every
+        ``calibration`` or ``evaluation`` partition, on the partition's worker."""
+        return self.reducer(getattr(self, which), summed)
+
+    def reducer(self, futures, wrapper=None):
+        """``reduce(fn, *args)`` applying ``fn`` (through ``wrapper(part, fn, *args)``
+        when given) to every future's partition on its own worker, in order."""
+        client = self.client
+
+        def reduce(fn, *args):
+            calls = [client.submit(wrapper, f, fn, *args, pure=False,
+                                   workers=self.home.get(f.key), allow_other_workers=False)
+                     if wrapper is not None else
+                     client.submit(fn, f, *args, pure=False, workers=self.home.get(f.key),
+                                   allow_other_workers=False)
+                     for f in futures]
+            return client.gather(calls)
+        return reduce
+
+    def pinned(self, fn, futures, *args) -> list:
+        """Futures of ``fn(part, *args)`` computed where each partition lives."""
+        out = []
+        for f in futures:
+            new = self.client.submit(fn, f, *args, pure=False, workers=self.home.get(f.key),
+                                     allow_other_workers=False)
+            self.home[new.key] = self.home.get(f.key)
+            out.append(new)
+        return out
 
     def close(self) -> None:
         self.calibration, self.evaluation = [], []
         try:
-            if self.owns_client:
-                self.client.close()
+            try:
+                self.client.run(remove_scratch, self.id)
+            finally:
+                if self.owns_client:
+                    self.client.close()
         finally:
             if self.cluster is not None:
                 self.cluster.close()
@@ -385,8 +444,8 @@ def open_session(plan: ShardPlan, *, dask_address: str | None = None,
                  connect_timeout: float = 10.0) -> ShardSession:
     """Connect (``client``, the scheduler at ``dask_address``, else a local cluster of
     ``n_workers`` single-threaded processes) and load every shard once on the workers:
-    reads and validates every row, splits, and fills the shard sets' ``sha256``. The
-    plan's split sizes are checked against what the workers found."""
+    reads and validates every row, splits, writes the scratch files and fills the shard
+    sets' ``sha256``. The plan's split sizes are checked against what the workers found."""
     cluster = None
     if client is None and dask_address is None:
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
@@ -418,17 +477,21 @@ def _load(session: ShardSession) -> None:
     digests = []
     for shards, fraction in sets:
         loaded = [client.submit(load_split_shard, f, shards.input_kind, shards.n_classes,
-                                plan.seed, fraction, shards.key(f), pure=False)
+                                plan.seed, fraction, shards.key(f), session.id, pure=False)
                   for f in shards.files]
-        found = client.gather([client.submit(shard_digest, p, pure=False) for p in loaded])
+        try:
+            found = client.gather([client.submit(shard_digest, p, pure=False)
+                                   for p in loaded])
+        except BaseException:
+            wait(loaded)  # the other shards' scratch files are written before close
+            raise
         digests.append(found)
+        where = client.who_has(loaded)
         for part, (_, _, n_cal, n_eval) in zip(loaded, found, strict=True):
-            if n_cal:
-                session.calibration.append(client.submit(pick, part, "calibration",
-                                                         pure=False))
-            if n_eval:
-                session.evaluation.append(client.submit(pick, part, "evaluation",
-                                                        pure=False))
+            session.home[part.key] = list(where[part.key])
+            for name, count in (("calibration", n_cal), ("evaluation", n_eval)):
+                if count:
+                    getattr(session, name).extend(session.pinned(pick, [part], name))
         del loaded  # the partitions live on in the picks
     n_cal = sum(c for found in digests for _, _, c, _ in found)
     n_eval = sum(e for found in digests for _, _, _, e in found)
@@ -460,18 +523,28 @@ def fit_calibrator_on(session: ShardSession, name: str):
     return fitted
 
 
-def fit_cord_on(session: ShardSession, calibrator, cord: CORD | None = None) -> CORD:
-    """CORD's eta* from exact sums over every calibration row (``reduce.fit_cord``)."""
+def fit_cord_on(session: ShardSession, calibrator, cord: CORD | None = None, *,
+                gather: bool = False) -> CORD:
+    """CORD's eta* from exact sums over every calibration row (``reduce.fit_cord``; its
+    ``gather`` mode on request)."""
     start = time.perf_counter()
     cord = CORD() if cord is None else cord
-    client, state = session.client, calibrator.to_dict()
-    scalars = [client.submit(with_cord_scalars, p, state, session.plan.input_kind,
-                             float(cord.local_weight), pure=False)
-               for p in session.calibration]
-    fitted = fit_cord(_reducer(client, scalars), session.plan.n_calibration,
-                      session.plan.n_classes, cord)
+    scalars = session.pinned(cord_scalars, session.calibration, calibrator.to_dict(),
+                             session.plan.input_kind, float(cord.local_weight))
+    fitted = fit_cord(session.reducer(scalars), session.plan.n_calibration,
+                      session.plan.n_classes, cord, gather=gather)
+    del scalars
     session.seconds["cord"] = time.perf_counter() - start
     return fitted
+
+
+def _metrics(session: ShardSession, which: str, calibrator, cord: CORD) -> dict:
+    """``metrics_from_sums`` of the original, calibrated and repaired outputs over every
+    row of the ``which`` partitions."""
+    sums = session.reduce(which)(evaluation_sums, calibrator.to_dict(), cord.to_dict(),
+                                 session.plan.input_kind)
+    return {name: metrics_from_sums([s[name] for s in sums])
+            for name in ("original", "calibrated", "repaired")}
 
 
 @dataclass(frozen=True)
@@ -492,22 +565,17 @@ def evaluate_on(session: ShardSession, calibrator, cord: CORD,
     """Reduce the metrics over every evaluation row and gather the sample: the
     ``sample_rows`` evaluation rows with the smallest sample keys (all of them when there
     are fewer), independent of how shards are spread over workers."""
-    import numpy as np
-
     start = time.perf_counter()
     plan, kind, k = session.plan, session.plan.input_kind, session.plan.n_classes
-    sums = session.reduce("evaluation")(evaluation_sums, calibrator.to_dict(), cord.to_dict(),
-                                        kind)
-    found = {name: metrics_from_sums([s[name] for s in sums])
-             for name in ("original", "calibrated", "repaired")}
-    counts = [tuple(int(c) for c in sum(session.reduce(which)(label_counts, k)))
-              for which in ("calibration", "evaluation")]
+    found = _metrics(session, "evaluation", calibrator, cord)
+    counts = [tuple(int(c) for c in sum(session.reducer(getattr(session, which))(
+        label_counts, k))) for which in ("calibration", "evaluation")]
     n_eval = plan.n_evaluation
     # a threshold that keeps about sample_rows + 6 standard deviations of rows: fewer than
     # sample_rows survive with probability below 1e-9, and the driver keeps the smallest
     threshold = (1.0 if n_eval <= sample_rows else
                  min(1.0, (sample_rows + 6.0 * sample_rows**0.5 + 20.0) / n_eval))
-    parts = session.reduce("evaluation")(sample_below, threshold)
+    parts = session.reducer(session.evaluation)(sample_below, threshold)
     keys = np.concatenate([p[2] for p in parts])
     order = np.argsort(keys, kind="stable")[:sample_rows]
     scores = np.concatenate([p[0] for p in parts])[order]

@@ -155,18 +155,6 @@ def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
     return policy
 
 
-def shard_plan(spec, eval_spec, input_kind: str, seed: int, fraction: float):
-    """The :class:`flows.distributed.ShardPlan` of a recalibration on Parquet shards (a
-    folder or glob; ``eval_spec`` a file, folder or glob), from the shards' footers only:
-    every shard readable, one score layout and K, a label column, rows in each."""
-    from flows.distributed import plan_shards
-
-    try:
-        return plan_shards(spec, eval_spec, input_kind, seed, fraction)
-    except (ValueError, TypeError, OSError) as exc:
-        raise InputError(str(exc)) from exc
-
-
 def shard_options(calibrator: str, eval_sample: int) -> None:
     """A calibrator that cannot be fitted from partition sums is refused naming the ones
     that can; the evaluation sample must hold a row (no imports: checked first)."""

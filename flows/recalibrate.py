@@ -249,7 +249,9 @@ def plan_shard_inputs(data: str, eval_data: str | None, input_kind: str, seed: i
                       fraction: float):
     """The shards' layout, K and exact split sizes from their footers
     (:func:`flows.distributed.plan_shards`); errors name the shard."""
-    return inputs.shard_plan(data, eval_data, input_kind, seed, fraction)
+    from flows.distributed import plan_shards
+
+    return plan_shards(data, eval_data, input_kind, seed, fraction)
 
 
 @compute_task

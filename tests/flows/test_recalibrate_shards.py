@@ -86,6 +86,13 @@ def artifact_json(client, run_id: str, path: str, tmp: Path) -> dict:
     return json.loads(Path(client.download_artifacts(run_id, path, str(tmp))).read_text())
 
 
+def scratch_left(client) -> list[str]:
+    """Scratch files of any session still on the workers (they are deleted on close)."""
+    found = client.run(lambda dask_worker: [str(p) for p in Path(
+        dask_worker.local_directory).glob("cord-ops-*/*")])
+    return sorted(p for paths in found.values() for p in paths)
+
+
 def run_cli(args: list[str]) -> None:
     from flows import cli
 
@@ -169,6 +176,7 @@ def test_recalibrate_on_shards_logs_the_contract_of_in_memory_rows(cluster, stor
     assert len(ran) == 2 and all(count > 0 for count in ran.values()), ran
     held = dask_client.run(lambda dask_worker: len(dask_worker.data))
     assert set(held.values()) == {0}, held
+    assert scratch_left(dask_client) == []
 
     # a second run on separate evaluation shards meets the champion in the gate
     evaluation = write_shards(tmp_path / "holdout", {"a.parquet": 1500, "b.parquet": 800}, 2)
@@ -269,3 +277,4 @@ def test_a_bad_row_fails_the_load_before_any_run_exists(cluster, store, tmp_path
         recalibrate(data=str(root), dask_address=address, model_name="bad", calibrator="ts",
                     tracking_uri=store)
     assert MlflowClient(store).get_experiment_by_name("bad") is None
+    assert scratch_left(cluster[1]) == []  # the shard read before the bad one is gone too
