@@ -51,6 +51,8 @@ from flows.batch_predict import expand_inputs
 
 #: Size of one row block's float64 scores during a pass (the worker's working set).
 BLOCK_BYTES = 32 << 20
+#: Calibration rows gathered to the driver for the calibrator's warm start.
+WARM_START_ROWS = 20_000
 
 
 def shard_kind(files, input_kind: str = "auto") -> str:
@@ -121,8 +123,7 @@ def load_split_shard(path: str, kind: str, k: int, seed: int, fraction: float, k
         if chosen.any():
             np.save(file, scores[chosen], allow_pickle=False)
         out[name] = {"path": path, "scratch": str(file), "n": int(chosen.sum()),
-                     "labels": dataset.labels[chosen]}
-    out["evaluation"]["keys"] = keys[~calibration]
+                     "labels": dataset.labels[chosen], "keys": keys[chosen]}
     return out
 
 
@@ -172,6 +173,12 @@ def cord_scalars(part, calibrator_state, input_kind, local_weight) -> dict:
             raise ValueError(f"{part['path']}: {exc}") from None
     b, lower, g = (np.concatenate([f[i] for f in found]) for i in range(3))
     return {"path": part["path"], "b": b, "lower": lower, "g": g}
+
+
+def merge_scalars(*parts) -> dict:
+    """One worker's CORD scalars in one partition: the bisection then costs one task per
+    worker and step, not one per shard (exact sums do not depend on the order)."""
+    return {key: np.concatenate([p[key] for p in parts]) for key in ("b", "lower", "g")}
 
 
 def partition_rows(part) -> int:
@@ -517,8 +524,10 @@ def fit_calibrator_on(session: ShardSession, name: str):
     """Calibrator ``name`` (one of REDUCIBLE) fitted on every calibration row."""
     start = time.perf_counter()
     plan = session.plan
+    sample = _sample(session, "calibration", plan.n_calibration, WARM_START_ROWS)
     fitted = fit_calibrator(name, session.reduce("calibration"), plan.n_calibration,
-                            plan.n_classes, input_kind=plan.input_kind)
+                            plan.n_classes, input_kind=plan.input_kind,
+                            sample=(sample[0], sample[1]))
     session.seconds["calibrator"] = time.perf_counter() - start
     return fitted
 
@@ -531,11 +540,40 @@ def fit_cord_on(session: ShardSession, calibrator, cord: CORD | None = None, *,
     cord = CORD() if cord is None else cord
     scalars = session.pinned(cord_scalars, session.calibration, calibrator.to_dict(),
                              session.plan.input_kind, float(cord.local_weight))
+    if not gather:  # gather keeps partition order: CORD.fit's pairwise means depend on it
+        scalars = _per_worker(session, scalars)
     fitted = fit_cord(session.reducer(scalars), session.plan.n_calibration,
                       session.plan.n_classes, cord, gather=gather)
     del scalars
     session.seconds["cord"] = time.perf_counter() - start
     return fitted
+
+
+def _per_worker(session: ShardSession, futures) -> list:
+    """The futures merged into one per worker (``merge_scalars``), on that worker."""
+    groups: dict = {}
+    for f in futures:
+        groups.setdefault(tuple(session.home.get(f.key) or ()), []).append(f)
+    merged = []
+    for where, group in groups.items():
+        new = session.client.submit(merge_scalars, *group, pure=False,
+                                    workers=list(where) or None, allow_other_workers=False)
+        session.home[new.key] = list(where) or None
+        merged.append(new)
+    return merged
+
+
+def _sample(session: ShardSession, which: str, n: int, rows: int):
+    """(scores, labels, keys): the ``rows`` rows of the ``which`` partitions with the
+    smallest sample keys (all when there are fewer), whatever the workers."""
+    # a threshold that keeps about rows + 6 standard deviations: fewer than ``rows``
+    # survive with probability below 1e-9, and the driver keeps the smallest keys
+    threshold = 1.0 if n <= rows else min(1.0, (rows + 6.0 * rows**0.5 + 20.0) / n)
+    parts = session.reducer(getattr(session, which))(sample_below, threshold)
+    keys = np.concatenate([p[2] for p in parts])
+    order = np.argsort(keys, kind="stable")[:rows]
+    return (np.concatenate([p[0] for p in parts])[order],
+            np.concatenate([p[1] for p in parts])[order], keys[order])
 
 
 def _metrics(session: ShardSession, which: str, calibrator, cord: CORD) -> dict:
@@ -570,16 +608,7 @@ def evaluate_on(session: ShardSession, calibrator, cord: CORD,
     found = _metrics(session, "evaluation", calibrator, cord)
     counts = [tuple(int(c) for c in sum(session.reducer(getattr(session, which))(
         label_counts, k))) for which in ("calibration", "evaluation")]
-    n_eval = plan.n_evaluation
-    # a threshold that keeps about sample_rows + 6 standard deviations of rows: fewer than
-    # sample_rows survive with probability below 1e-9, and the driver keeps the smallest
-    threshold = (1.0 if n_eval <= sample_rows else
-                 min(1.0, (sample_rows + 6.0 * sample_rows**0.5 + 20.0) / n_eval))
-    parts = session.reducer(session.evaluation)(sample_below, threshold)
-    keys = np.concatenate([p[2] for p in parts])
-    order = np.argsort(keys, kind="stable")[:sample_rows]
-    scores = np.concatenate([p[0] for p in parts])[order]
-    labels = np.concatenate([p[1] for p in parts])[order]
+    scores, labels, _ = _sample(session, "evaluation", plan.n_evaluation, sample_rows)
     digest = hashlib.sha256(scores.tobytes() + labels.tobytes()).hexdigest()
     source = plan.data if plan.evaluation is None else plan.evaluation
     scores.flags.writeable = labels.flags.writeable = False  # like a loaded Dataset's
