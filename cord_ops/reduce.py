@@ -31,6 +31,7 @@ import warnings
 from fractions import Fraction
 
 import numpy as np
+from scipy.linalg import cho_factor, cho_solve
 
 from cord_ops.calibrators import calibrator_from_dict, make_calibrator
 from cord_ops.calibrators._affine import _dense_newton_step, _newton
@@ -311,9 +312,9 @@ def fit_vector(reduce, n: int, k: int, *, input_kind="logits", prob_floor=None,
     classes), every gradient and Hessian a sum over partitions (one reduction per
     iteration and line-search trial; a Hessian pass costs about five gradient passes at
     K = 100). With ``sample`` = (scores, labels), a row sample held here: VS is fitted in
-    memory on the sample, its mean Hessian there is kept as a fixed preconditioner, and
-    the full-data steps are theta -= t H_s^-1 grad with Armijo backtracking on the full
-    NLL, one value-and-gradient pass each (``_preconditioned``). Deviation: above 250
+    memory on the sample (the start), then full-data L-BFGS steps follow whose initial
+    inverse Hessian is the sample's mean Hessian there (``_preconditioned``), with Armijo
+    backtracking on the full NLL: one value-and-gradient pass each. Deviation: above 250
     classes the in-memory fit switches to Newton-CG; this keeps dense 2K x 2K matrices."""
     cal = make_calibrator("vs", input_kind=input_kind)
     floor = cal.prob_floor if prob_floor is None else prob_floor
@@ -328,6 +329,25 @@ def fit_vector(reduce, n: int, k: int, *, input_kind="logits", prob_floor=None,
     if not converged:
         warn_not_converged("vs", f"{message}; {n_iter} iterations, max_iter={max_iter}")
     return {"weights": theta[:, 0].tolist(), "bias": theta[:, 1].tolist()}, floor
+
+
+#: Curvature pairs the reduced VS fit keeps (L-BFGS memory).
+LBFGS_MEMORY = 10
+
+
+def _two_loop(grad, memory, factor):
+    """L-BFGS's two-loop recursion with the sample Hessian (Cholesky ``factor``) as the
+    initial inverse-Hessian approximation: an approximation of H^-1 grad."""
+    q = grad.copy()
+    alphas = []
+    for s_k, y_k, rho in reversed(memory):
+        a = rho * float(s_k @ q)
+        alphas.append(a)
+        q -= a * y_k
+    r = cho_solve(factor, q)
+    for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=True):
+        r += s_k * (a - rho * float(y_k @ r))
+    return r
 
 
 def _preconditioned(reduce, n, k, sample, input_kind, floor, max_iter, gtol, rtol=1e-15):
@@ -349,11 +369,13 @@ def _preconditioned(reduce, n, k, sample, input_kind, floor, max_iter, gtol, rto
         parts = reduce(vs_value_grad_sums, theta[:, 0], theta[:, 1], input_kind, floor)
         return math.fsum(p[0] for p in parts) / n, sum(p[1] for p in parts) / n
 
+    factor = cho_factor(h)
+    memory: list = []  # L-BFGS pairs (s, y, 1 / y.s), newest last
     loss, grad = value_grad(theta)
     for it in range(1, max_iter + 1):
         if np.max(np.abs(grad)) <= gtol:
             return theta, it - 1, True, "gradient below gtol"
-        step = -np.linalg.solve(h, grad.ravel()).reshape(theta.shape)
+        step = -_two_loop(grad.ravel(), memory, factor).reshape(theta.shape)
         slope = float(np.sum(grad * step))
         if slope >= 0.0:  # not a descent direction: fall back to the gradient
             step, slope = -grad, -float(np.sum(grad * grad))
@@ -367,6 +389,9 @@ def _preconditioned(reduce, n, k, sample, input_kind, floor, max_iter, gtol, rto
         else:
             return theta, it, bool(np.max(np.abs(grad)) <= 10 * gtol), "line search stalled"
         flat = loss - new_loss <= rtol * max(1.0, abs(loss))
+        s_k, y_k = (new_theta - theta).ravel(), (new_grad - grad).ravel()
+        if float(y_k @ s_k) > 1e-12 * float(np.linalg.norm(s_k) * np.linalg.norm(y_k)):
+            memory = [*memory[-(LBFGS_MEMORY - 1):], (s_k, y_k, 1.0 / float(y_k @ s_k))]
         theta, loss, grad = new_theta, new_loss, new_grad
         if flat:
             return theta, it, True, "objective decrease at float64 resolution"
