@@ -206,10 +206,15 @@ def cord_multiplier_range(part) -> tuple[float, float]:
     return float(multiplier_of(g, upper).max()), float(multiplier_of(g, lower).min())
 
 
-def metric_sums(part, probs_key, reference_key=None, n_bins: int = 15) -> dict:
+def metric_sums(part, probs_key, reference_key=None, n_bins: int = 15,
+                reference_top=None) -> dict:
     """Sums behind ECE (per-bin counts, confidence and accuracy sums, equal-width bins
     (l, u]), NLL, Brier of ``part[probs_key]`` against the labels and, with
-    ``reference_key``, the rows whose top-1 differs from the reference's (TPCR)."""
+    ``reference_key``, the rows whose top-1 differs from the reference's (TPCR), whose
+    top-1 classes may be passed as ``reference_top`` when already known.
+
+    Brier per row is sum_k q_k^2 - 2 q_y + 1, one pass over the row instead of forming the
+    residual: the same value up to a few ulps of 1 per row (``metrics.brier`` forms it)."""
     p = np.asarray(part[probs_key], dtype=np.float64)
     y = part["labels"]
     idx = np.arange(p.shape[0])
@@ -218,19 +223,19 @@ def metric_sums(part, probs_key, reference_key=None, n_bins: int = 15) -> dict:
     correct = (top == y).astype(np.float64)
     edges = np.linspace(0.0, 1.0, n_bins + 1)
     bins = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1)
-    true_mass = np.clip(p[idx, y], NLL_CLIP, 1.0 - NLL_CLIP)
-    residual = p.copy()
-    residual[idx, y] -= 1.0
+    on_label = p[idx, y]
+    true_mass = np.clip(on_label, NLL_CLIP, 1.0 - NLL_CLIP)
     out = {
         "n": int(p.shape[0]),
         "counts": np.bincount(bins, minlength=n_bins).astype(np.int64),
         "conf": [exact_sum(conf[bins == i]) for i in range(n_bins)],
         "acc": np.bincount(bins, weights=correct, minlength=n_bins).astype(np.int64),
         "nll": exact_sum(-np.log(true_mass)),
-        "brier": exact_sum(np.sum(residual * residual, axis=1)),
+        "brier": exact_sum(np.einsum("ik,ik->i", p, p) - 2.0 * on_label + 1.0),
     }
     if reference_key is not None:
-        before = top1(np.asarray(part[reference_key]))
+        before = (top1(np.asarray(part[reference_key])) if reference_top is None
+                  else reference_top)
         changed = before != top
         out["changed"] = int(changed.sum())
         # metrics.prediction_changes' counts: incorrect -> correct, correct -> incorrect,
@@ -251,8 +256,9 @@ def evaluation_sums(part, calibrator_state, cord_state, input_kind, n_bins: int 
     q = calibrator_from_dict(calibrator_state).predict_proba(scores)
     repaired = CORD.from_dict(cord_state).transform(p0, q)
     view = {"labels": part["labels"], "original": p0, "calibrated": q, "repaired": repaired}
-    return {name: metric_sums(view, name, None if name == "original" else "original", n_bins)
-            for name in ("original", "calibrated", "repaired")}
+    before = top1(p0)
+    return {name: metric_sums(view, name, None if name == "original" else "original", n_bins,
+                              before) for name in ("original", "calibrated", "repaired")}
 
 
 # --- drivers ------------------------------------------------------------------------------
