@@ -5,13 +5,16 @@ In a fresh temporary folder (no PREFECT_API_URL, no MLFLOW_TRACKING_URI):
 
 1. cold: ``cord-ops recalibrate`` as a new user runs it first: Prefect's temporary server,
    a new MLflow store (schema migrations);
-2. ``cord-ops server start`` (timed: what a user pays once);
-3. warm: ``cord-ops recalibrate`` again, several times, against the managed server and
+2. ``cord-ops server start`` (timed: what a user pays once; it includes the warm runner
+   importing everything, ``flows/warm.py``);
+3. warm: ``cord-ops recalibrate`` again, several times: the command checks its inputs and
+   hands itself to the warm runner, which forks the work against the managed server and
    the existing store. Target: at most 5 s end to end, and at most 2x the flow's own task
-   time (the ``time:`` line the command prints);
-4. the same warm run instrumented in one interpreter, to split the wall time into
-   imports, Prefect client set-up, MLflow store opening, the flow's tasks and the
-   engine's own overhead;
+   time (the ``time:`` line the command prints). The CPU figure of a warm run is the
+   command process's only: the forked child is the runner's, not the command's;
+4. a run instrumented in one interpreter that has not imported anything yet, to show
+   what the runner saves: imports, Prefect client set-up, MLflow store opening, the
+   flow's tasks and the engine's own overhead;
 5. ``cord-ops server stop``.
 
 Prints figures only; nothing is asserted.
@@ -137,13 +140,14 @@ def main() -> None:
     print(f"cold  recalibrate (temporary Prefect server, new store): wall {cold_wall:6.2f} s, "
           f"CPU {cold_cpu:6.2f} s, flow tasks {cold_tasks:.2f} s")
     print(f"      cord-ops server start (once):                      wall {start_wall:6.2f} s")
-    print(f"warm  recalibrate, median of {len(walls)}:                   wall {wall:6.2f} s, "
-          f"CPU {cpu:6.2f} s, flow tasks {task:.2f} s")
+    print(f"warm  recalibrate via the warm runner, median of {len(walls)}: wall {wall:6.2f} s, "
+          f"command CPU {cpu:5.2f} s, flow tasks {task:.2f} s")
     print(f"      all warm walls: {', '.join(f'{w:.2f}' for w in walls)} s")
     print(f"      target wall <= 5 s: {'met' if wall <= 5 else 'NOT met'}; "
           f"target wall <= 2x tasks ({2 * task:.2f} s): "
           f"{'met' if wall <= 2 * task else 'NOT met'} (ratio {wall / task:.2f})")
-    print("where a warm run's time goes (one instrumented interpreter, wall / CPU):")
+    print("where an in-process run's time goes (one instrumented interpreter, wall / CPU;"
+          " the warm runner has paid the imports and the store modules already):")
     for name, part_wall, part_cpu in parts["rows"]:
         print(f"  {name:<40} {part_wall:6.2f} s / {part_cpu:6.2f} s")
     print(f"  {'of the flow run: its tasks':<40} {parts['tasks']:6.2f} s")

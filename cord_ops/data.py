@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from scipy.special import softmax
 
 from cord_ops.atomic import atomic_path
 from cord_ops.names import INPUT_KINDS
@@ -69,6 +68,8 @@ class Dataset:
     def probabilities(self) -> np.ndarray:
         """The scores as probabilities: softmax of logits, or the stored probabilities."""
         if self.input_kind == "logits":
+            from scipy.special import softmax  # here: half a second to import
+
             return softmax(self.scores, axis=1)
         return self.scores.copy()
 

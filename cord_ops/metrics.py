@@ -11,7 +11,6 @@ work on the pairs (c_i, a_i): c_i = max_k q_ik and a_i = 1[top1(q_i) == y_i].
 from __future__ import annotations
 
 import numpy as np
-from scipy.signal import fftconvolve
 
 from cord_ops.validation import check_labels, check_pair, check_probabilities, top1
 
@@ -126,6 +125,10 @@ def _reflected_gaussian_smooth(grid: np.ndarray, sigma: float) -> np.ndarray:
     mirrored = np.concatenate(
         [grid[:, ::-1][:, :-1], grid, grid[:, ::-1][:, 1:]], axis=1
     )
+    # Imported here: scipy.signal takes over a second to import, and every command that
+    # only validates its inputs imports this module.
+    from scipy.signal import fftconvolve
+
     smoothed = fftconvolve(mirrored, kernel[None, :], mode="valid", axes=1)
     return smoothed[:, m // 2 : m // 2 + m]
 

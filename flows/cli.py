@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 
 from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
-from flows import inputs, operator_cli, server, tracking
+from flows import inputs, operator_cli, server, tracking, warm
 from flows.reproduce import cli as reproduce_cli
 
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
@@ -455,6 +455,10 @@ def cmd_server(args) -> int:
     if args.action == "start":
         managed, started = server.start(folder)
         print(f"{'started' if started else 'already running:'} {managed.describe()}")
+        runner = server.start_runner(folder)
+        print(warm.status(folder) if runner is not None and warm.wait_ready(folder, runner)
+              else f"warm runner did not start; see {warm.log_file(folder)} (commands start "
+                   "in-process)")
         print(f"stop it with: {_server_hint(args)}")
         return 0
     if args.action == "stop":
@@ -467,6 +471,7 @@ def cmd_server(args) -> int:
         print(f"not running (state folder {folder}); start it with: cord-ops server start")
         return NOT_RUNNING
     print(f"running: {managed.describe()}")
+    print(warm.status(folder))
     return 0
 
 
@@ -761,14 +766,21 @@ def describe_error(exc: BaseException, tracking_uri: str) -> str:
     return message
 
 
-def run(args: argparse.Namespace) -> int:
-    """Validate, then run ``args.func``; every failure becomes the last line ``error: ...``."""
+def run(args: argparse.Namespace, forward: bool = False) -> int:
+    """Validate, then run ``args.func``; every failure becomes the last line ``error: ...``.
+    With ``forward``, a flow command whose inputs passed goes to the managed server's warm
+    runner when one is ready for it (:mod:`flows.warm`), else runs here."""
     args.tracking_uri_given = args.tracking_uri
     args.tracking_uri = args.tracking_uri or tracking.tracking_uri()
     try:
         validate = getattr(args, "validate", None)
         if validate is not None:
             validate(args)
+        if forward and args.command in warm.COMMANDS:
+            code = warm.forward(server.state_folder(args.tracking_uri), args.argv,
+                                time.perf_counter() - args.started)
+            if code is not None:
+                return code
         with contextlib.ExitStack() as stack:
             if getattr(args, "prefect", False):  # the command runs Prefect flows
                 stack.enter_context(flow_context(args))
@@ -783,11 +795,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``cord-ops`` console script; returns the exit status."""
-    started = time.perf_counter()
+def main(argv: list[str] | None = None, started: float | None = None,
+         forward: bool = True) -> int:
+    """Entry point of the ``cord-ops`` console script; returns the exit status. ``started``
+    (a ``time.perf_counter`` value) and ``forward`` are the warm runner's: the command's
+    start in the process that received it, and no forwarding from the runner itself."""
+    started = time.perf_counter() if started is None else started
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    args.started = started
+    args.started, args.argv = started, argv
     # The process entry point, unlike the library, owns its process: switch MLflow and
     # Prefect telemetry off and bound MLflow's HTTP retries here (MLflow reads both only
     # from the environment), for this process and those it starts; a value the user set
@@ -795,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in {**tracking.QUIET_ENVIRONMENT, **tracking.http_environment(
             getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT))}.items():
         os.environ.setdefault(key, value)
-    return run(args)
+    return run(args, forward=forward)
 
 
 if __name__ == "__main__":

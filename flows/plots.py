@@ -51,7 +51,9 @@ def reliability_png(probs, labels, path, title: str) -> Path:
     bottom.bar(centers, count / count.sum(), width=width, color="0.4")
     bottom.set_xlabel("top-1 probability")
     bottom.set_ylabel("share")
-    fig.tight_layout()
+    # Fixed margins for this fixed figure size: tight_layout would measure every text
+    # extent first, a third of the drawing time, to arrive at about these numbers.
+    fig.subplots_adjust(left=0.15, right=0.97, top=0.94, bottom=0.09, hspace=0.08)
 
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")

@@ -213,6 +213,18 @@ def start(folder: Path, timeout: float = START_TIMEOUT_S) -> tuple[RunningServer
         return server, started
 
 
+def start_runner(folder: Path) -> int | None:
+    """Start the warm runner of ``folder`` (:mod:`flows.warm`) unless one from the same
+    sources and settings is running; returns the pid of the one that runs, or None."""
+    from flows import warm
+
+    with _locked(folder):
+        record = warm.running(folder)
+        if record is not None and record.get("fingerprint") == warm.fingerprint():
+            return int(record["pid"])
+        return warm.spawn(folder)
+
+
 def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM the server's process group, then SIGKILL what is left after ``timeout``."""
     with contextlib.suppress(ProcessLookupError):
@@ -237,7 +249,10 @@ def _reap(pid: int) -> None:
 def stop(folder: Path, timeout: float = STOP_TIMEOUT_S) -> int | None:
     """Stop the managed server of ``folder``; returns its pid, or None if none was running.
     A stale state file (dead or recycled pid) is removed either way."""
+    from flows import warm
+
     with _locked(folder):
+        warm.stop(folder, timeout)
         record = _recorded(folder)
         pid = None
         if record is not None and _alive(record):

@@ -1,0 +1,179 @@
+"""The warm runner beside the managed Prefect server (flows/warm.py), broken as an operator
+would break it: real ``cord-ops`` processes, a real managed server and runner, a real
+MLflow store, and kill -9 / SIGTERM sent to the command while its work runs.
+
+Which process ran a recalibration is read from the run's owner tags (``cord.owner.pid``),
+which the flow writes from the process that does the work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from cord_ops import data
+from flows import owner
+
+pytestmark = pytest.mark.slow
+
+
+def clean_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    env["PREFECT_HOME"] = str(home)
+    return env
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory, cord_ops_command, mlflow_template_db):
+    """A work folder with a migrated store, a managed server and its ready runner, shared
+    by this module's tests (each uses its own model name); the last test stops it."""
+    tmp_path = tmp_path_factory.mktemp("warm")
+    work = tmp_path / "work"
+    (work / "mlruns").mkdir(parents=True)
+    shutil.copyfile(mlflow_template_db, work / "mlruns" / "mlflow.db")
+    env = clean_env(tmp_path / "home")
+    started = subprocess.run([*cord_ops_command, "server", "start"], cwd=work, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "warm runner: pid" in started.stdout, started.stdout
+    record = json.loads((work / "mlruns" / "prefect" / "runner.json").read_text())
+    assert record["ready"]
+    yield work, env, record
+    subprocess.run([*cord_ops_command, "server", "stop"], cwd=work, env=env,
+                   capture_output=True, text=True, timeout=120)
+
+
+def uri(work: Path) -> str:
+    return f"sqlite:///{work.resolve() / 'mlruns' / 'mlflow.db'}"
+
+
+def runs_of(work: Path, model: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri(work))
+    experiment = client.get_experiment_by_name(model)
+    if experiment is None:
+        return []
+    return client.search_runs([experiment.experiment_id])
+
+
+def owner_pid(run) -> int:
+    return int(run.data.tags[owner.PID_TAG])
+
+
+def slow_data(folder: Path) -> Path:
+    """Logits big enough that a Dir-ODIR recalibration runs for several seconds."""
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(6000, 20)) * 2.5
+    y = (z + rng.gumbel(size=z.shape) * 2.0).argmax(axis=1)
+    return data.save_npz(folder / "slow.npz", z, y, "logits")
+
+
+def wait_for_run(work: Path, model: str, process: subprocess.Popen, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        found = [r for r in runs_of(work, model) if owner.PID_TAG in r.data.tags]
+        if found:
+            return found[0]
+        time.sleep(0.1)
+    pytest.fail(f"no run of {model} within {timeout} s")
+
+
+def test_commands_run_in_the_runner_with_their_own_output_and_status(warm, cord_ops_command,
+                                                                    digits):
+    work, env, record = warm
+    path = data.save_npz(work / "digits.npz", digits.scores, digits.labels, "logits")
+
+    done = subprocess.Popen([*cord_ops_command, "recalibrate", "--data", path.name,
+                             "--model-name", "warm"], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = done.communicate(timeout=300)
+    assert done.returncode == 0, out + err
+    assert "eta* =" in out and "time:" in out and "-> warm@champion" in out
+    (run,) = runs_of(work, "warm")
+    assert run.info.status == "FINISHED"
+    # forked by the runner: neither the command's process nor the runner itself
+    assert owner_pid(run) not in (done.pid, record["pid"])
+
+    # bad input never reaches the runner: answered by the command itself, at once
+    start = time.monotonic()
+    bad = subprocess.run([*cord_ops_command, "recalibrate", "--data", "missing.npz"], cwd=work,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and time.monotonic() - start < 10
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "error: missing.npz: no such file (given as --data)")
+
+    # other Prefect/MLflow settings than the runner's: the command runs in-process
+    other = subprocess.Popen([*cord_ops_command, "recalibrate", "--data", path.name,
+                              "--model-name", "cold"], cwd=work,
+                             env={**env, "MLFLOW_HTTP_REQUEST_TIMEOUT": "77"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = other.communicate(timeout=300)
+    assert other.returncode == 0, err[-3000:]
+    (cold,) = runs_of(work, "cold")
+    assert owner_pid(cold) == other.pid
+
+
+def test_kill_9_of_the_command_kills_its_work_and_the_next_run_cleans_up(warm, cord_ops_command):
+    work, env, record = warm
+    path = slow_data(work)
+    command = [*cord_ops_command, "recalibrate", "--data", path.name, "--model-name", "k9",
+               "--calibrator", "dir-odir"]
+    victim = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    run = wait_for_run(work, "k9", victim)
+    worker = owner_pid(run)
+    assert worker != victim.pid and psutil.pid_exists(worker)
+    victim.kill()
+    victim.wait(10)
+    gone = psutil.wait_procs([psutil.Process(worker)], timeout=10)[1] if psutil.pid_exists(
+        worker) else []
+    assert gone == [], "the forked work outlived its killed command"
+    assert psutil.pid_exists(record["pid"])  # the runner itself is unharmed
+
+    again = subprocess.run([*cord_ops_command, "recalibrate", "--data", path.name,
+                            "--model-name", "k9", "--calibrator", "ts"], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    statuses = {r.info.run_id: r.info.status for r in runs_of(work, "k9")}
+    assert statuses[run.info.run_id] == "FAILED"  # the dead owner's run, cleaned up
+    assert sorted(statuses.values()) == ["FAILED", "FINISHED"]
+
+
+def test_sigterm_to_the_command_stops_its_work_like_an_in_process_command(warm,
+                                                                         cord_ops_command):
+    work, env, _ = warm
+    path = slow_data(work)
+    victim = subprocess.Popen([*cord_ops_command, "recalibrate", "--data", path.name,
+                               "--model-name", "term", "--calibrator", "dir-odir"], cwd=work,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = owner_pid(wait_for_run(work, "term", victim))
+    victim.send_signal(signal.SIGTERM)
+    victim.wait(15)
+    assert victim.returncode == -signal.SIGTERM  # what the in-process command would return
+    assert not psutil.pid_exists(worker) or psutil.wait_procs(
+        [psutil.Process(worker)], timeout=10)[1] == []
+
+
+def test_server_stop_stops_the_runner(warm, cord_ops_command):
+    work, env, record = warm
+    status = subprocess.run([*cord_ops_command, "server", "status"], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert f"warm runner: pid {record['pid']}" in status.stdout, status.stdout
+    stop = subprocess.run([*cord_ops_command, "server", "stop"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert not psutil.pid_exists(record["pid"]) or psutil.Process(
+        record["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert not (work / "mlruns" / "prefect" / "runner.sock").exists()
