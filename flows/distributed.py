@@ -305,13 +305,17 @@ def _list_width(path, column: str, arrow_type) -> int:
 
 
 def describe_shards(spec, input_kind: str = "auto") -> ShardSet:
-    """The shards of ``spec`` from their footers: one score layout and K across shards, a
-    label column, at least one row each; raises ValueError naming the first shard that
-    breaks that (nothing is read beyond footers and one row)."""
+    """The shards of ``spec`` (a folder, a glob or one file) from their footers: one score
+    layout and K across shards, a label column, at least one row each; raises ValueError
+    naming the first shard that breaks that (nothing is read beyond footers and one row)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    root, files = expand_inputs(spec)
+    single = Path(str(spec))
+    if single.is_file():  # one file is one shard (e.g. --eval-data holdout.parquet)
+        root, files = single.absolute().parent, [single.absolute()]
+    else:
+        root, files = expand_inputs(spec)
     kind = shard_kind(files, input_kind)
     rows, width, first = [], None, None
     for path in files:

@@ -178,9 +178,9 @@ def test_recalibrate_on_shards_logs_the_contract_of_in_memory_rows(cluster, stor
     assert set(held.values()) == {0}, held
     assert scratch_left(dask_client) == []
 
-    # a second run on separate evaluation shards meets the champion in the gate
-    evaluation = write_shards(tmp_path / "holdout", {"a.parquet": 1500, "b.parquet": 800}, 2)
-    run_cli(["--data", str(root), "--eval-data", str(evaluation / "*.parquet"),
+    # a second run (the folder as --data, one file as --eval-data) meets the champion
+    evaluation = write_shards(tmp_path / "holdout", {"all.parquet": 2300}, 2)
+    run_cli(["--data", str(root), "--eval-data", str(evaluation / "all.parquet"),
              "--dask-address", address, "--calibrator", "ts", "--eval-sample", "1000",
              "--model-name", "shards", "--tracking-uri", store])
     second = client.get_model_version("shards", "2")
