@@ -123,14 +123,28 @@ def load_split_shard(path: str, kind: str, k: int, seed: int, fraction: float, k
         if chosen.any():
             np.save(file, scores[chosen], allow_pickle=False)
         out[name] = {"path": path, "scratch": str(file), "n": int(chosen.sum()),
-                     "labels": dataset.labels[chosen], "keys": keys[chosen]}
+                     "labels": dataset.labels[chosen], "keys": keys[chosen], "part": name,
+                     "source": (path, kind, k, seed, fraction, key)}
     return out
+
+
+def part_scores(part):
+    """The partition's scores: its scratch file memory-mapped, or, on a worker that does
+    not have the file (a task Dask moved, or a partition recomputed after its worker
+    died), the same rows re-read from the shard (the split is deterministic)."""
+    file = Path(part["scratch"])
+    if file.is_file():
+        return np.load(file, mmap_mode="r", allow_pickle=False)
+    path, kind, k, seed, fraction, key = part["source"]
+    dataset = data.load_parquet(path, input_kind=kind)
+    chosen, _ = split_rows(dataset.n, seed, fraction, key)
+    return dataset.scores[chosen if part["part"] == "calibration" else ~chosen]
 
 
 def blocks(part):
     """The partition in row blocks: dicts with ``scores`` (float64 copy of the block's
     rows, read from the memory-mapped scratch file) and every per-row array sliced."""
-    scores = np.load(part["scratch"], mmap_mode="r", allow_pickle=False)
+    scores = part_scores(part)
     step = max(1, BLOCK_BYTES // (8 * scores.shape[1]))
     for start in range(0, part["n"], step):
         stop = min(part["n"], start + step)
@@ -199,7 +213,7 @@ def sample_below(part, threshold: float) -> tuple:
     """(scores, labels, keys) of the partition's rows whose sample key is below
     ``threshold`` (only those rows are read from the scratch file)."""
     chosen = np.flatnonzero(part["keys"] < threshold)
-    scores = np.load(part["scratch"], mmap_mode="r", allow_pickle=False)
+    scores = part_scores(part)
     return (np.asarray(scores[chosen], dtype=np.float64), part["labels"][chosen],
             part["keys"][chosen])
 
@@ -387,7 +401,13 @@ class ShardSession:
     ``calibration`` and ``evaluation`` are lists of futures of non-empty partitions
     (scratch-file handles), each pinned to the worker that wrote its file. Close it (or
     use it as a context manager) to release the partitions, delete the scratch files and
-    stop a local cluster it started."""
+    stop a local cluster it started.
+
+    The pinning is loose (``allow_other_workers``), so a dead worker is never waited for:
+    the scheduler recomputes its partitions from their lineage on another worker (which
+    re-reads the shard and writes a new scratch file), and a task that runs away from
+    its partition's scratch file (work stealing, a recomputed handle) re-reads those rows
+    from the shard (``part_scores``): slower, the same numbers."""
 
     def __init__(self, plan: ShardPlan, client: Client, cluster=None, owns_client=True):
         self.plan, self.client, self.cluster = plan, client, cluster
@@ -410,10 +430,10 @@ class ShardSession:
 
         def reduce(fn, *args):
             calls = [client.submit(wrapper, f, fn, *args, pure=False,
-                                   workers=self.home.get(f.key), allow_other_workers=False)
+                                   workers=self.home.get(f.key), allow_other_workers=True)
                      if wrapper is not None else
                      client.submit(fn, f, *args, pure=False, workers=self.home.get(f.key),
-                                   allow_other_workers=False)
+                                   allow_other_workers=True)
                      for f in futures]
             return client.gather(calls)
         return reduce
@@ -423,7 +443,7 @@ class ShardSession:
         out = []
         for f in futures:
             new = self.client.submit(fn, f, *args, pure=False, workers=self.home.get(f.key),
-                                     allow_other_workers=False)
+                                     allow_other_workers=True)
             self.home[new.key] = self.home.get(f.key)
             out.append(new)
         return out
@@ -561,7 +581,7 @@ def _per_worker(session: ShardSession, futures) -> list:
     merged = []
     for where, group in groups.items():
         new = session.client.submit(merge_scalars, *group, pure=False,
-                                    workers=list(where) or None, allow_other_workers=False)
+                                    workers=list(where) or None, allow_other_workers=True)
         session.home[new.key] = list(where) or None
         merged.append(new)
     return merged

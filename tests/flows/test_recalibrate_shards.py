@@ -278,3 +278,36 @@ def test_a_bad_row_fails_the_load_before_any_run_exists(cluster, store, tmp_path
                     tracking_uri=store)
     assert MlflowClient(store).get_experiment_by_name("bad") is None
     assert scratch_left(cluster[1]) == []  # the shard read before the bad one is gone too
+
+
+def test_a_worker_killed_after_the_read_changes_no_bit(tmp_path):
+    """kill -9 one of two workers once every shard is read and split: the scheduler
+    recomputes that worker's partitions on the other (re-reading its shards), and VS +
+    CORD come out with the same bits as on a healthy cluster."""
+    import signal
+
+    from distributed import Client
+
+    from flows.distributed import (
+        fit_calibrator_on,
+        fit_cord_on,
+        fit_shards,
+        open_session,
+        plan_shards,
+    )
+
+    root = write_shards(tmp_path / "shards", {f"p{i}.parquet": 700 for i in range(6)}, 9)
+    (tmp_path / "dask").mkdir()
+    with dask_cluster(tmp_path / "dask") as (address, pids), \
+            Client(address, timeout=30) as client:
+        healthy = fit_shards(str(root), "vs", client=client)
+        with open_session(plan_shards(str(root), None, "auto", 0, 1.0),
+                          client=client) as session:
+            holders = {w for where in session.home.values() if where for w in where}
+            assert len(holders) == 2  # both workers hold partitions
+            os.kill(pids[0], signal.SIGKILL)
+            vs = fit_calibrator_on(session, "vs")
+            cord = fit_cord_on(session, vs)
+        assert len(client.scheduler_info()["workers"]) == 1
+    assert [w.hex() for w in vs.weights_] == [w.hex() for w in healthy.calibrator.weights_]
+    assert cord.eta_.hex() == healthy.cord.eta_.hex() and cord.eta_ != 0.0
