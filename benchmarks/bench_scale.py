@@ -3,11 +3,14 @@
 
     python benchmarks/bench_scale.py [--rows 1000000] [--classes 100] [--shards 20]
                                      [--workers 2] [--memory-limit 2GB] [--gather]
+                                     [--data FOLDER [--keep]]
 
 Shards hold float32 logits (list column) and labels, written by this script into a
-temporary folder (removed at the end). Each configuration starts a fresh local cluster of
-``--workers`` single-threaded worker processes (``--memory-limit`` each), so the peak RSS
-read from each worker afterwards (``getrusage`` ru_maxrss) is that configuration's. The
+temporary folder (removed at the end), or into ``--data`` (kept with ``--keep``, and
+reused when it already holds shards: generate 10 million rows once). Each configuration
+starts a fresh local cluster of ``--workers`` single-threaded worker processes
+(``--memory-limit`` each), so the peak RSS read from each worker afterwards
+(``getrusage`` ru_maxrss) is that configuration's. The
 "read once" line is the same cluster loading and validating every shard and nothing else.
 Cluster start-up is not included in the times.
 """
@@ -15,6 +18,7 @@ Cluster start-up is not included in the times.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -28,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cord_ops import data  # noqa: E402
 from cord_ops.calibrators import ConvergenceWarning  # noqa: E402
-from flows.distributed import fit_shards, load_shard, shard_shape  # noqa: E402
+from flows.distributed import fit_shards  # noqa: E402
 
 
 def write_shards(folder: Path, rows: int, k: int, shards: int, seed: int = 0) -> float:
@@ -45,6 +49,11 @@ def write_shards(folder: Path, rows: int, k: int, shards: int, seed: int = 0) ->
         y = (p.cumsum(axis=1) > rng.random((count, 1), dtype=np.float32)).argmax(axis=1)
         data.save_parquet(folder / f"part-{i:03d}.parquet", z, y, "logits")
     return sum(f.stat().st_size for f in folder.glob("*.parquet")) / 2**20
+
+
+def read_shard(path: str) -> int:
+    """Read and validate one shard as every fit's first pass does; returns its rows."""
+    return data.load_parquet(path, input_kind="logits").n
 
 
 def peak_rss_mb(client) -> list[float]:
@@ -65,9 +74,8 @@ def run(folder: Path, what: str, args) -> None:
         start = time.perf_counter()
         if what == "read":
             files = sorted(str(f) for f in folder.glob("*.parquet"))
-            parts = [client.submit(load_shard, f, "logits", pure=False) for f in files]
-            rows = sum(r for r, _ in client.gather(
-                [client.submit(shard_shape, p, pure=False) for p in parts]))
+            rows = sum(client.gather([client.submit(read_shard, f, pure=False)
+                                      for f in files]))
             detail = f"rows={rows}"
         else:
             with warnings.catch_warnings():
@@ -81,7 +89,8 @@ def run(folder: Path, what: str, args) -> None:
         seconds = time.perf_counter() - start
         peaks = peak_rss_mb(client)
     label = "read once" if what == "read" else f"{what.upper()} + CORD"
-    print(f"{label:10s} wall {seconds:7.1f} s  peak worker RSS "
+    load = os.getloadavg()[0]
+    print(f"{label:10s} wall {seconds:7.1f} s  (load {load:.2f})  peak worker RSS "
           f"{', '.join(f'{p:.0f}' for p in peaks)} MB  {detail}", flush=True)
 
 
@@ -96,18 +105,29 @@ def main() -> None:
                         help="gather CORD's per-row scalars (eta* bit-identical to CORD.fit)")
     parser.add_argument("--only", choices=["read", "ts", "vs"], nargs="*",
                         default=["read", "ts", "vs"])
+    parser.add_argument("--data", type=Path, help="shard folder to write or reuse")
+    parser.add_argument("--keep", action="store_true", help="keep --data afterwards")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    folder = args.data or Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
         start = time.perf_counter()
-        size = write_shards(folder, args.rows, args.classes, args.shards)
-        print(f"{args.rows} rows, K = {args.classes}, {args.shards} shards, {size:.0f} MB "
-              f"Parquet (written in {time.perf_counter() - start:.1f} s); {args.workers} "
-              f"workers, memory limit {args.memory_limit} each", flush=True)
+        if not list(folder.glob("*.parquet")):
+            folder.mkdir(parents=True, exist_ok=True)
+            write_shards(folder, args.rows, args.classes, args.shards)
+            how = f"written in {time.perf_counter() - start:.1f} s"
+        else:
+            how = "reused"
+        size = sum(f.stat().st_size for f in folder.glob("*.parquet")) / 2**20
+        shards = len(list(folder.glob("*.parquet")))
+        load = os.getloadavg()
+        print(f"{args.rows} rows, K = {args.classes}, {shards} shards, {size:.0f} MB "
+              f"Parquet ({how}); {args.workers} workers, memory limit {args.memory_limit} "
+              f"each; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
         for what in args.only:
             run(folder, what, args)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if not (args.data and args.keep):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

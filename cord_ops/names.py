@@ -14,5 +14,9 @@ CALIBRATOR_NAMES = ("vs", "svs", "ms", "sms", "dir-odir", "irova", "irova-ts", "
 #: Calibrators whose map never changes a row's top-1 class (up to float64 ties).
 TOP1_PRESERVING = ("ts", "irm", "ts-tva", "mcct-i")
 
+#: Calibrators that can be fitted from sums over partitions of the rows (``cord_ops.reduce``);
+#: the others need every row in one process.
+REDUCIBLE = ("ts", "vs")
+
 #: What a score matrix holds: raw logits, or probabilities on the simplex.
 INPUT_KINDS = ("logits", "probs")

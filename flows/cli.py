@@ -232,8 +232,37 @@ def _check_flow_options(args) -> None:
         raise inputs.InputError(f"--seed: expected a non-negative integer, got {args.seed}")
 
 
+def _on_shards(args) -> bool:
+    """``recalibrate --data`` names Parquet shards (a folder or glob) or a Dask scheduler."""
+    return (getattr(args, "dask_address", None) is not None
+            or inputs.is_batch_input(args.data))
+
+
+def validate_shard_recalibrate(args):
+    """Shards (footers only), options, the scheduler's address; returns the shard set."""
+    _check_flow_options(args)
+    if args.dask_workers < 1:
+        raise inputs.InputError(f"--dask-workers: expected a positive integer, got "
+                                f"{args.dask_workers}")
+    inputs.shard_options(args.calibrator, args.eval_sample)
+    args.dask_address = inputs.dask_scheduler(args.dask_address)
+    from flows.distributed import plan_shards
+
+    try:
+        plan = plan_shards(args.data, args.eval_data, args.input_kind, args.seed,
+                           args.fraction)
+    except (ValueError, TypeError, OSError) as exc:
+        raise inputs.InputError(str(exc)) from exc
+    inputs.check_shard_recalibration(plan, args.calibrator, args.eval_sample,
+                                     _gate_options(args))
+    inputs.champion_reads(args.tracking_uri, args.model_name, plan.data)
+    return plan.data
+
+
 def validate_recalibrate(args):
     """Files, arrays and options of a recalibration; returns the loaded ``--data``."""
+    if hasattr(args, "eval_sample") and _on_shards(args):
+        return validate_shard_recalibrate(args)
     inputs.data_file(args.data, "--data")
     inputs.data_file(args.eval_data, "--eval-data")
     _check_flow_options(args)
@@ -325,10 +354,13 @@ def _gate_options(args) -> dict:
 def cmd_recalibrate(args) -> int:
     from flows.recalibrate import recalibrate
 
+    shards = ({"dask_address": args.dask_address, "dask_workers": args.dask_workers,
+               "eval_sample": args.eval_sample} if _on_shards(args) else {})
     result = recalibrate(data=str(args.data),
                          eval_data=None if args.eval_data is None else str(args.eval_data),
                          promote=not args.no_promote, tracking_uri=args.tracking_uri,
-                         lock=args.lock, **_flow_options(args), **_gate_options(args))
+                         lock=args.lock, **_flow_options(args), **_gate_options(args),
+                         **shards)
     _print_result(result, args.started)
     return 0
 
@@ -600,9 +632,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("recalibrate", help="fit calibrator + CORD, export ONNX, register, gate")
     p.add_argument("--data", required=True, type=Path,
-                   help=".npz or .parquet with logits|probs and labels")
+                   help=".npz or .parquet with logits|probs and labels, or a folder or glob "
+                        "of Parquet shards (fitted on Dask, docs/scale.md)")
     p.add_argument("--eval-data", type=Path,
                    help="separate evaluation .npz/.parquet (then all of --data calibrates)")
+    p.add_argument("--dask-address", help="shards: scheduler of an existing Dask cluster "
+                                          "(default: a local cluster)")
+    p.add_argument("--dask-workers", type=int, default=2,
+                   help="shards: processes of the local cluster (default: 2)")
+    p.add_argument("--eval-sample", type=int, default=inputs.DEFAULT_EVAL_SAMPLE,
+                   help="shards: evaluation rows gathered for ONNX parity, the reference "
+                        "split and the gate (default: %(default)s)")
     _add_flow_options(p)
     _add_gate_options(p)
     p.add_argument("--no-promote", action="store_true",

@@ -38,6 +38,9 @@ STORE_PROBE_TIMEOUT_S = 3.0
 #: cord_ops.data.PARQUET_SUFFIXES, restated so this module needs no numpy (a test keeps
 #: the two equal).
 PARQUET_SUFFIXES = (".parquet", ".pq")
+#: Evaluation rows a recalibration on shards gathers to the driver at most (ONNX parity, the
+#: pinned reference split, the gate's scores, ECE-EM, smECE, plots, the input example).
+DEFAULT_EVAL_SAMPLE = 50_000
 #: Characters that make an --input a glob pattern.
 GLOB_CHARS = "*?["
 
@@ -150,6 +153,61 @@ def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
         raise InputError(f"calibrator {calibrator!r}: expected one of "
                          f"{', '.join(CALIBRATOR_NAMES)}")
     return policy
+
+
+def shard_options(calibrator: str, eval_sample: int) -> None:
+    """A calibrator that cannot be fitted from partition sums is refused naming the ones
+    that can; the evaluation sample must hold a row (no imports: checked first)."""
+    from cord_ops.names import REDUCIBLE
+
+    if calibrator not in REDUCIBLE:
+        raise InputError(f"--calibrator {calibrator}: cannot be fitted on shards (it needs "
+                         f"every row in one process); expected one of {', '.join(REDUCIBLE)}")
+    if isinstance(eval_sample, bool) or not isinstance(eval_sample, int) or eval_sample < 1:
+        raise InputError(f"--eval-sample: expected a positive integer, got {eval_sample!r}")
+
+
+def check_shard_recalibration(plan, calibrator: str, eval_sample: int,
+                              gate_options: dict | None = None):
+    """:func:`check_recalibration` for a :class:`flows.distributed.ShardPlan`:
+    :func:`shard_options`, then the gate's thresholds and the split sizes (the plan's
+    exact counts). Returns the gate's policy."""
+    from flows import gate
+
+    shard_options(calibrator, eval_sample)
+    where = plan.data.path if plan.evaluation is None else (
+        f"{plan.data.path} / {plan.evaluation.path}")
+    try:
+        policy = gate.Policy.for_classes(plan.n_classes, **(gate_options or {}))
+        gate.check_fit_floor(plan.n_calibration, plan.n_evaluation, where)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    return policy
+
+
+def dask_scheduler(address: str | None, option: str = "--dask-address") -> str | None:
+    """``address`` if it is ``[tcp://]host:port`` and something listens there (a socket
+    connect, a few seconds at most); None passes through."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if address is None:
+        return None
+    text = address if "://" in address else f"tcp://{address}"
+    try:
+        parts = urlsplit(text)
+        scheme, host, port = parts.scheme, parts.hostname, parts.port
+    except ValueError:  # a port that is not a number
+        scheme = host = port = None
+    if scheme not in ("tcp", "tls") or not host or port is None:
+        raise InputError(f"{option} {address!r}: expected a Dask scheduler address "
+                         "tcp://HOST:PORT")
+    try:
+        with socket.create_connection((host, port), timeout=STORE_PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise InputError(f"{option} {address}: no Dask scheduler answers there ({exc})") from None
+    return text
 
 
 def non_negative(value: float, option: str) -> float:

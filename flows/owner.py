@@ -38,6 +38,19 @@ STALE_AFTER = 300.0
 HEARTBEAT_EVERY = STALE_AFTER / 5
 
 
+def process_start_time(pid: int) -> float | None:
+    """When process ``pid`` on this host started (seconds since the epoch); None when there
+    is no such live process (an exited one nobody has reaped yet, a zombie, counts as
+    gone). A recorded pid is that process only while this stays what was recorded."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
 @dataclass(frozen=True)
 class Owner:
     """A process: host name, pid and start time (seconds since the epoch, as psutil has it)."""

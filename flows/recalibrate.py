@@ -58,6 +58,7 @@ METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
 PARITY_TOLERANCE = gating.PARITY_TOLERANCE
 MODEL_ARTIFACT = "model"
 INPUT_EXAMPLE_ROWS = 5
+DEFAULT_EVAL_SAMPLE = inputs.DEFAULT_EVAL_SAMPLE
 
 
 
@@ -240,6 +241,80 @@ def evaluate_reports(evaluation: data.Dataset, calibrator, repair: CORD) -> Eval
     }
     changes = metrics.prediction_changes(uncal, base, y)
     return Evaluation(y, uncal, base, repaired, reports, changes)
+
+
+# ---------------------------------------------------------------- compute tasks on shards
+@compute_task
+def plan_shard_inputs(data: str, eval_data: str | None, input_kind: str, seed: int,
+                      fraction: float):
+    """The shards' layout, K and exact split sizes from their footers
+    (:func:`flows.distributed.plan_shards`); errors name the shard."""
+    from flows.distributed import plan_shards
+
+    return plan_shards(data, eval_data, input_kind, seed, fraction)
+
+
+@compute_task
+def check_shard_options(calibrator: str, dtype: str, eval_sample: int, plan,
+                        gate_options: dict | None = None) -> gating.Policy:
+    """:func:`check_options` for shards: the calibrator must be fittable from partition
+    sums (:func:`flows.inputs.check_shard_recalibration`)."""
+    if dtype not in PARITY_TOLERANCE:
+        raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
+    return inputs.check_shard_recalibration(plan, calibrator, eval_sample, gate_options)
+
+
+@compute_task
+def load_shards(plan, dask_address: str | None, dask_workers: int):
+    """Connect to the Dask cluster (or start a local one) and read, validate and split
+    every shard once on the workers; returns the open :class:`flows.distributed.ShardSession`."""
+    from flows.distributed import open_session
+
+    return open_session(plan, dask_address=dask_address, n_workers=dask_workers)
+
+
+@compute_task
+def fit_calibrator_on_shards(session, name: str):
+    """Fit calibrator ``name`` on every calibration row from partition sums; returns
+    (fitted, warnings)."""
+    from flows.distributed import fit_calibrator_on
+
+    return _capturing_warnings(lambda: fit_calibrator_on(session, name))
+
+
+@compute_task
+def fit_cord_on_shards(session, calibrator):
+    """eta* (paper eq. 18) from exact sums over every calibration row; returns
+    (CORD, warnings)."""
+    from flows.distributed import fit_cord_on
+
+    return _capturing_warnings(lambda: fit_cord_on(session, calibrator))
+
+
+@compute_task
+def evaluate_shards(session, calibrator, repair: CORD, eval_sample: int):
+    """(Evaluation, sample, label counts): ECE, NLL, Brier, accuracy, TPCR and the
+    prediction-change counts over every evaluation row; ECE-EM and smECE, and the
+    Evaluation's arrays, on the evaluation sample (docs/scale.md)."""
+    from flows.distributed import evaluate_on
+
+    found = evaluate_on(session, calibrator, repair, eval_sample)
+    sample = found.sample
+    uncal = sample.probabilities()
+    base = calibrator.predict_proba(sample.scores)
+    repaired = repair.transform(uncal, base)
+    reports = {}
+    for report, name, probs in (("uncal", "original", uncal), ("base", "calibrated", base),
+                                ("cord", "repaired", repaired)):
+        full = found.metrics[name]
+        reports[report] = {
+            "ece": full["ece"], "ece_em": metrics.ece_em(probs, sample.labels),
+            "smece": metrics.smece(probs, sample.labels), "nll": full["nll"],
+            "brier": full["brier"], "accuracy": full["accuracy"],
+            "tpcr": full.get("tpcr", 0.0)}
+    changes = found.metrics["calibrated"]["changes"]
+    evaluation = Evaluation(sample.labels, uncal, base, repaired, reports, changes)
+    return evaluation, sample, (found.calibration_counts, found.evaluation_counts)
 
 
 @compute_task
@@ -451,13 +526,15 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
 
 @store_task
 def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
-         calibration: data.Dataset, evaluation: data.Dataset, report: Evaluation,
+         counts: tuple, evaluation: data.Dataset, report: Evaluation,
          parity: Parity, model, dtype: str, policy: gating.Policy,
          promote: bool) -> gating.GateDecision:
     """Score candidate and champion on the candidate's evaluation split and on the champion's
     pinned reference split, weigh the evidence, record the decision on the version and move
     the alias only to a winner.
 
+    ``counts``: the label histograms (calibration, evaluation) of every row fitted and
+    evaluated on (on shards more rows than ``evaluation``, the sample).
     Also records the champion's health as a registered-model tag; a promotion is pushed
     onto the champion history before the alias moves.
     """
@@ -482,8 +559,7 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
                                                ref_split.labels),
                 on_ref.nll, on_ref.problem)
     evidence = gating.Evidence(
-        gating.label_counts(calibration.labels, calibration.n_classes),
-        gating.label_counts(evaluation.labels, evaluation.n_classes),
+        *counts,
         None if ref_split is None else gating.label_counts(ref_split.labels,
                                                            ref_split.n_classes))
     decision = gating.decide(
@@ -561,7 +637,9 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 lock: str = "auto", min_calibration: int | None = None,
                 min_evaluation: int | None = None, max_class_share: float | None = None,
                 max_label_shift: float | None = None,
-                tracking_uri: str | None = None) -> RecalibrationResult:
+                tracking_uri: str | None = None, dask_address: str | None = None,
+                dask_workers: int = 2,
+                eval_sample: int = DEFAULT_EVAL_SAMPLE) -> RecalibrationResult:
     """Recalibrate the classifier outputs in ``data`` (.npz or Parquet) and register the
     result.
 
@@ -577,25 +655,44 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     the candidate is registered as rejected, the run finished, and then
     :class:`flows.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
     store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
+
+    ``data`` a folder or glob of Parquet shards, or ``dask_address`` given: the fits and
+    metrics run on Dask (the scheduler at ``dask_address``, else a local cluster of
+    ``dask_workers`` processes) over a seeded per-row split inside each shard, with
+    ``eval_sample`` evaluation rows gathered for parity, the reference split and the gate
+    (docs/scale.md).
     """
     uri = tracking.store_uri(tracking_uri)
     folder = tracking.local_store_folder(uri)
     if lock == "auto":
         lock = registry_lock.choose(folder, _prefect_api_url())
     steps = Steps()
+    session = None  # the Dask session when ``data`` is shards
+    gate_options = {"min_calibration": min_calibration, "min_evaluation": min_evaluation,
+                    "max_class_share": max_class_share, "max_label_shift": max_label_shift}
+    options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
+               "dtype": dtype, "promote": str(promote)}
     try:
-        dataset = steps(load_dataset, str(data), input_kind)
-        eval_dataset = (steps(load_dataset, str(eval_data), dataset.input_kind)
-                        if eval_data is not None else None)
-        gate_options = {"min_calibration": min_calibration, "min_evaluation": min_evaluation,
-                        "max_class_share": max_class_share, "max_label_shift": max_label_shift}
-        policy = steps(check_options, calibrator, dtype, seed, fraction, dataset, eval_dataset,
-                       gate_options)
+        if is_shard_input(data, dask_address):
+            plan = steps(plan_shard_inputs, str(data), _text(eval_data), input_kind, seed,
+                         fraction)
+            policy = steps(check_shard_options, calibrator, dtype, eval_sample, plan,
+                           gate_options)
+            session = steps(load_shards, plan, dask_address, dask_workers)
+            dataset, eval_dataset = session.plan.data, session.plan.evaluation
+            options.update(dask=dask_address or f"local:{dask_workers}",
+                           eval_sample=str(eval_sample))
+        else:
+            dataset = steps(load_dataset, str(data), input_kind)
+            eval_dataset = (steps(load_dataset, str(eval_data), dataset.input_kind)
+                            if eval_data is not None else None)
+            policy = steps(check_options, calibrator, dtype, seed, fraction, dataset,
+                           eval_dataset, gate_options)
         steps(prepare_store, uri, store_timeout)
-        options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
-                   "dtype": dtype, "promote": str(promote)}
         run_id, experiment = steps(start_run, uri, model_name, dataset, eval_dataset, options)
     except Exception as exc:
+        if session is not None:
+            session.close()
         raise RecalibrationError(steps.current, exc, _uri_if_store(steps.current, uri)) from exc
     faults.checkpoint("start_run")
 
@@ -606,16 +703,31 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     beating = owner.Heartbeat(MlflowClient(uri), run_id) if folder is None else nullcontext()
     try:
         with beating:
-            calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed,
-                                            fraction)
-            fitted, calibrator_warnings = steps(fit_calibrator, calibration, calibrator)
-            repair, cord_warnings = steps(fit_cord, calibration, fitted)
+            if session is None:
+                calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed,
+                                                fraction)
+                fitted, calibrator_warnings = steps(fit_calibrator, calibration, calibrator)
+                repair, cord_warnings = steps(fit_cord, calibration, fitted)
+                report = steps(evaluate_reports, evaluation, fitted, repair)
+                counts = (gating.label_counts(calibration.labels, dataset.n_classes),
+                          gating.label_counts(evaluation.labels, dataset.n_classes))
+            else:
+                with session:  # the cluster is released once the metrics are reduced
+                    fitted, calibrator_warnings = steps(fit_calibrator_on_shards, session,
+                                                       calibrator)
+                    repair, cord_warnings = steps(fit_cord_on_shards, session, fitted)
+                    report, evaluation, counts = steps(evaluate_shards, session, fitted,
+                                                       repair, eval_sample)
             fit_warnings = calibrator_warnings + cord_warnings
-            report = steps(evaluate_reports, evaluation, fitted, repair)
             model = steps(export_model, fitted, repair, dataset.n_classes, dataset.input_kind,
                           dtype)
             parity = steps(verify_parity, model, evaluation, report, dtype)
-            params = run_params(calibrator, dataset, calibration, evaluation, seed, repair)
+            params = run_params(calibrator, dataset, sum(counts[0]), sum(counts[1]), seed,
+                                repair)
+            if session is not None:
+                params.update(n_evaluation_sample=str(evaluation.n),
+                              n_shards=str(len(dataset.files) + (
+                                  0 if eval_dataset is None else len(eval_dataset.files))))
             steps(log_params_and_metrics, uri, run_id, params, report, repair, parity, fit_warnings,
                   policy)
             faults.checkpoint("log_params")
@@ -640,13 +752,15 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                         dataset, repair, calibrator)
                     faults.checkpoint("registered")
                     decision = steps(gate, uri, model_name, failure.version, failure.previous,
-                                     calibration, evaluation, report, parity, model, dtype,
+                                     counts, evaluation, report, parity, model, dtype,
                                      policy, promote)
                     steps(finish_run, uri, run_id, model_name, failure.version)
                 except BaseException as exc:
                     failure.record(exc)  # withdraw while still holding the lock
                     raise
     except BaseException as exc:
+        if session is not None:
+            session.close()
         failure.record(exc)
         if isinstance(exc, Exception):
             raise RecalibrationError(steps.current, exc, _uri_if_store(steps.current, uri),
@@ -667,20 +781,30 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
 
 
 # ---------------------------------------------------------------- helpers
-def run_params(calibrator: str, dataset: data.Dataset, calibration: data.Dataset,
-               evaluation: data.Dataset, seed: int, repair: CORD) -> dict[str, str]:
+def run_params(calibrator: str, dataset: data.Dataset, n_calibration: int,
+               n_evaluation: int, seed: int, repair: CORD) -> dict[str, str]:
     """The run params of the MLflow contract in docs/contract.md (floats as exact repr)."""
     return {
         "calibrator": calibrator,
         "n_classes": str(dataset.n_classes),
-        "n_calibration": str(calibration.n),
-        "n_evaluation": str(evaluation.n),
+        "n_calibration": str(n_calibration),
+        "n_evaluation": str(n_evaluation),
         "seed": str(seed),
         "input_kind": dataset.input_kind,
         "eps_num": repr(cord.EPS_NUM),
         "delta_stab": repr(cord.DELTA_STAB),
         "eta_star": repr(repair.eta_),
     }
+
+
+def is_shard_input(data, dask_address: str | None = None) -> bool:
+    """Whether ``data`` is read as Parquet shards on Dask: a folder or glob, or any data
+    when a scheduler is named."""
+    return dask_address is not None or inputs.is_batch_input(data)
+
+
+def _text(path) -> str | None:
+    return None if path is None else str(path)
 
 
 def metrics_markdown(reports: dict[str, dict[str, float]], eta_star: float) -> str:

@@ -36,6 +36,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows import owner
+
 STATE_DIR = "prefect"
 START_TIMEOUT_S = 120.0  # the first start runs Prefect's database migrations
 STOP_TIMEOUT_S = 10.0
@@ -86,20 +88,6 @@ def _state_file(folder: Path) -> Path:
     return folder / "server.json"
 
 
-def _process_start_time(pid: int) -> float | None:
-    """When process ``pid`` started; None when there is no such live process (an exited
-    one nobody has reaped yet, a zombie, counts as gone)."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return process.create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-
-
 def healthy(api_url: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:
     """Whether the Prefect API at ``api_url`` answers its health check within ``timeout``."""
     try:
@@ -119,7 +107,7 @@ def _recorded(folder: Path) -> dict | None:
 def _alive(record: dict) -> bool:
     """The recorded process still exists and is the one that was started (same start
     time), so a recycled pid is never taken for the server."""
-    started = _process_start_time(int(record["pid"]))
+    started = owner.process_start_time(int(record["pid"]))
     return started is not None and abs(started - float(record["create_time"])) < 1.0
 
 
@@ -196,7 +184,8 @@ def start(folder: Path, timeout: float = START_TIMEOUT_S) -> tuple[RunningServer
             port = _free_port()
             process = _spawn(folder, port)
             record = {"pid": process.pid, "port": port,
-                      "create_time": _process_start_time(process.pid), "started_at": time.time()}
+                      "create_time": owner.process_start_time(process.pid),
+                      "started_at": time.time()}
             _state_file(folder).write_text(json.dumps(record, indent=2) + "\n")
         server = RunningServer(int(record["pid"]), int(record["port"]), folder)
         deadline = time.monotonic() + timeout
@@ -232,7 +221,7 @@ def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         _reap(pid)
-        if _process_start_time(pid) is None:
+        if owner.process_start_time(pid) is None:
             return
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):

@@ -57,6 +57,8 @@ import threading
 import time
 from pathlib import Path
 
+from flows import owner
+
 #: Commands the runner serves: the ones that run flows and pay the start-up.
 COMMANDS = ("recalibrate", "monitor", "demo")
 #: Environment variables whose values are read when the runner imports Prefect and MLflow
@@ -112,24 +114,12 @@ def fingerprint(environ: dict[str, str] | None = None) -> str:
 
 
 # ---------------------------------------------------------------- lifecycle
-def _process_start_time(pid: int) -> float | None:
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return process.create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-
-
 def running(folder: Path) -> dict | None:
     """The runner's record if its process is alive and is the one recorded: ``ready``
     once it listens, false while it is still importing."""
     try:
         record = json.loads(record_file(folder).read_text())
-        started = _process_start_time(int(record["pid"]))
+        started = owner.process_start_time(int(record["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if started is None or abs(started - float(record["create_time"])) >= 1.0:
@@ -165,7 +155,7 @@ def _write_record(folder: Path, pid: int, expected: str, ready: bool) -> None:
     from cord_ops.atomic import write_json_atomic
 
     write_json_atomic(record_file(folder), {
-        "pid": pid, "create_time": _process_start_time(pid), "ready": ready,
+        "pid": pid, "create_time": owner.process_start_time(pid), "ready": ready,
         "socket": str(socket_path(folder)), "fingerprint": expected, "written_at": time.time()})
 
 
@@ -176,7 +166,7 @@ def wait_ready(folder: Path, pid: int, timeout: float = READY_TIMEOUT_S) -> bool
         record = running(folder)
         if record is not None and int(record["pid"]) == pid and record.get("ready"):
             return True
-        if _process_start_time(pid) is None:
+        if owner.process_start_time(pid) is None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
             return False
@@ -207,12 +197,12 @@ def stop(folder: Path, timeout: float = STOP_TIMEOUT_S) -> int | None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _process_start_time(pid) is not None and time.monotonic() < deadline:
+        while owner.process_start_time(pid) is not None and time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
             time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):
-            if _process_start_time(pid) is not None:
+            if owner.process_start_time(pid) is not None:
                 os.kill(pid, signal.SIGKILL)
     record_file(folder).unlink(missing_ok=True)
     socket_path(folder).unlink(missing_ok=True)

@@ -88,14 +88,17 @@ def _dirichlet(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
 
 
 def _monotone(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
-    """``mcct-i``: TopK ranks the logits (larger first, smaller index first on ties, as
-    ``rank_order``), s = inv_scales * (ranked - row min) + biases is computed by rank and
+    """``mcct-i``: TopK ranks the scores as given (larger first, smaller index first on
+    ties, as ``rank_order``; probabilities are ranked before their log, which can tie
+    them), s = inv_scales * (ranked logits - row min) + biases is computed by rank and
     scattered back to the class order, then q = softmax(s)."""
     z = model_logits(gb, x, cal)
     k = int(cal.n_classes_)
-    ranked, order = gb.op("TopK", z, gb.const(np.array([k], dtype=np.int64), "k_all",
+    ranked, order = gb.op("TopK", x, gb.const(np.array([k], dtype=np.int64), "k_all",
                                               dtype=np.int64),
                           outputs=2, hint="ranked", axis=1, largest=1, sorted=1)
+    if cal.input_kind == "probs":
+        ranked = gb.op("GatherElements", z, order, hint="ranked_logits", axis=1)
     shifted = gb.sub(ranked, gb.row_min(ranked), hint="ranked_shifted")
     s = gb.add(gb.mul(shifted, gb.const(cal.inv_scales_, "inv_scales")),
                gb.const(cal.biases_, "biases"), hint="ranked_scores")

@@ -13,6 +13,15 @@ from pathlib import Path
 import httpx
 
 
+def clean_env(prefect_home: Path) -> dict[str, str]:
+    """This process's environment as a new user's shell would have it: no PREFECT_API_URL
+    and no MLFLOW_TRACKING_URI, and a PREFECT_HOME of the test's own."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    env["PREFECT_HOME"] = str(prefect_home)
+    return env
+
+
 def free_port() -> int:
     """A port the OS just reported free on 127.0.0.1 (bound to port 0, then released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

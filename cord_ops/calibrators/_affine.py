@@ -28,6 +28,8 @@ Solvers (the objective is convex, so all three reach the same optimum):
   step solved inexactly by conjugate gradients preconditioned with the exact 2 x 2 per-class
   Hessian blocks, using Hessian-vector products (``auto`` picks it there: VS at K = 1,000 on
   25,000 rows converges in 11 steps, about 15 s, where L-BFGS-B needed 557 iterations).
+  Full maps (chosen by MS up to K = 50 and by Dir-ODIR above K = 21) use Jacobi-
+  preconditioned CG with float32 Hessian-vector products (``_cg_newton_step_full``).
 * ``"lbfgs"``: scipy L-BFGS-B with the analytic gradient, on preconditioned variables
   ``theta = M phi`` with ``M^T H(theta_0) M ~ I`` (``_preconditioner``: Jacobi for full
   maps, 2 x 2 block Jacobi for diagonal ones), an exact change of variables that cuts the
@@ -228,10 +230,20 @@ def _cg_newton_step_full(problem, grad, d, max_cg=100):
     ``H p = -grad`` with Hessian-vector products: for V in the Theta layout,
     ``H V = (q * (S - sum_k q_k S_k)).T @ xbar / n + 2 ridge * V`` with ``S = xbar @ V.T``
     (two n x (K + 1) x K matrix products per product, never forming the (K (K + 1))^2 H;
-    sklearn's multinomial newton-cg uses the same product)."""
+    sklearn's multinomial newton-cg uses the same product).
+
+    The products run in float32 (``xbar``, q and V cast once per step or product): CG
+    only needs the step to the forcing tolerance ``min(0.5, sqrt|g|) |g|``, far above
+    float32's 1e-7 relative rounding, while the gradient, the objective and the stopping
+    test stay float64, so the optimum and the convergence test are unchanged. Measured on
+    CIFAR-100 Dir-ODIR fold fits (4,000 x 100): 1.4-4x faster steps, held-out NLL equal to
+    5e-7."""
     n = problem.x.shape[0]
-    xbar = np.hstack([problem.x, np.ones((n, 1))])
+    xbar = np.empty((n, problem.m), dtype=np.float32)
+    xbar[:, :-1] = problem.x
+    xbar[:, -1] = 1.0
     q = problem.probabilities(d)
+    q32 = q.astype(np.float32)
     pen = 2.0 * problem.pen_weight
     # The 1e-10 relative ridge of the dense step keeps the singular (shift-invariant)
     # direction of an unpenalised map from stalling CG.
@@ -240,10 +252,10 @@ def _cg_newton_step_full(problem, grad, d, max_cg=100):
     inv_diag = 1.0 / (diag + ridge)
 
     def hess_vec(v):
-        sv = xbar @ v.T
-        sv -= np.einsum("ik,ik->i", q, sv)[:, None]
-        sv *= q
-        return (sv.T @ xbar) / n + (pen + ridge) * v
+        sv = xbar @ v.T.astype(np.float32)
+        sv -= np.einsum("ik,ik->i", q32, sv)[:, None]
+        sv *= q32
+        return (sv.T @ xbar).astype(np.float64) / n + (pen + ridge) * v
 
     step = np.zeros_like(grad)
     resid = -grad

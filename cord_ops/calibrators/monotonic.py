@@ -5,7 +5,7 @@ temperatures (Zhang, Batista & Kanhere 2025, arXiv 2507.06516; reference code
 Each row's logits are ranked, and rank r (0 = the largest) gets its own inverse scale and
 bias, constrained so that a higher rank never gets a smaller one:
 
-    order_i = the classes of row i by decreasing z_ik (ties: smaller index first)
+    order_i = the classes of row i by decreasing score (ties: smaller index first)
     x_ir    = z_{i, order_ir} - min_k z_ik                      (>= 0)
     s_{i, order_ir} = a_r * x_ir + b_r,                          q_i = softmax(s_i)
     a_0 >= a_1 >= ... >= a_{K-1} >= 1e-3,   b_0 >= b_1 >= ... >= b_{K-1} = 0.
@@ -14,7 +14,10 @@ Because x_i0 >= x_ir >= 0, a_0 >= a_r >= 1e-3 and b_0 >= b_r,
 s_{i, top} - s_{i, j} >= 1e-3 (x_i0 - x_ij) > 0 wherever z_{i, top} > z_ij: the ranking,
 hence the top-1, is kept (rounding is monotone, so it never reverses two entries; it can
 only tie entries whose exact values differ by less than about one ulp of s, and exact ties
-in z keep the smaller index on top, as argmax does). The reference writes z / T_r + b_r
+in z keep the smaller index on top, as argmax does). The rank is taken on the scores as
+given: from probabilities, z = log(max(p, floor)) can round two probabilities one ulp apart
+to one value, and ranking that tie by index could lift a class above the input's top-1
+(found by the hypothesis test on near-uniform rows). The reference writes z / T_r + b_r
 with T descending along the ascending ranks; a_r = 1 / T_r is the same constraint.
 
 Fit: mean NLL, which is convex in (a, b); we optimise it exactly with L-BFGS-B over the
@@ -54,16 +57,24 @@ def rank_order(z: np.ndarray) -> np.ndarray:
     return np.argsort(-z, axis=1, kind="stable")
 
 
-def ranked_features(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order, x): the rank order and the ranked logits minus the row minimum."""
-    order = rank_order(z)
+def ranked_features(z: np.ndarray, scores: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(order, x): the rank order and the ranked logits minus the row minimum.
+
+    The order is that of ``scores``, the input as given (default: ``z``). For
+    probabilities it must be: log can round two probabilities one ulp apart to one value,
+    and ranking the tie by index could put a class above the one that is the input's
+    top-1. A log is monotone, so the ranked logits are non-increasing either way."""
+    order = rank_order(z if scores is None else scores)
     ranked = np.take_along_axis(z, order, axis=1)
     return order, ranked - ranked[:, -1:]
 
 
-def monotone_scores(z: np.ndarray, inv_scales: np.ndarray, biases: np.ndarray) -> np.ndarray:
-    """The transformed logits s in the original class order (module docstring)."""
-    order, x = ranked_features(z)
+def monotone_scores(z: np.ndarray, inv_scales: np.ndarray, biases: np.ndarray,
+                    scores: np.ndarray | None = None) -> np.ndarray:
+    """The transformed logits s in the original class order, ranked by ``scores``
+    (default ``z``; :func:`ranked_features`)."""
+    order, x = ranked_features(z, scores)
     s = np.empty_like(x)
     np.put_along_axis(s, order, x * inv_scales + biases, axis=1)
     return s
@@ -78,10 +89,12 @@ def _from_increments(theta: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def fit_monotone(z: np.ndarray, y: np.ndarray, *, max_iter: int, gtol: float,
-                 ftol: float) -> tuple[np.ndarray, np.ndarray, bool, str]:
-    """(inverse scales, biases, converged, message) minimising the mean NLL."""
+                 ftol: float, scores: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, bool, str]:
+    """(inverse scales, biases, converged, message) minimising the mean NLL; rows ranked
+    by ``scores`` (default ``z``)."""
     n, k = z.shape
-    order, x = ranked_features(z)
+    order, x = ranked_features(z, scores)
     label_rank = np.argmax(order == y[:, None], axis=1)
     rows = np.arange(n)
 
@@ -144,11 +157,12 @@ class MonotoneCalibrationMCCTI(Calibrator):
 
     def _fit(self, x, y):
         a, b, converged, message = fit_monotone(self._logits(x), y, max_iter=self.max_iter,
-                                                gtol=self.gtol, ftol=self.ftol)
+                                                gtol=self.gtol, ftol=self.ftol, scores=x)
         self.inv_scales_, self.biases_ = a, b
         if not converged:
             self._warn(f"optimiser stopped before convergence ({message}; max_iter="
                        f"{self.max_iter}); the returned map is the last iterate")
 
     def _predict(self, x):
-        return softmax(monotone_scores(self._logits(x), self.inv_scales_, self.biases_))
+        return softmax(monotone_scores(self._logits(x), self.inv_scales_, self.biases_,
+                                       scores=x))

@@ -8,11 +8,19 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sklearn.model_selection import StratifiedKFold
 
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator
 from cord_ops.calibrators._base import softmax
-from cord_ops.calibrators.dirichlet import DIRICHLET_PROB_FLOOR, kull_grid
+from cord_ops.calibrators.dirichlet import (
+    DIRICHLET_PROB_FLOOR,
+    STOP_MARGIN,
+    DirichletODIR,
+    _Search,
+    kull_grid,
+)
 
 
 def _features(z, floor=DIRICHLET_PROB_FLOOR):
@@ -103,3 +111,47 @@ def test_capped_fits_are_reported_in_warnings_(make_miscalibrated):
         warnings.simplefilter("error", ConvergenceWarning)
         again = make_calibrator("dir-odir").fit(z, y)
     assert again.converged_ and again.warnings_ == []
+
+
+class _TabulatedSearch(_Search):
+    """The real walk over a given CV surface: ``score`` reads the table instead of fitting
+    folds, everything else (path, stops, coordinate walks, selection) is the search's."""
+
+    def __init__(self, table, lambdas, mus):
+        super().__init__(None, None, None, [], lambdas, mus)
+        self.table = table
+
+    def score(self, pair, start=None):
+        return self.cv.setdefault(pair, float(self.table[pair]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(bump=st.floats(5e-4, 0.9 * STOP_MARGIN), local=st.integers(14, 20),
+       width=st.integers(1, 4), gap=st.integers(2, 6), depth=st.floats(2e-3, 5e-2),
+       climb=st.floats(1.2 * STOP_MARGIN, 5e-2), mu_slope=st.floats(0.0, 2e-4))
+def test_the_path_walks_past_a_false_turn_to_the_global_minimum(bump, local, width, gap,
+                                                                 depth, climb, mu_slope):
+    """The CIFAR-100 shape (module docstring): the CV NLL falls from the strong-lambda
+    plateau to a local minimum, rises by ``bump`` (< STOP_MARGIN), falls to the global
+    minimum ``depth`` lower, then climbs by ``climb`` per grid step. The walk must select
+    the global minimum's lambda, and stop on the climb instead of scoring the whole grid."""
+    lambdas, mus = kull_grid(100)
+    n = len(lambdas)
+    curve = np.zeros(n)  # index 0 = weakest lambda
+    peak, minimum = local - width, local - width - gap
+    assert minimum >= 3
+    for i in range(n):
+        if i >= local:                       # plateau down to the local minimum
+            curve[i] = 1e-3 * (i - local) / (n - local)
+        elif i >= peak:                      # the false turn: up by `bump`
+            curve[i] = bump * (local - i) / width
+        elif i >= minimum:                   # down to the global minimum
+            curve[i] = bump - (bump + depth) * (peak - i) / gap
+        else:                                # over-fitting climb
+            curve[i] = -depth + climb * (minimum - i)
+    table = {(i, j): 1.0 + curve[i] + mu_slope * j for i in range(n) for j in range(len(mus))}
+    search = _TabulatedSearch(table, lambdas, mus)
+    DirichletODIR._walk(search)
+    assert search.best()[0] == minimum
+    assert min(i for i, _ in search.cv) >= minimum - 2  # stopped on the climb
+    assert len(search.cv) < n * len(mus) / 4

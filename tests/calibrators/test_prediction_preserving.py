@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy.optimize import minimize_scalar
@@ -37,6 +37,10 @@ def calibration_and_eval(draw):
 
 @settings(max_examples=60, deadline=None)
 @given(calibration_and_eval(), st.sampled_from(["logits", "probs"]))
+# Found by this test: probabilities one ulp apart whose logs round to one value; ranked by
+# the log (index order on the tie) class 0 took the top from class 1.
+@example((np.zeros((2, 7)), np.array([0, 0]), np.array([[-1.78094073e-16] + [0.0] * 6])),
+         "probs")
 def test_mcct_i_keeps_every_top1(data, input_kind):
     cal, labels, ev = data
     if input_kind == "probs":
@@ -55,7 +59,7 @@ def test_mcct_i_keeps_every_top1(data, input_kind):
     # Ties in q come only from logits closer than rounding of s resolves after the
     # smallest inverse scale (1e-3) multiplies their gap.
     z = np.log(np.maximum(ev, fitted.prob_floor)) if input_kind == "probs" else ev
-    s = monotone_scores(z, fitted.inv_scales_, fitted.biases_)
+    s = monotone_scores(z, fitted.inv_scales_, fitted.biases_, scores=ev)
     for i in np.flatnonzero(tied_before):
         j = int(np.argmax(q[i, :a[i]] == q[i, a[i]]))
         gap = fitted.inv_scales_[-1] * (z[i, a[i]] - z[i, j])

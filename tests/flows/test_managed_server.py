@@ -8,7 +8,6 @@ and the MLflow store those runs write to.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -18,18 +17,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from servers import clean_env
 
 from cord_ops import data
 
 pytestmark = pytest.mark.slow
-
-
-def clean_env(home: Path) -> dict[str, str]:
-    """No PREFECT_API_URL and no MLFLOW_TRACKING_URI: what a new user has."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
-    env["PREFECT_HOME"] = str(home)
-    return env
 
 
 def cli(command, args, cwd, env, timeout=240) -> subprocess.CompletedProcess:

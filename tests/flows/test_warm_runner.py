@@ -9,7 +9,6 @@ which the flow writes from the process that does the work.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -19,18 +18,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from servers import clean_env
 
 from cord_ops import data
 from flows import owner
 
 pytestmark = pytest.mark.slow
-
-
-def clean_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
-    env["PREFECT_HOME"] = str(home)
-    return env
 
 
 @pytest.fixture(scope="module")
