@@ -108,24 +108,30 @@ def _served(model_path: str, scores_path: str, threads: int, batch_size: int | N
     queue.put((timing.best, timing.best_cpu))
 
 
-def served_seconds(model, scores: np.ndarray, threads: int, batch_size: int | None,
-                   spin: bool, repeats: int) -> tuple[float, float]:
-    """(wall, CPU) seconds of the fastest pass of what a server does, each batch through
-    ``session.run`` with its outputs handed on (not assembled, so no fresh N x K result
-    array is zeroed by the kernel each pass), in a fresh process: the idle threads of the
-    other sessions and the numpy path of this one cannot disturb it."""
+def _in_fresh_process(target, model, scores: np.ndarray, *args):
+    """``target(model_path, scores_path, *args, queue)`` in a spawned process, on copies of
+    ``model`` and ``scores`` written to a temporary folder; returns what it puts on the
+    queue. A fresh process: nothing of this one (threads, arenas, peak RSS) disturbs it."""
     with tempfile.TemporaryDirectory() as folder:
         model_path, scores_path = f"{folder}/m.onnx", f"{folder}/x.npy"
         Path(model_path).write_bytes(model.SerializeToString())
         np.save(scores_path, scores)
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
-        child = ctx.Process(target=_served, args=(model_path, scores_path, threads,
-                                                  batch_size, spin, repeats, queue))
+        child = ctx.Process(target=target, args=(model_path, scores_path, *args, queue))
         child.start()
         result = queue.get()
         child.join()
     return result
+
+
+def served_seconds(model, scores: np.ndarray, threads: int, batch_size: int | None,
+                   spin: bool, repeats: int) -> tuple[float, float]:
+    """(wall, CPU) seconds of the fastest pass of what a server does, each batch through
+    ``session.run`` with its outputs handed on (not assembled, so no fresh N x K result
+    array is zeroed by the kernel each pass), in a fresh process: the idle threads of the
+    other sessions and the numpy path of this one cannot disturb it."""
+    return _in_fresh_process(_served, model, scores, threads, batch_size, spin, repeats)
 
 
 def _status_kib(field: str) -> int:
@@ -153,18 +159,7 @@ def _session_peak(model_path: str, scores_path: str, threads: int, batch_size: i
 
 def session_peak_mib(model, scores: np.ndarray, threads: int, batch_size: int) -> float:
     """Peak RSS added by opening a session and running all rows, in a fresh process."""
-    with tempfile.TemporaryDirectory() as folder:
-        model_path, scores_path = f"{folder}/m.onnx", f"{folder}/x.npy"
-        Path(model_path).write_bytes(model.SerializeToString())
-        np.save(scores_path, scores)
-        ctx = multiprocessing.get_context("spawn")
-        queue = ctx.Queue()
-        child = ctx.Process(target=_session_peak,
-                            args=(model_path, scores_path, threads, batch_size, queue))
-        child.start()
-        peak = queue.get()
-        child.join()
-    return peak
+    return _in_fresh_process(_session_peak, model, scores, threads, batch_size)
 
 
 def copy_bandwidth_gb_s(megabytes: int = 256, repeats: int = 5) -> float:

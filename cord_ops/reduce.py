@@ -128,21 +128,28 @@ def ts_slope_sums(part, beta, input_kind, prob_floor) -> tuple[int, int]:
     return exact_sum(mean_z), exact_sum(mean_z2 - mean_z * mean_z)
 
 
-def vs_newton_sums(part, weights, bias, input_kind, prob_floor):
-    """(sum NLL, sum of the gradient (K, 2), sum of the Hessian (2K, 2K)) of
-    softmax(z w + b) over the partition, in ``_affine``'s theta layout (w_k, b_k per row):
-    ``_Problem.value_grad`` and ``_Problem.hessian`` times the partition's row count."""
+def _vs_softmax(part, weights, bias, input_kind, prob_floor):
+    """(z, labels, row indices, exact sum of the NLL, q = softmax(z w + b)) of the
+    partition: what the VS value, gradient and Hessian sums share."""
     z = _logits(part["scores"], input_kind, prob_floor)
     y = part["labels"]
-    n, k = z.shape
-    idx = np.arange(n)
+    idx = np.arange(z.shape[0])
     s = z * weights + bias
     m = s.max(axis=1)
     picked = s[idx, y]
     e = np.exp(s - m[:, None])
     total = e.sum(axis=1)
     nll = math.fsum(np.log(total) + m - picked)
-    q = e / total[:, None]
+    e /= total[:, None]
+    return z, y, idx, nll, e
+
+
+def vs_newton_sums(part, weights, bias, input_kind, prob_floor):
+    """(sum NLL, sum of the gradient (K, 2), sum of the Hessian (2K, 2K)) of
+    softmax(z w + b) over the partition, in ``_affine``'s theta layout (w_k, b_k per row):
+    ``_Problem.value_grad`` and ``_Problem.hessian`` times the partition's row count."""
+    z, y, idx, nll, q = _vs_softmax(part, weights, bias, input_kind, prob_floor)
+    n, k = z.shape
     d = q.copy()
     d[idx, y] -= 1.0
     grad = np.column_stack([np.einsum("ik,ik->k", d, z), d.sum(axis=0)])
@@ -161,18 +168,9 @@ def vs_newton_sums(part, weights, bias, input_kind, prob_floor):
 def vs_value_grad_sums(part, weights, bias, input_kind, prob_floor):
     """(sum NLL, sum of the gradient (K, 2)) of softmax(z w + b) over the partition: the
     part of ``vs_newton_sums`` a preconditioned gradient step needs (no Hessian)."""
-    z = _logits(part["scores"], input_kind, prob_floor)
-    y = part["labels"]
-    idx = np.arange(z.shape[0])
-    s = z * weights + bias
-    m = s.max(axis=1)
-    picked = s[idx, y]
-    e = np.exp(s - m[:, None])
-    total = e.sum(axis=1)
-    nll = math.fsum(np.log(total) + m - picked)
-    e /= total[:, None]
-    e[idx, y] -= 1.0
-    return nll, np.column_stack([np.einsum("ik,ik->k", e, z), e.sum(axis=0)])
+    z, y, idx, nll, d = _vs_softmax(part, weights, bias, input_kind, prob_floor)
+    d[idx, y] -= 1.0
+    return nll, np.column_stack([np.einsum("ik,ik->k", d, z), d.sum(axis=0)])
 
 
 def cord_partition_scalars(part, calibrator_state, input_kind, local_weight, first_row):

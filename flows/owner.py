@@ -20,7 +20,9 @@ activity is ``stale_after`` seconds old.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import threading
 import time
@@ -49,6 +51,29 @@ def process_start_time(pid: int) -> float | None:
         return process.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
+
+
+def reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is this process's child (started here), so an
+    exited child does not linger as a zombie that looks alive."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def terminate_group(pid: int, timeout: float) -> None:
+    """SIGTERM the process group led by ``pid`` (a process started in a session of its
+    own), then SIGKILL what is left after ``timeout`` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reap(pid)
+        if process_start_time(pid) is None:
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    reap(pid)
 
 
 @dataclass(frozen=True)

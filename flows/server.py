@@ -26,7 +26,6 @@ import contextlib
 import fcntl
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -194,7 +193,7 @@ def start(folder: Path, timeout: float = START_TIMEOUT_S) -> tuple[RunningServer
                 _state_file(folder).unlink(missing_ok=True)
                 raise ServerError(f"the Prefect server exited while starting; see {server.log}")
             if time.monotonic() > deadline:
-                _terminate(server.pid)
+                owner.terminate_group(server.pid, STOP_TIMEOUT_S)
                 _state_file(folder).unlink(missing_ok=True)
                 raise ServerError(f"the Prefect server did not answer on {server.api_url} "
                                   f"within {timeout:.0f} s; see {server.log}")
@@ -214,27 +213,6 @@ def start_runner(folder: Path) -> int | None:
         return warm.spawn(folder)
 
 
-def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM the server's process group, then SIGKILL what is left after ``timeout``."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _reap(pid)
-        if owner.process_start_time(pid) is None:
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    _reap(pid)
-
-
-def _reap(pid: int) -> None:
-    """Collect ``pid``'s exit status if it is this process's child (started here)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
 def stop(folder: Path, timeout: float = STOP_TIMEOUT_S) -> int | None:
     """Stop the managed server of ``folder``; returns its pid, or None if none was running.
     A stale state file (dead or recycled pid) is removed either way."""
@@ -246,6 +224,6 @@ def stop(folder: Path, timeout: float = STOP_TIMEOUT_S) -> int | None:
         pid = None
         if record is not None and _alive(record):
             pid = int(record["pid"])
-            _terminate(pid, timeout)
+            owner.terminate_group(pid, timeout)
         _state_file(folder).unlink(missing_ok=True)
         return pid

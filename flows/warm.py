@@ -167,8 +167,7 @@ def wait_ready(folder: Path, pid: int, timeout: float = READY_TIMEOUT_S) -> bool
         if record is not None and int(record["pid"]) == pid and record.get("ready"):
             return True
         if owner.process_start_time(pid) is None:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+            owner.reap(pid)
             return False
         time.sleep(0.1)
     return False
@@ -194,16 +193,7 @@ def stop(folder: Path, timeout: float = STOP_TIMEOUT_S) -> int | None:
     pid = None
     if record is not None:
         pid = int(record["pid"])
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while owner.process_start_time(pid) is not None and time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            if owner.process_start_time(pid) is not None:
-                os.kill(pid, signal.SIGKILL)
+        owner.terminate_group(pid, timeout)  # its group holds only itself
     record_file(folder).unlink(missing_ok=True)
     socket_path(folder).unlink(missing_ok=True)
     return pid
