@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cord_ops import data  # noqa: E402
 from cord_ops.calibrators import ConvergenceWarning  # noqa: E402
-from flows.distributed import fit_shards  # noqa: E402
+from flows.distributed import fit_shards, local_cluster  # noqa: E402
 
 
 def write_shards(folder: Path, rows: int, k: int, shards: int, seed: int = 0) -> float:
@@ -66,11 +66,9 @@ def peak_rss_mb(client) -> list[float]:
 
 
 def run(folder: Path, what: str, args) -> None:
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                      dashboard_address=None, memory_limit=args.memory_limit) as cluster, \
-            Client(cluster) as client:
+    with local_cluster(args.workers, args.memory_limit) as cluster, Client(cluster) as client:
         start = time.perf_counter()
         if what == "read":
             files = sorted(str(f) for f in folder.glob("*.parquet"))

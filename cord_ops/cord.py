@@ -459,11 +459,19 @@ def row_scalars(original, calibrated, local_weight: float, n_classes: int | None
                 first_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(b, min I, g) of every row of one block: what a fit keeps of it (``fit_blocks``,
     ``cord_ops.reduce``). Validation as in ``fit``, rows named from ``first_row``."""
+    terms = row_terms(original, calibrated, local_weight, n_classes, first_row)
+    return terms.b, terms.lower, terms.g
+
+
+def row_terms(original, calibrated, local_weight: float, n_classes: int | None = None,
+              first_row: int = 0, keep_rest: bool = False) -> RepairTerms:
+    """``_sweep``'s RepairTerms of one block (``rest`` only with ``keep_rest``), its
+    validation errors naming rows counted from ``first_row``."""
     try:
-        terms = _sweep(original, calibrated, local_weight, n_classes=n_classes)
+        return _sweep(original, calibrated, local_weight, n_classes=n_classes,
+                      keep_rest=keep_rest)
     except ValueError as exc:
         raise ValueError(_global_row(str(exc), first_row)) from None
-    return terms.b, terms.lower, terms.g
 
 
 def _global_row(message: str, offset: int) -> str:

@@ -36,14 +36,14 @@ from scipy.linalg import cho_factor, cho_solve
 from cord_ops.calibrators import calibrator_from_dict, make_calibrator
 from cord_ops.calibrators._affine import _dense_newton_step, _newton
 from cord_ops.calibrators._base import warn_not_converged
-from cord_ops.calibrators.temperature import solve_inverse_temperature
+from cord_ops.calibrators.temperature import BETA_BOUNDS, BETA_RTOL, solve_inverse_temperature
 from cord_ops.cord import (
     CORD,
     EPS_NUM,
     bisect_multiplier,
     interior_response,
     multiplier_of,
-    row_scalars,
+    row_terms,
 )
 from cord_ops.metrics import NLL_CLIP
 from cord_ops.names import REDUCIBLE
@@ -128,6 +128,27 @@ def ts_slope_sums(part, beta, input_kind, prob_floor) -> tuple[int, int]:
     return exact_sum(mean_z), exact_sum(mean_z2 - mean_z * mean_z)
 
 
+def ts_moment_sums(part, beta, input_kind, prob_floor, labels: bool = False) -> tuple:
+    """Exact sums of E_q[z_i], Var_q(z_i) and the third central moment of z_i under
+    q = softmax(beta z_i) (the slope g's first two derivatives, times n, are the last
+    two), and with ``labels`` the sum of z_{i, y_i} (``ts_label_sum``'s), all of z shifted
+    by its row maximum. One pass over the rows: what a Halley step needs."""
+    z = _logits(part["scores"], input_kind, prob_floor)
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.multiply(z, beta)
+    np.exp(e, out=e)
+    total = e.sum(axis=1)
+    m1 = np.einsum("ik,ik->i", e, z) / total
+    e *= z
+    m2 = np.einsum("ik,ik->i", e, z) / total
+    e *= z
+    m3 = np.einsum("ik,ik->i", e, z) / total
+    out = (exact_sum(m1), exact_sum(m2 - m1 * m1), exact_sum(m3 - m1 * (3.0 * m2 - 2.0 * m1 * m1)))
+    if labels:
+        out += (exact_sum(z[np.arange(z.shape[0]), part["labels"]]),)
+    return out
+
+
 def _vs_softmax(part, weights, bias, input_kind, prob_floor):
     """(z, labels, row indices, exact sum of the NLL, q = softmax(z w + b)) of the
     partition: what the VS value, gradient and Hessian sums share."""
@@ -173,18 +194,6 @@ def vs_value_grad_sums(part, weights, bias, input_kind, prob_floor):
     return nll, np.column_stack([np.einsum("ik,ik->k", d, z), d.sum(axis=0)])
 
 
-def cord_partition_scalars(part, calibrator_state, input_kind, local_weight, first_row):
-    """(b, min I, g) of the partition's rows: p0 is the scores' softmax (or the scores when
-    they are probabilities), q the calibrator's output. The caller keeps them with the
-    partition; returns them."""
-    from cord_ops.calibrators._base import softmax
-
-    scores = np.asarray(part["scores"], dtype=np.float64)
-    p0 = scores if input_kind == "probs" else softmax(scores)
-    q = calibrator_from_dict(calibrator_state).predict_proba(scores)
-    return row_scalars(p0, q, local_weight, first_row=first_row)
-
-
 def cord_sums(part) -> tuple[int, int, int, int]:
     """Exact sums of b, min I, g and Pi_I(b) over the partition (``exact_sum``)."""
     b, lower, g = part["b"], part["lower"], part["g"]
@@ -217,20 +226,8 @@ def metric_sums(part, probs_key, reference_key=None, n_bins: int = 15,
     y = part["labels"]
     idx = np.arange(p.shape[0])
     top = top1(p)
-    conf = p[idx, top]
-    correct = (top == y).astype(np.float64)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
-    bins = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1)
-    on_label = p[idx, y]
-    true_mass = np.clip(on_label, NLL_CLIP, 1.0 - NLL_CLIP)
-    out = {
-        "n": int(p.shape[0]),
-        "counts": np.bincount(bins, minlength=n_bins).astype(np.int64),
-        "conf": [exact_sum(conf[bins == i]) for i in range(n_bins)],
-        "acc": np.bincount(bins, weights=correct, minlength=n_bins).astype(np.int64),
-        "nll": exact_sum(-np.log(true_mass)),
-        "brier": exact_sum(np.einsum("ik,ik->i", p, p) - 2.0 * on_label + 1.0),
-    }
+    out = _row_metric_sums(p[idx, top], top == y, p[idx, y], np.einsum("ik,ik->i", p, p),
+                           n_bins)
     if reference_key is not None:
         before = (top1(np.asarray(part[reference_key])) if reference_top is None
                   else reference_top)
@@ -241,6 +238,120 @@ def metric_sums(part, probs_key, reference_key=None, n_bins: int = 15,
         out["c_plus"] = int((changed & (top == y)).sum())
         out["c_minus"] = int((changed & (before == y)).sum())
         out["c_zero"] = int((changed & (before != y) & (top != y)).sum())
+    return out
+
+
+def _row_metric_sums(conf, correct, on_label, sum_sq, n_bins: int) -> dict:
+    """``metric_sums`` from per-row top-1 probability, top-1 == label, probability of the
+    label and sum of squared probabilities."""
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    bins = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1)
+    true_mass = np.clip(on_label, NLL_CLIP, 1.0 - NLL_CLIP)
+    return {
+        "n": int(conf.shape[0]),
+        "counts": np.bincount(bins, minlength=n_bins).astype(np.int64),
+        "conf": [exact_sum(conf[bins == i]) for i in range(n_bins)],
+        "acc": np.bincount(bins, weights=correct.astype(np.float64),
+                           minlength=n_bins).astype(np.int64),
+        "nll": exact_sum(-np.log(true_mass)),
+        "brier": exact_sum(sum_sq - 2.0 * on_label + 1.0),
+    }
+
+
+def cord_partition_pass(part, calibrator_state, input_kind, local_weight, first_row, *,
+                        metrics: bool = False, temperature: bool = False) -> dict:
+    """One pass over a block for CORD's fit: per-row arrays ``b``, ``lower``, ``g``
+    (``cord.row_scalars``) and, riding on the same pass,
+
+    - ``metrics``: the per-row values behind ``metric_sums`` of the original output (p0)
+      and of the calibrator's (q, TPCR against p0), and those the repaired output's sums
+      need once eta* is known (``repaired_metric_sums``): the tail mass, the label's entry
+      of the tail (0 when the label is the original top-1), the tail's sum of squares and
+      whether the label is the original top-1. The repair is p~ = s e_a + (1 - s) rest /
+      tail (eq. 2), so those give its top-1 probability s, its label entry and its sum of
+      squares without the K-vector;
+    - ``temperature``: per-row E_q[z] - z_y and Var_q(z) (the calibrator a TS), whose
+      sums let ``temperature_step`` confirm the fitted beta on this pass.
+
+    Only per-row arrays: ``cord_pass_sums`` reduces a whole partition's at once (exact
+    sums cost a fixed ~30 us a call, too much per small block).
+    """
+    from cord_ops.calibrators._base import softmax
+
+    scores = np.asarray(part["scores"], dtype=np.float64)
+    p0 = scores if input_kind == "probs" else softmax(scores)
+    cal = calibrator_from_dict(calibrator_state)
+    q = cal.predict_proba(scores)
+    terms = row_terms(p0, q, local_weight, first_row=first_row, keep_rest=metrics)
+    out = {"b": terms.b, "lower": terms.lower, "g": terms.g}
+    y = part["labels"]
+    idx = np.arange(q.shape[0])
+    if metrics:
+        rest, a = terms.rest, terms.label
+        q_top = top1(q)
+        out.update(tail=terms.tail, rest_y=rest[idx, y], rest_sq=np.einsum("ik,ik->i", rest, rest),
+                   hit=a == y, p0_top=p0[idx, a], p0_y=p0[idx, y],
+                   p0_sq=np.einsum("ik,ik->i", p0, p0), q_top=q_top.astype(np.int32),
+                   q_conf=q[idx, q_top], q_y=q[idx, y], q_sq=np.einsum("ik,ik->i", q, q),
+                   changed=q_top != a)
+    if temperature:
+        z = _logits(scores, input_kind, cal.prob_floor)
+        mean_z = np.einsum("ik,ik->i", q, z)
+        q *= z
+        out["t_slope"] = mean_z - z[idx, y]
+        out["t_var"] = np.einsum("ik,ik->i", q, z) - mean_z * mean_z
+    return out
+
+
+#: Per-row arrays of ``cord_partition_pass`` that only ``cord_pass_sums`` needs.
+PASS_ONLY = ("p0_top", "p0_y", "p0_sq", "q_top", "q_conf", "q_y", "q_sq", "changed",
+             "t_slope", "t_var")
+
+
+def cord_pass_sums(rows: dict, n_bins: int = 15) -> dict:
+    """The sums of ``cord_partition_pass``'s per-row arrays of a whole partition:
+    ``original`` and ``calibrated`` (``metric_sums``' layout), ``temperature`` (exact sums
+    of the slope and variance); only what was computed."""
+    out = {}
+    if "p0_top" in rows:
+        hit, y, q_top = rows["hit"], rows["labels"], rows["q_top"]
+        out["original"] = _row_metric_sums(rows["p0_top"], hit, rows["p0_y"], rows["p0_sq"],
+                                           n_bins)
+        calibrated = _row_metric_sums(rows["q_conf"], q_top == y, rows["q_y"], rows["q_sq"],
+                                      n_bins)
+        changed = rows["changed"]
+        calibrated["changed"] = int(changed.sum())
+        calibrated["c_plus"] = int((changed & (q_top == y)).sum())
+        calibrated["c_minus"] = int((changed & hit).sum())
+        calibrated["c_zero"] = int((changed & ~hit & (q_top != y)).sum())
+        out["calibrated"] = calibrated
+    if "t_slope" in rows:
+        out["temperature"] = (exact_sum(rows["t_slope"]), exact_sum(rows["t_var"]))
+    return out
+
+
+def repaired_metric_sums(part, eta: float, n_bins: int = 15) -> dict:
+    """``metric_sums`` of CORD's repair at ``eta`` (TPCR against the original) from the
+    per-row arrays of ``cord_partition_pass(..., metrics=True)``: s = Pi_I(H(g, eta)) is
+    the repaired top-1 probability (the original top-1 stays on top, Proposition 1), the
+    label's entry is s or (1 - s) / tail times its tail entry, the sum of squares is
+    s^2 + ((1 - s) / tail)^2 times the tail's. The per-row values are ``transform``'s:
+    rows with s == b keep q's own entries (factor 1) and a factor that overflows divides
+    instead, as ``cord._reconstruct`` does."""
+    s = np.clip(interior_response(eta, part["g"]), part["lower"], 1.0 - EPS_NUM)
+    tail, rest_y, hit = part["tail"], part["rest_y"], part["hit"]
+    with np.errstate(over="ignore"):
+        factor = (1.0 - s) / tail
+    factor[s == part["b"]] = 1.0
+    on_label = np.where(hit, s, rest_y * factor)
+    sum_sq = s * s + part["rest_sq"] * (factor * factor)
+    overflow = np.isinf(factor)
+    if overflow.any():
+        divisor = tail[overflow] / (1.0 - s[overflow])
+        on_label[overflow] = np.where(hit[overflow], s[overflow], rest_y[overflow] / divisor)
+        sum_sq[overflow] = s[overflow] ** 2 + part["rest_sq"][overflow] / divisor**2
+    out = _row_metric_sums(s, hit, on_label, sum_sq, n_bins)
+    out.update(changed=0, c_plus=0, c_minus=0, c_zero=0)
     return out
 
 
@@ -261,30 +372,83 @@ def evaluation_sums(part, calibrator_state, cord_state, input_kind, n_bins: int 
 
 # --- drivers ------------------------------------------------------------------------------
 
-#: Bracket widening around a warm start (a sample's beta is within a few percent).
-WARM_FACTOR = 1.05
-
-
 def fit_temperature(reduce, n: int, *, input_kind="logits", prob_floor=None, max_iter=100,
-                    start: float | None = None):
-    """TemperatureScaling fitted from partition sums (``solve_inverse_temperature``).
+                    start: float | None = None, settle: float | None = None):
+    """TemperatureScaling fitted from partition sums.
 
-    ``start``: an estimate of beta (e.g. fitted on a row sample); the bracket search then
-    starts there and widens by ``WARM_FACTOR`` instead of 4 from beta = 1, which saves
-    passes over the rows. The root is the same to the solver's tolerance."""
+    Without ``start``: ``solve_inverse_temperature`` (the in-memory iteration: bracket
+    search by factors of 4 from beta = 1, then Newton) on exact slope and curvature sums.
+    With ``start``, an estimate of beta (e.g. fitted on a row sample, within a few percent):
+    Halley steps from there on exact sums of the slope and its first two derivatives
+    (``ts_moment_sums``; the label sum rides on the first pass). Deviation from the
+    in-memory Newton, not from its optimum: Halley converges cubically, so a start 1e-2
+    off is 1e-6 off after one pass and at float64 resolution after two, where Newton needs
+    four. The steps are kept inside the sign bracket found so far (a step that leaves it is
+    replaced by the midpoint) and the loop stops, like the in-memory one, when a step
+    changes beta by <= BETA_RTOL relative. Beta therefore matches the in-memory fit to
+    that tolerance, and exact sums make it independent of the split bit for bit.
+
+    ``settle`` (warm start only): stop as soon as a step is <= ``settle`` relative and
+    return the stepped beta unverified; the caller checks it with ``temperature_step`` on
+    sums of a later pass over the rows (``cord_partition_pass``), saving the pass that
+    would only confirm it. Returns ({"beta": beta}, prob_floor).
+    """
     cal = make_calibrator("ts", input_kind=input_kind, max_iter=max_iter)
     floor = cal.prob_floor if prob_floor is None else prob_floor
-    mean_zy = exact_mean(sum(reduce(ts_label_sum, input_kind, floor)), n)
+    if start is None:
+        mean_zy = exact_mean(sum(reduce(ts_label_sum, input_kind, floor)), n)
 
-    def slope_and_curvature(beta):
-        sums = reduce(ts_slope_sums, beta, input_kind, floor)
-        return (exact_mean(sum(s for s, _ in sums), n) - mean_zy,
-                exact_mean(sum(c for _, c in sums), n))
+        def slope_and_curvature(beta):
+            sums = reduce(ts_slope_sums, beta, input_kind, floor)
+            return (exact_mean(sum(s for s, _ in sums), n) - mean_zy,
+                    exact_mean(sum(c for _, c in sums), n))
 
-    warm = {} if start is None else {"start": start, "factor": WARM_FACTOR}
-    beta = solve_inverse_temperature(slope_and_curvature, max_iter=max_iter, name="ts",
-                                     **warm)
-    return {"beta": float(beta)}, floor
+        return {"beta": float(solve_inverse_temperature(slope_and_curvature,
+                                                        max_iter=max_iter, name="ts"))}, floor
+    return {"beta": _halley(reduce, n, input_kind, floor, start, max_iter, settle)}, floor
+
+
+def _slope_derivatives(sums: list, n: int, mean_zy: float) -> tuple[float, float, float]:
+    """(g, g', g'') of the mean-NLL slope from ``ts_moment_sums`` of every partition."""
+    return (exact_mean(sum(s[0] for s in sums), n) - mean_zy,
+            exact_mean(sum(s[1] for s in sums), n), exact_mean(sum(s[2] for s in sums), n))
+
+
+def _halley(reduce, n, input_kind, floor, start, max_iter, settle) -> float:
+    """``fit_temperature``'s warm-started iteration (its docstring)."""
+    lo, hi = BETA_BOUNDS
+    beta = min(max(float(start), lo), hi)
+    sums = reduce(ts_moment_sums, beta, input_kind, floor, True)
+    mean_zy = exact_mean(sum(s[3] for s in sums), n)
+    tolerance = BETA_RTOL if settle is None else max(settle, BETA_RTOL)
+    for _ in range(max_iter):
+        g, g1, g2 = _slope_derivatives(sums, n, mean_zy)
+        if g == 0.0:
+            return beta
+        if g > 0.0:
+            hi = beta
+        else:
+            lo = beta
+        denominator = 2.0 * g1 * g1 - g * g2
+        new = beta - 2.0 * g * g1 / denominator if g1 > 0.0 and denominator > 0.0 else math.nan
+        if not lo < new < hi:
+            new = math.sqrt(lo * hi) if hi / lo > 4.0 else 0.5 * (lo + hi)
+        if abs(new - beta) <= tolerance * beta:
+            return new
+        beta = new
+        sums = reduce(ts_moment_sums, beta, input_kind, floor, True)
+    warn_not_converged("ts", f"{max_iter} Halley steps, max_iter={max_iter}")
+    return beta
+
+
+def temperature_step(beta: float, sums: tuple[int, int], n: int) -> float:
+    """The relative Newton step |g / (g' beta)| at ``beta`` from exact sums over every row
+    of E_q[z_i] - z_{i, y_i} and Var_q(z_i) at that beta (``cord_partition_pass``): the
+    warm-started ``fit_temperature`` has converged there when it is <= BETA_RTOL."""
+    g, g1 = exact_mean(sums[0], n), exact_mean(sums[1], n)
+    if g == 0.0:
+        return 0.0
+    return abs(g / g1) / beta if g1 > 0.0 else math.inf
 
 
 class _ReducedVectorProblem:
@@ -413,10 +577,12 @@ def calibrator_state(name: str, params: dict, k: int, input_kind: str, prob_floo
             "options": {key: getattr(cal, key) for key in cal._options}, "params": params}
 
 
-def fit_calibrator(name: str, reduce, n: int, k: int, *, input_kind="logits", sample=None):
+def fit_calibrator(name: str, reduce, n: int, k: int, *, input_kind="logits", sample=None,
+                   settle: float | None = None):
     """A fitted calibrator ``name`` (one of REDUCIBLE) from partition reductions;
     ``sample`` = (scores, labels), a row sample, gives the fits a warm start (the same
-    optimum to tolerance, fewer passes over the rows)."""
+    optimum to tolerance, fewer passes over the rows). ``settle``: TS with a sample only,
+    ``fit_temperature``'s unverified early stop."""
     if name not in REDUCIBLE:
         raise ValueError(f"calibrator {name!r} cannot be fitted over partitions (it needs "
                          f"every row at once); expected one of {', '.join(REDUCIBLE)}")
@@ -424,7 +590,8 @@ def fit_calibrator(name: str, reduce, n: int, k: int, *, input_kind="logits", sa
         start = None
         if sample is not None:
             start = make_calibrator("ts", input_kind=input_kind).fit(*sample).beta_
-        params, floor = fit_temperature(reduce, n, input_kind=input_kind, start=start)
+        params, floor = fit_temperature(reduce, n, input_kind=input_kind, start=start,
+                                        settle=settle)
     else:
         params, floor = fit_vector(reduce, n, k, input_kind=input_kind, sample=sample)
     return calibrator_from_dict(calibrator_state(name, params, k, input_kind, floor))

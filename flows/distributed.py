@@ -36,21 +36,30 @@ import numpy as np
 from distributed import Client, LocalCluster, get_worker, wait
 
 from cord_ops import data
+from cord_ops.calibrators import calibrator_from_dict
+from cord_ops.calibrators.temperature import BETA_RTOL
 from cord_ops.cord import CORD
 from cord_ops.reduce import (
+    PASS_ONLY,
     REDUCIBLE,
-    cord_partition_scalars,
+    cord_partition_pass,
+    cord_pass_sums,
     evaluation_sums,
     fit_calibrator,
     fit_cord,
+    fit_temperature,
     label_counts,
     metrics_from_sums,
+    repaired_metric_sums,
     split_rows,
+    temperature_step,
 )
 from flows.batch_predict import expand_inputs
 
-#: Size of one row block's float64 scores during a pass (the worker's working set).
-BLOCK_BYTES = 32 << 20
+#: Size of one row block's float64 scores during a pass (the worker's working set). Small
+#: enough that a block's temporaries stay in the caches two workers share: the TS moment
+#: pass costs 10.4 ns an entry with 32 MB blocks and 5.5 with 3 MB ones (K = 100).
+BLOCK_BYTES = 4 << 20
 #: Calibration rows gathered to the driver for the calibrator's warm start.
 WARM_START_ROWS = 20_000
 
@@ -165,6 +174,14 @@ def _add(a, b):
     return a + b
 
 
+def apply_each(wrapper, fn, args, *parts) -> list:
+    """``fn(part, *args)`` (or ``wrapper(part, fn, *args)``) for each partition, in order:
+    one worker task covering all the partitions that live on that worker."""
+    if wrapper is None:
+        return [fn(part, *args) for part in parts]
+    return [wrapper(part, fn, *args) for part in parts]
+
+
 def summed(part, fn, *args):
     """``fn(block, *args)`` summed over the partition's row blocks: every reducer of
     ``cord_ops.reduce`` returns sums (exact integers stay exact)."""
@@ -175,24 +192,41 @@ def summed(part, fn, *args):
     return total
 
 
-def cord_scalars(part, calibrator_state, input_kind, local_weight) -> dict:
+def cord_scalars(part, calibrator_state, input_kind, local_weight, metrics=False,
+                 temperature=False) -> dict:
     """CORD's per-row scalars (b, min I, g) of the partition, kept in worker memory for
-    the bisection (24 bytes a row); errors name the shard."""
+    the bisection (24 bytes a row), with what ``reduce.cord_partition_pass`` adds on
+    request (``metrics``: 25 more bytes a row kept for the repaired output's sums, and the
+    original and calibrated outputs' metric sums; ``temperature``: TS's slope sums), the
+    sums under ``sums``; errors name the shard."""
     found = []
     for block in blocks(part):
         try:
-            found.append(cord_partition_scalars(block, calibrator_state, input_kind,
-                                                local_weight, block["first_row"]))
+            found.append(cord_partition_pass(block, calibrator_state, input_kind,
+                                              local_weight, block["first_row"],
+                                              metrics=metrics, temperature=temperature))
         except ValueError as exc:
             raise ValueError(f"{part['path']}: {exc}") from None
-    b, lower, g = (np.concatenate([f[i] for f in found]) for i in range(3))
-    return {"path": part["path"], "b": b, "lower": lower, "g": g}
+    rows = {key: np.concatenate([f[key] for f in found]) for key in found[0]}
+    rows["labels"] = part["labels"]
+    merged = {key: value for key, value in rows.items()
+              if key not in PASS_ONLY and key != "labels"}
+    merged["sums"] = cord_pass_sums(rows)
+    return merged
 
 
 def merge_scalars(*parts) -> dict:
-    """One worker's CORD scalars in one partition: the bisection then costs one task per
-    worker and step, not one per shard (exact sums do not depend on the order)."""
-    return {key: np.concatenate([p[key] for p in parts]) for key in ("b", "lower", "g")}
+    """Partitions' CORD scalars in one (row arrays concatenated, ``sums`` added): on one
+    worker the bisection then costs one task per step, not one per shard (exact sums do
+    not depend on the order)."""
+    out = {key: np.concatenate([p[key] for p in parts]) for key in parts[0] if key != "sums"}
+    out["sums"] = _add_all([p["sums"] for p in parts])
+    return out
+
+
+def pass_sums(part) -> dict:
+    """The sums ``cord_scalars`` gathered on its pass."""
+    return part["sums"]
 
 
 def partition_rows(part) -> int:
@@ -261,10 +295,7 @@ def fit_shards(spec, calibrator: str = "ts", *, dask_address: str | None = None,
                 raise ValueError(f"calibrator: fitted for K = {cal.n_classes_} "
                                  f"{cal.input_kind}; the shards hold K = {shards.n_classes} "
                                  f"{shards.input_kind}")
-        fitted = fit_cord_on(session, cal, cord, gather=gather)
-        start = time.perf_counter()
-        metrics = _metrics(session, "calibration", cal, fitted)
-        session.seconds["evaluate"] = time.perf_counter() - start
+        fitted, cal, metrics = fit_cord_on(session, cal, cord, gather=gather, metrics=True)
         return DistributedFit(cal, fitted, metrics, shards.n, shards.n_classes,
                               shards.input_kind, list(shards.files), dict(session.seconds))
 
@@ -417,6 +448,7 @@ class ShardSession:
         self.evaluation: list = []
         self.home: dict = {}  # future key -> the worker holding its scratch file
         self.seconds: dict = {}
+        self.unconfirmed: dict | None = None  # a TS state fit_cord_on must confirm
 
     def reduce(self, which: str):
         """``reduce(fn, *args)``: ``fn`` summed over the row blocks of every
@@ -425,17 +457,25 @@ class ShardSession:
 
     def reducer(self, futures, wrapper=None):
         """``reduce(fn, *args)`` applying ``fn`` (through ``wrapper(part, fn, *args)``
-        when given) to every future's partition on its own worker, in order."""
+        when given) to every future's partition on its own worker; results in the
+        futures' order. One task per worker and call, looping over that worker's
+        partitions (``apply_each``): a pass then costs two scheduler round trips in all,
+        not one per shard."""
         client = self.client
+        groups: dict = {}
+        for i, f in enumerate(futures):
+            groups.setdefault(tuple(self.home.get(f.key) or ()), []).append(i)
 
         def reduce(fn, *args):
-            calls = [client.submit(wrapper, f, fn, *args, pure=False,
-                                   workers=self.home.get(f.key), allow_other_workers=True)
-                     if wrapper is not None else
-                     client.submit(fn, f, *args, pure=False, workers=self.home.get(f.key),
-                                   allow_other_workers=True)
-                     for f in futures]
-            return client.gather(calls)
+            calls = [client.submit(apply_each, wrapper, fn, args,
+                                   *(futures[i] for i in members), pure=False,
+                                   workers=list(where) or None, allow_other_workers=True)
+                     for where, members in groups.items()]
+            out = [None] * len(futures)
+            for members, found in zip(groups.values(), client.gather(calls), strict=True):
+                for i, value in zip(members, found, strict=True):
+                    out[i] = value
+            return out
         return reduce
 
     def pinned(self, fn, futures, *args) -> list:
@@ -469,6 +509,28 @@ class ShardSession:
         return False
 
 
+#: Worker environment for the clusters this module starts. Dask's nanny sets
+#: MALLOC_TRIM_THRESHOLD_ (64 KiB), and setting any malloc threshold turns off glibc's
+#: adaptive mmap threshold: every numpy temporary over 128 KiB is then a fresh mmap whose
+#: pages fault on first touch, and a pass over 4 MB row blocks runs ~3.5x slower (TS
+#: moments 16.5 vs 4.4 ns an entry, measured in a worker thread). Serving blocks below
+#: 32 MiB from the arena keeps Dask's trimming and the speed. Workers of a cluster given
+#: by address need it in their own environment (docs/scale.md).
+WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": 32 << 20}
+
+
+def local_cluster(n_workers: int, memory_limit: str | None = None) -> LocalCluster:
+    """A local cluster of ``n_workers`` single-threaded worker processes started with
+    ``WORKER_ENV`` (a variable already in this environment wins, as Dask's own do)."""
+    import dask
+
+    environ = {f"distributed.nanny.pre-spawn-environ.{key}": value
+               for key, value in WORKER_ENV.items()}
+    with dask.config.set(environ):
+        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                            dashboard_address=None, memory_limit=memory_limit)
+
+
 def open_session(plan: ShardPlan, *, dask_address: str | None = None,
                  client: Client | None = None, n_workers: int = 2,
                  memory_limit: str | None = None,
@@ -479,8 +541,7 @@ def open_session(plan: ShardPlan, *, dask_address: str | None = None,
     sets' ``sha256``. The plan's split sizes are checked against what the workers found."""
     cluster = None
     if client is None and dask_address is None:
-        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None, memory_limit=memory_limit)
+        cluster = local_cluster(n_workers, memory_limit)
     try:
         if client is not None:
             session = ShardSession(plan, client, cluster, owns_client=False)
@@ -544,33 +605,75 @@ def _combined_digest(shards: ShardSet, found) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
+#: A warm-started TS fit stops once a Halley step is this small (relative) and the CORD
+#: pass confirms it (``reduce.fit_temperature``'s ``settle``): the step after a 1e-5 Halley
+#: step is ~1e-15, well inside BETA_RTOL = 1e-12.
+TS_SETTLE = 1e-5
+
+
 def fit_calibrator_on(session: ShardSession, name: str):
-    """Calibrator ``name`` (one of REDUCIBLE) fitted on every calibration row."""
+    """Calibrator ``name`` (one of REDUCIBLE) fitted on every calibration row. A TS fit
+    stops at ``TS_SETTLE`` and is confirmed by :func:`fit_cord_on`'s pass (it records the
+    unconfirmed beta on the session)."""
     start = time.perf_counter()
     plan = session.plan
     sample = _sample(session, "calibration", plan.n_calibration, WARM_START_ROWS)
+    settle = TS_SETTLE if name == "ts" else None
     fitted = fit_calibrator(name, session.reduce("calibration"), plan.n_calibration,
                             plan.n_classes, input_kind=plan.input_kind,
-                            sample=(sample[0], sample[1]))
+                            sample=(sample[0], sample[1]), settle=settle)
+    session.unconfirmed = fitted.to_dict() if settle is not None else None
     session.seconds["calibrator"] = time.perf_counter() - start
     return fitted
 
 
 def fit_cord_on(session: ShardSession, calibrator, cord: CORD | None = None, *,
-                gather: bool = False) -> CORD:
-    """CORD's eta* from exact sums over every calibration row (``reduce.fit_cord``; its
-    ``gather`` mode on request)."""
+                gather: bool = False, metrics: bool = False):
+    """(CORD, calibrator, sums): eta* from exact sums over every calibration row
+    (``reduce.fit_cord``; its ``gather`` mode on request), on one pass that also confirms
+    a TS beta :func:`fit_calibrator_on` left unconfirmed — when it is not (its Newton step
+    is above BETA_RTOL, which a cubically converging fit does not reach in practice), the
+    fit resumes from there to full convergence and the pass is repeated, and the
+    calibrator returned is that one. ``metrics``: ``sums`` holds the metric sums of the
+    original, calibrated and repaired outputs over the calibration rows from the same
+    pass (``reduce.cord_partition_pass``), else it is None."""
     start = time.perf_counter()
     cord = CORD() if cord is None else cord
-    scalars = session.pinned(cord_scalars, session.calibration, calibrator.to_dict(),
-                             session.plan.input_kind, float(cord.local_weight))
+    plan = session.plan
+    state = calibrator.to_dict()
+    check = getattr(session, "unconfirmed", None) == state
+    scalars = session.pinned(cord_scalars, session.calibration, state, plan.input_kind,
+                             float(cord.local_weight), metrics, check)
     if not gather:  # gather keeps partition order: CORD.fit's pairwise means depend on it
         scalars = _per_worker(session, scalars)
-    fitted = fit_cord(session.reducer(scalars), session.plan.n_calibration,
-                      session.plan.n_classes, cord, gather=gather)
-    del scalars
+    reduce = session.reducer(scalars)
+    sums = reduce(pass_sums)
+    if check:
+        session.unconfirmed = None
+        moments = _add_all([s["temperature"] for s in sums])
+        if temperature_step(calibrator.beta_, moments, plan.n_calibration) > BETA_RTOL:
+            del scalars, reduce
+            params, _ = fit_temperature(session.reduce("calibration"), plan.n_calibration,
+                                        input_kind=plan.input_kind, start=calibrator.beta_)
+            polished = calibrator_from_dict({**state, "params": params})
+            return fit_cord_on(session, polished, cord, gather=gather, metrics=metrics)
+    fitted = fit_cord(reduce, plan.n_calibration, plan.n_classes, cord, gather=gather)
+    found = None
+    if metrics:
+        repaired = reduce(repaired_metric_sums, fitted.eta_)
+        found = {name: metrics_from_sums([s[name] for s in sums])
+                 for name in ("original", "calibrated")}
+        found["repaired"] = metrics_from_sums(repaired)
+    del scalars, reduce
     session.seconds["cord"] = time.perf_counter() - start
-    return fitted
+    return fitted, calibrator, found
+
+
+def _add_all(values):
+    total = values[0]
+    for value in values[1:]:
+        total = _add(total, value)
+    return total
 
 
 def _per_worker(session: ShardSession, futures) -> list:

@@ -284,11 +284,12 @@ def fit_calibrator_on_shards(session, name: str):
 
 @compute_task
 def fit_cord_on_shards(session, calibrator):
-    """eta* (paper eq. 18) from exact sums over every calibration row; returns
-    (CORD, warnings)."""
+    """eta* (paper eq. 18) from exact sums over every calibration row, on the pass that
+    also confirms a TS fit's beta; returns ((CORD, calibrator), warnings): the calibrator
+    given, or the TS fit resumed when the pass did not confirm it."""
     from flows.distributed import fit_cord_on
 
-    return _capturing_warnings(lambda: fit_cord_on(session, calibrator))
+    return _capturing_warnings(lambda: fit_cord_on(session, calibrator)[:2])
 
 
 @compute_task
@@ -715,7 +716,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 with session:  # the cluster is released once the metrics are reduced
                     fitted, calibrator_warnings = steps(fit_calibrator_on_shards, session,
                                                        calibrator)
-                    repair, cord_warnings = steps(fit_cord_on_shards, session, fitted)
+                    (repair, fitted), cord_warnings = steps(fit_cord_on_shards, session,
+                                                            fitted)
                     report, evaluation, counts = steps(evaluate_shards, session, fitted,
                                                        repair, eval_sample)
             fit_warnings = calibrator_warnings + cord_warnings

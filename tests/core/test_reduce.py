@@ -17,13 +17,18 @@ from cord_ops import CORD, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.calibrators._base import softmax
 from cord_ops.reduce import (
+    cord_partition_pass,
+    cord_pass_sums,
     exact_mean,
     exact_sum,
     fit_calibrator,
     fit_cord,
+    fit_temperature,
     local_reduce,
     metric_sums,
     metrics_from_sums,
+    repaired_metric_sums,
+    temperature_step,
 )
 
 
@@ -138,3 +143,69 @@ def test_metric_sums_match_the_metrics():
     assert got["brier"] == pytest.approx(metrics.brier(q, y), rel=1e-14)
     assert got["accuracy"] == metrics.accuracy(q, y)
     assert got["tpcr"] == metrics.tpcr(p0, q)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.3, 0.9, 1.1, 3.0]),
+       st.lists(st.integers(1, 2999), max_size=4))
+def test_warm_started_temperature_reaches_the_in_memory_beta(seed, off, cuts):
+    """Halley from a start up to 3x off the optimum: the in-memory beta to its tolerance,
+    and (exact sums) the same bits for any split of the rows."""
+    z, y = logit_data(np.random.default_rng(seed), 3000, 7)
+    ref = make_calibrator("ts").fit(z, y).beta_
+    parts = [{"scores": z[s], "labels": y[s]} for s in split(3000, cuts)]
+    params, _ = fit_temperature(local_reduce(parts), 3000, start=off * ref)
+    assert abs(params["beta"] - ref) <= 1e-10 * ref
+    whole, _ = fit_temperature(local_reduce([{"scores": z, "labels": y}]), 3000,
+                               start=off * ref)
+    assert whole["beta"].hex() == params["beta"].hex()
+
+
+def test_a_settled_beta_is_confirmed_or_refused_by_the_cord_pass():
+    """settle stops one pass early; the CORD pass's sums confirm a settled beta (step at
+    float64 resolution) and refuse one 1e-7 off."""
+    z, y = logit_data(np.random.default_rng(5), 4000, 9)
+    sample = (z[:500], y[:500])
+    cal = fit_calibrator("ts", local_reduce([{"scores": z, "labels": y}]), 4000, 9,
+                         sample=sample, settle=1e-5)
+    ref = make_calibrator("ts").fit(z, y)
+    assert abs(cal.beta_ - ref.beta_) <= 1e-10 * ref.beta_
+
+    def step(beta):
+        state = {**cal.to_dict(), "params": {"beta": beta}}
+        rows = cord_partition_pass({"scores": z, "labels": y}, state, "logits", 0.5, 0,
+                                   temperature=True)
+        rows["labels"] = y
+        return temperature_step(beta, cord_pass_sums(rows)["temperature"], 4000)
+
+    assert step(cal.beta_) <= 1e-12
+    assert step(cal.beta_ * (1 + 1e-7)) > 1e-12
+
+
+@pytest.mark.parametrize("k", [6, 60])
+def test_metrics_from_the_cord_pass_equal_those_of_the_repaired_arrays(k):
+    """The original, calibrated and repaired outputs' metric sums from CORD's pass
+    (per-row scalars, no repaired K-vector) equal metric_sums of the arrays: counts and
+    TPCR exactly, NLL / ECE / Brier to rounding."""
+    rng = np.random.default_rng(k)
+    z, y = logit_data(rng, 3000, k)
+    cal = make_calibrator("vs").fit(z[:1000], y[:1000])
+    p0, q = softmax(z), cal.predict_proba(z)
+    cord = CORD().fit(p0, q)
+    assert cord.eta_ != 0.0
+    blocks = [cord_partition_pass({"scores": z[s], "labels": y[s]}, cal.to_dict(), "logits",
+                                  0.5, s.start, metrics=True) for s in split(3000, [7, 1500])]
+    rows = {key: np.concatenate([b[key] for b in blocks]) for key in blocks[0]}
+    rows["labels"] = y
+    sums = cord_pass_sums(rows)
+    got = {name: metrics_from_sums([sums[name]]) for name in ("original", "calibrated")}
+    got["repaired"] = metrics_from_sums([repaired_metric_sums(rows, cord.eta_)])
+    view = {"labels": y, "original": p0, "calibrated": q,
+            "repaired": cord.transform(p0, q)}
+    for name in ("original", "calibrated", "repaired"):
+        want = metrics_from_sums([metric_sums(view, name, None if name == "original"
+                                              else "original")])
+        for key in ("n", "accuracy", "tpcr", "changes"):
+            assert got[name].get(key) == want.get(key), (name, key)
+        for key in ("nll", "brier", "ece"):
+            assert got[name][key] == pytest.approx(want[key], rel=1e-13, abs=1e-15), (name, key)

@@ -131,3 +131,44 @@ def test_local_cluster_when_no_address(logits, tmp_path):
     ref = make_calibrator("ts").fit(z[:2000], y[:2000])
     assert abs(fit.calibrator.beta_ - ref.beta_) <= 1e-10 * ref.beta_
     assert fit.cord.eta_ == CORD().fit(softmax(z[:2000]), ref.predict_proba(z[:2000])).eta_
+
+
+def test_a_beta_the_cord_pass_does_not_confirm_is_fitted_on(cluster, logits, tmp_path):
+    """A TS fit stops one pass early and CORD's pass confirms it; a beta that pass does
+    not confirm (here one 1e-7 off, as if the fit had settled too soon) is fitted on to
+    the in-memory optimum and CORD is fitted again on the new one."""
+    from cord_ops.calibrators import calibrator_from_dict
+    from flows.distributed import fit_calibrator_on, fit_cord_on, open_session, plan_shards
+
+    client, _ = cluster
+    z, y = logits
+    shards = write_shards(tmp_path / "shards", z, y, 3)
+    ref = make_calibrator("ts").fit(z, y)
+    with open_session(plan_shards(str(shards), None, "auto", 0, 1.0),
+                      client=client) as session:
+        settled = fit_calibrator_on(session, "ts")
+        assert session.unconfirmed == settled.to_dict()
+        cord, confirmed, _ = fit_cord_on(session, settled)
+        assert confirmed is settled and session.unconfirmed is None
+        off = calibrator_from_dict({**settled.to_dict(),
+                                    "params": {"beta": settled.beta_ * (1 + 1e-7)}})
+        session.unconfirmed = off.to_dict()
+        cord_off, refit, _ = fit_cord_on(session, off)
+    assert refit is not off
+    for fitted in (settled, refit):
+        assert abs(fitted.beta_ - ref.beta_) <= 1e-10 * ref.beta_
+    assert cord_off.eta_ == CORD().fit(softmax(z), refit.predict_proba(z)).eta_
+
+
+def test_local_clusters_serve_numpy_temporaries_from_the_arena(tmp_path):
+    """Workers this package starts get WORKER_ENV before they spawn (Dask's own
+    MALLOC_TRIM_THRESHOLD_ would otherwise send every block temporary to mmap)."""
+    from distributed import Client
+
+    from flows.distributed import WORKER_ENV, local_cluster
+
+    with local_cluster(2) as local, Client(local) as client:
+        found = client.run(lambda: {key: os.environ.get(key) for key in WORKER_ENV})
+    assert len(found) == 2
+    assert all(env == {key: str(value) for key, value in WORKER_ENV.items()}
+               for env in found.values())

@@ -307,7 +307,7 @@ def test_a_worker_killed_after_the_read_changes_no_bit(tmp_path):
             assert len(holders) == 2  # both workers hold partitions
             os.kill(pids[0], signal.SIGKILL)
             vs = fit_calibrator_on(session, "vs")
-            cord = fit_cord_on(session, vs)
+            cord, _, _ = fit_cord_on(session, vs)
         assert len(client.scheduler_info()["workers"]) == 1
     assert [w.hex() for w in vs.weights_] == [w.hex() for w in healthy.calibrator.weights_]
     assert cord.eta_.hex() == healthy.cord.eta_.hex() and cord.eta_ != 0.0
