@@ -25,6 +25,7 @@ The numerics live in ``cord_ops.reduce`` (pure numpy); this module only moves th
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 import time
@@ -60,8 +61,22 @@ from flows.batch_predict import expand_inputs
 #: enough that a block's temporaries stay in the caches two workers share: the TS moment
 #: pass costs 10.4 ns an entry with 32 MB blocks and 5.5 with 3 MB ones (K = 100).
 BLOCK_BYTES = 4 << 20
-#: Calibration rows gathered to the driver for the calibrator's warm start.
+#: Calibration rows gathered to the driver for the calibrator's warm start (TS; VS's
+#: sample grows with the data, ``warm_start_rows``).
 WARM_START_ROWS = 20_000
+#: Most bytes of float64 scores the VS warm-start sample may take on the driver.
+WARM_START_BYTES = 80 << 20
+
+
+def warm_start_rows(name: str, n: int, k: int) -> int:
+    """Rows of the warm-start sample: ``WARM_START_ROWS`` for TS (Halley needs a start
+    within ~1e-2); for VS one row in 20, between that and 100,000 rows and within
+    ``WARM_START_BYTES`` (its fit and Hessian cost ~3 s at 100,000 x 100 on the driver;
+    a better start and preconditioner save full passes: 1M x 100 rows, 10 passes from
+    20,000 rows, 5 from 100,000)."""
+    if name != "vs":
+        return WARM_START_ROWS
+    return max(WARM_START_ROWS, min(n // 20, 100_000, WARM_START_BYTES // (8 * k)))
 
 
 def shard_kind(files, input_kind: str = "auto") -> str:
@@ -510,25 +525,39 @@ class ShardSession:
 
 
 #: Worker environment for the clusters this module starts. Dask's nanny sets
-#: MALLOC_TRIM_THRESHOLD_ (64 KiB), and setting any malloc threshold turns off glibc's
-#: adaptive mmap threshold: every numpy temporary over 128 KiB is then a fresh mmap whose
-#: pages fault on first touch, and a pass over 4 MB row blocks runs ~3.5x slower (TS
-#: moments 16.5 vs 4.4 ns an entry, measured in a worker thread). Serving blocks below
-#: 32 MiB from the arena keeps Dask's trimming and the speed. Workers of a cluster given
-#: by address need it in their own environment (docs/scale.md).
-WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": 32 << 20}
+#: MALLOC_TRIM_THRESHOLD_ = 64 KiB, and setting any malloc threshold turns glibc's adaptive
+#: ones off: every numpy temporary over 128 KiB is then a fresh mmap, and every free of one
+#: hands its pages back, so each block's temporaries fault their pages in again. Measured
+#: in a worker thread holding earlier partitions' results (K = 100, 4 MB blocks): TS
+#: moments 20 ns an entry with Dask's setting, 7 with these two (block temporaries come
+#: from the arena, and a trim keeps 64 MiB at its top), 6 with glibc's defaults; CORD's
+#: pass 40 vs 23 ns. Dask's own trimming of larger frees is kept. Workers of a cluster
+#: given by address need them in their own environment (docs/scale.md).
+WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": 32 << 20, "MALLOC_TOP_PAD_": 64 << 20}
 
 
 def local_cluster(n_workers: int, memory_limit: str | None = None) -> LocalCluster:
     """A local cluster of ``n_workers`` single-threaded worker processes started with
-    ``WORKER_ENV`` (a variable already in this environment wins, as Dask's own do)."""
+    ``WORKER_ENV``. The nanny prefers a value already in ``os.environ`` to its config
+    (and writes its own there: an earlier cluster in this process leaves Dask's), so the
+    values are put there while the workers spawn and the previous ones restored after."""
     import dask
 
+    values = {key: str(value) for key, value in WORKER_ENV.items()}
+    before = {key: os.environ.get(key) for key in values}
     environ = {f"distributed.nanny.pre-spawn-environ.{key}": value
-               for key, value in WORKER_ENV.items()}
-    with dask.config.set(environ):
-        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                            dashboard_address=None, memory_limit=memory_limit)
+               for key, value in values.items()}
+    os.environ.update(values)
+    try:
+        with dask.config.set(environ):
+            return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                dashboard_address=None, memory_limit=memory_limit)
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def open_session(plan: ShardPlan, *, dask_address: str | None = None,
@@ -617,7 +646,8 @@ def fit_calibrator_on(session: ShardSession, name: str):
     unconfirmed beta on the session)."""
     start = time.perf_counter()
     plan = session.plan
-    sample = _sample(session, "calibration", plan.n_calibration, WARM_START_ROWS)
+    sample = _sample(session, "calibration", plan.n_calibration,
+                     warm_start_rows(name, plan.n_calibration, plan.n_classes))
     settle = TS_SETTLE if name == "ts" else None
     fitted = fit_calibrator(name, session.reduce("calibration"), plan.n_calibration,
                             plan.n_classes, input_kind=plan.input_kind,
