@@ -370,21 +370,6 @@ def repaired_metric_sums(part, eta: float, n_bins: int = 15) -> dict:
     return out
 
 
-def evaluation_sums(part, calibrator_state, cord_state, input_kind, n_bins: int = 15):
-    """``metric_sums`` of the original output, the calibrator's and CORD's repair of it
-    (TPCR against the original), for one partition."""
-    from cord_ops.calibrators._base import softmax
-
-    scores = np.asarray(part["scores"], dtype=np.float64)
-    p0 = scores if input_kind == "probs" else softmax(scores)
-    q = calibrator_from_dict(calibrator_state).predict_proba(scores)
-    repaired = CORD.from_dict(cord_state).transform(p0, q)
-    view = {"labels": part["labels"], "original": p0, "calibrated": q, "repaired": repaired}
-    before = top1(p0)
-    return {name: metric_sums(view, name, None if name == "original" else "original", n_bins,
-                              before) for name in ("original", "calibrated", "repaired")}
-
-
 # --- drivers ------------------------------------------------------------------------------
 
 def fit_temperature(reduce, n: int, *, input_kind="logits", prob_floor=None, max_iter=100,

@@ -45,7 +45,6 @@ from cord_ops.reduce import (
     REDUCIBLE,
     cord_partition_pass,
     cord_pass_sums,
-    evaluation_sums,
     fit_calibrator,
     fit_cord,
     fit_temperature,
@@ -733,11 +732,23 @@ def _sample(session: ShardSession, which: str, n: int, rows: int):
             np.concatenate([p[1] for p in parts])[order], keys[order])
 
 
+def evaluation_partition(part, calibrator_state, cord_state, input_kind) -> dict:
+    """Metric sums of the original, calibrated and repaired outputs over one partition:
+    ``cord_scalars``' pass with the report's per-row values, then the repaired output's
+    sums at the fitted eta* (``reduce.repaired_metric_sums``) without its K-vectors."""
+    cord = CORD.from_dict(cord_state)
+    rows = cord_scalars(part, calibrator_state, input_kind, float(cord.local_weight),
+                        metrics=True)
+    sums = rows.pop("sums")
+    sums["repaired"] = repaired_metric_sums(rows, cord.eta_)
+    return sums
+
+
 def _metrics(session: ShardSession, which: str, calibrator, cord: CORD) -> dict:
     """``metrics_from_sums`` of the original, calibrated and repaired outputs over every
     row of the ``which`` partitions."""
-    sums = session.reduce(which)(evaluation_sums, calibrator.to_dict(), cord.to_dict(),
-                                 session.plan.input_kind)
+    sums = session.reducer(getattr(session, which))(
+        evaluation_partition, calibrator.to_dict(), cord.to_dict(), session.plan.input_kind)
     return {name: metrics_from_sums([s[name] for s in sums])
             for name in ("original", "calibrated", "repaired")}
 
