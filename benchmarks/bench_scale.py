@@ -65,7 +65,7 @@ def peak_rss_mb(client) -> list[float]:
     return sorted(client.run(peak).values())
 
 
-def run(folder: Path, what: str, args) -> None:
+def run(folder: Path, what: str, args, read: float | None = None) -> float:
     from distributed import Client
 
     with local_cluster(args.workers, args.memory_limit) as cluster, Client(cluster) as client:
@@ -88,8 +88,10 @@ def run(folder: Path, what: str, args) -> None:
         peaks = peak_rss_mb(client)
     label = "read once" if what == "read" else f"{what.upper()} + CORD"
     load = os.getloadavg()[0]
-    print(f"{label:10s} wall {seconds:7.1f} s  (load {load:.2f})  peak worker RSS "
+    ratio = "" if read is None or what == "read" else f" = {seconds / read:.2f}x read"
+    print(f"{label:10s} wall {seconds:7.1f} s{ratio}  (load {load:.2f})  peak worker RSS "
           f"{', '.join(f'{p:.0f}' for p in peaks)} MB  {detail}", flush=True)
+    return seconds
 
 
 def main() -> None:
@@ -121,8 +123,10 @@ def main() -> None:
         print(f"{args.rows} rows, K = {args.classes}, {shards} shards, {size:.0f} MB "
               f"Parquet ({how}); {args.workers} workers, memory limit {args.memory_limit} "
               f"each; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+        read = None
         for what in args.only:
-            run(folder, what, args)
+            seconds = run(folder, what, args, read)
+            read = seconds if what == "read" else read
     finally:
         if not (args.data and args.keep):
             shutil.rmtree(folder, ignore_errors=True)

@@ -152,18 +152,21 @@ def ts_moment_sums(part, beta, input_kind, prob_floor, labels: bool = False) -> 
 
 def _vs_softmax(part, weights, bias, input_kind, prob_floor):
     """(z, labels, row indices, exact sum of the NLL, q = softmax(z w + b)) of the
-    partition: what the VS value, gradient and Hessian sums share."""
+    partition: what the VS value, gradient and Hessian sums share. q is computed in one
+    buffer, in place (each n x K temporary is a pass over memory)."""
     z = _logits(part["scores"], input_kind, prob_floor)
     y = part["labels"]
     idx = np.arange(z.shape[0])
-    s = z * weights + bias
+    s = z * weights
+    s += bias
     m = s.max(axis=1)
     picked = s[idx, y]
-    e = np.exp(s - m[:, None])
-    total = e.sum(axis=1)
+    s -= m[:, None]
+    np.exp(s, out=s)
+    total = s.sum(axis=1)
     nll = math.fsum(np.log(total) + m - picked)
-    e /= total[:, None]
-    return z, y, idx, nll, e
+    s /= total[:, None]
+    return z, y, idx, nll, s
 
 
 def vs_newton_sums(part, weights, bias, input_kind, prob_floor):
@@ -192,7 +195,9 @@ def vs_value_grad_sums(part, weights, bias, input_kind, prob_floor):
     part of ``vs_newton_sums`` a preconditioned gradient step needs (no Hessian)."""
     z, y, idx, nll, d = _vs_softmax(part, weights, bias, input_kind, prob_floor)
     d[idx, y] -= 1.0
-    return nll, np.column_stack([np.einsum("ik,ik->k", d, z), d.sum(axis=0)])
+    bias_grad = d.sum(axis=0)
+    d *= z  # column sums of d * z: the weights' gradient (sum over rows of a C array)
+    return nll, np.column_stack([d.sum(axis=0), bias_grad])
 
 
 def cord_sums(part) -> tuple[int, int, int, int]:

@@ -143,7 +143,9 @@ def load_split_shard(path: str, kind: str, k: int, seed: int, fraction: float, k
     out = {"path": path, "sha256": dataset.sha256}
     for name, chosen in (("calibration", calibration), ("evaluation", ~calibration)):
         file = folder / f"{name}-{uuid.uuid4().hex}.npy"
-        if chosen.any():
+        if chosen.all():  # every row (a separate evaluation set, or fraction 1): no copy
+            np.save(file, scores, allow_pickle=False)
+        elif chosen.any():
             np.save(file, scores[chosen], allow_pickle=False)
         out[name] = {"path": path, "scratch": str(file), "n": int(chosen.sum()),
                      "labels": dataset.labels[chosen], "keys": keys[chosen], "part": name,
