@@ -209,3 +209,43 @@ def test_metrics_from_the_cord_pass_equal_those_of_the_repaired_arrays(k):
             assert got[name].get(key) == want.get(key), (name, key)
         for key in ("nll", "brier", "ece"):
             assert got[name][key] == pytest.approx(want[key], rel=1e-13, abs=1e-15), (name, key)
+
+
+@settings(max_examples=60, deadline=None)
+@given(output_pairs(max_n=300, max_k=12), st.sampled_from(["inherited", "local", "pointwise"]))
+def test_screened_bisection_steps_take_the_exact_branches(pair, target):
+    """The reduced bisection decides far-from-root steps on estimated sums; every decision
+    must be the exact mean's: eta* equals the all-exact bisection's bit for bit."""
+    from cord_ops.cord import EPS_NUM, bisect_multiplier
+    from cord_ops.reduce import _ReducedMean
+
+    p0, q = pair
+    n, k = p0.shape
+    parts = scalar_partitions(p0, q, split(n, [n // 3, n // 2]))
+    reduce = local_reduce(parts)
+    screened = fit_cord(reduce, n, k, CORD(mean_target=target))
+    exact = _ReducedMean(reduce, n)
+    exact.screening = False
+    g = np.concatenate([p["g"] for p in parts])
+    lower = np.concatenate([p["lower"] for p in parts])
+    from cord_ops.cord import multiplier_of
+
+    eta = bisect_multiplier(exact, screened.mu_,
+                            lambda: float(multiplier_of(g, np.full(n, 1 - EPS_NUM)).max()),
+                            lambda: float(multiplier_of(g, lower).min()))
+    assert eta.hex() == screened.eta_.hex()
+
+
+def test_vs_warm_start_refined_on_a_larger_sample(monkeypatch):
+    """A sample larger than START_ROWS: VS fitted on its first rows, refined on all of it,
+    then full-data steps: the in-memory optimum to the optimiser's tolerance."""
+    import cord_ops.reduce as reduce_module
+
+    monkeypatch.setattr(reduce_module, "START_ROWS", 400)
+    z, y = logit_data(np.random.default_rng(9), 6000, 6)
+    ref = make_calibrator("vs").fit(z, y)
+    parts = [{"scores": z[s], "labels": y[s]} for s in split(6000, [2000, 4000])]
+    cal = fit_calibrator("vs", local_reduce(parts), 6000, 6, sample=(z[:1500], y[:1500]))
+    np.testing.assert_allclose(cal.weights_, ref.weights_, atol=1e-4)
+    assert abs(metrics.nll(cal.predict_proba(z), y) - metrics.nll(ref.predict_proba(z), y)) \
+        <= 1e-9 * metrics.nll(ref.predict_proba(z), y)
