@@ -8,12 +8,14 @@ partitions held by Dask workers. A partition is a dict of arrays: ``scores`` (n 
 float32 or float64), ``labels`` (n,) and, once computed, ``b``, ``lower``, ``g`` (CORD's
 per-row scalars, ``cord.row_scalars``).
 
-Calibrators: ``ts`` (the Newton iteration of ``temperature.solve_inverse_temperature`` on
-exact slope and curvature sums, so beta does not depend on the split either) and ``vs``
-(``_affine``'s damped Newton on NLL, gradient and Hessian sums). Both reach the in-memory
-optimum within their stopping tolerance. Deviation from the plan of an L-BFGS fit: L-BFGS
-needed hundreds of reductions for VS at K = 100 (a round trip over the cluster each),
-Newton on reduced Hessians needs about ten.
+Calibrators: ``ts`` (``temperature.solve_inverse_temperature``'s Newton iteration on
+exact slope and curvature sums or, from a sample's estimate, Halley steps on exact sums of
+the slope and its two derivatives, so beta does not depend on the split either) and ``vs``
+(without a sample ``_affine``'s damped Newton on NLL, gradient and Hessian sums; with one,
+L-BFGS on full-data gradients preconditioned by the sample's Hessian). Both reach the
+in-memory optimum within its stopping tolerance. Deviation from the plan of plain L-BFGS:
+from VS's identity start it needed hundreds of reductions at K = 100 (a pass over every row
+each); see ``fit_vector``.
 
 CORD: eta* and mu are defined through correctly rounded means of the per-row scalars
 (``exact_sum``: every finite double is an integer multiple of 2^-1074, so a partition

@@ -57,17 +57,15 @@ def fit_inverse_temperature(
 
 
 def solve_inverse_temperature(slope_and_curvature, *, max_iter: int = 100,
-                              name: str = "ts", start: float = 1.0,
-                              factor: float = 4.0) -> float:
+                              name: str = "ts") -> float:
     """The root of the mean-NLL slope g(beta), given ``slope_and_curvature(beta)`` =
     (g(beta), g'(beta)): the bracket search and safeguarded Newton of the module docstring.
-    The one source of the iteration for the in-memory fit and for fits whose sums are
-    reduced over partitions (``cord_ops.reduce``), which may start the bracket search
-    from an estimate (``start``, widening by ``factor``) to save evaluations."""
+    The one source of the iteration for the in-memory fit and for fits reduced over
+    partitions without a warm start (``cord_ops.reduce.fit_temperature``)."""
     # Bracket the root by factors of 4 from beta = 1 (a typical optimum is 0.3-3, so this
     # takes one or two evaluations); running into a bound means the optimum lies beyond it.
-    start = min(max(float(start), BETA_BOUNDS[0]), BETA_BOUNDS[1])
-    lo = hi = start
+    factor = 4.0
+    lo = hi = start = 1.0
     g_lo, h_lo = slope_and_curvature(start)
     g_hi, h_hi = g_lo, h_lo
     while g_lo > 0.0 and lo > BETA_BOUNDS[0]:
