@@ -38,7 +38,12 @@ from scipy.linalg import cho_factor, cho_solve
 from cord_ops.calibrators import calibrator_from_dict, make_calibrator
 from cord_ops.calibrators._affine import _dense_newton_step, _newton
 from cord_ops.calibrators._base import warn_not_converged
-from cord_ops.calibrators.temperature import BETA_BOUNDS, BETA_RTOL, solve_inverse_temperature
+from cord_ops.calibrators.temperature import (
+    BETA_BOUNDS,
+    BETA_RTOL,
+    bracketed_iteration,
+    solve_inverse_temperature,
+)
 from cord_ops.cord import (
     CORD,
     EPS_NUM,
@@ -440,25 +445,20 @@ def _halley(reduce, n, input_kind, floor, start, max_iter, settle) -> float:
     beta = min(max(float(start), lo), hi)
     sums = reduce(ts_moment_sums, beta, input_kind, floor, True)
     mean_zy = exact_mean(sum(s[3] for s in sums), n)
-    tolerance = BETA_RTOL if settle is None else max(settle, BETA_RTOL)
-    for _ in range(max_iter):
-        g, g1, g2 = _slope_derivatives(sums, n, mean_zy)
-        if g == 0.0:
-            return beta
-        if g > 0.0:
-            hi = beta
-        else:
-            lo = beta
+
+    def derivatives(beta):
+        return _slope_derivatives(reduce(ts_moment_sums, beta, input_kind, floor, True), n,
+                                  mean_zy)
+
+    def halley(beta, d):
+        g, g1, g2 = d
         denominator = 2.0 * g1 * g1 - g * g2
-        new = beta - 2.0 * g * g1 / denominator if g1 > 0.0 and denominator > 0.0 else math.nan
-        if not lo < new < hi:
-            new = math.sqrt(lo * hi) if hi / lo > 4.0 else 0.5 * (lo + hi)
-        if abs(new - beta) <= tolerance * beta:
-            return new
-        beta = new
-        sums = reduce(ts_moment_sums, beta, input_kind, floor, True)
-    warn_not_converged("ts", f"{max_iter} Halley steps, max_iter={max_iter}")
-    return beta
+        return beta - 2.0 * g * g1 / denominator if g1 > 0.0 and denominator > 0.0 else math.nan
+
+    return bracketed_iteration(derivatives, beta, _slope_derivatives(sums, n, mean_zy), lo, hi,
+                               halley, tolerance=BETA_RTOL if settle is None
+                               else max(settle, BETA_RTOL), max_iter=max_iter, name="ts",
+                               what="Halley")
 
 
 def temperature_step(beta: float, sums: tuple[int, int], n: int) -> float:

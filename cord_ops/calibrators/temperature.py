@@ -95,22 +95,36 @@ def solve_inverse_temperature(slope_and_curvature, *, max_iter: int = 100,
     # Newton from the left end: g is increasing and, as the softmax sharpens, its slope
     # falls, so steps from below approach the root without overshooting; any step that
     # still leaves the bracket is replaced by the bracket's midpoint.
-    beta, g, h = lo, g_lo, h_lo
+    return bracketed_iteration(
+        slope_and_curvature, lo, (g_lo, h_lo), lo, hi,
+        lambda beta, d: beta - d[0] / d[1] if d[1] > 0.0 else math.nan,
+        tolerance=BETA_RTOL, max_iter=max_iter, name=name, what="Newton/bisection")
+
+
+def bracketed_iteration(derivatives, beta: float, found: tuple, lo: float, hi: float, step,
+                        *, tolerance: float, max_iter: int, name: str, what: str) -> float:
+    """Safeguarded root iteration on the increasing slope g: ``found`` =
+    ``derivatives(beta)`` (g first); each round narrows the sign bracket (lo, hi) at beta,
+    takes ``step(beta, found)``, replaces a step that leaves the bracket by its midpoint
+    (geometric when the ends are more than a factor 4 apart), and returns the new beta once
+    a step changes it by <= ``tolerance`` relative (or beta where g is exactly 0). Shared
+    by the in-memory Newton fit and the reduced fit's Halley steps (``cord_ops.reduce``)."""
     for _ in range(max_iter):
-        new = beta - g / h if h > 0.0 else math.nan
-        if not lo < new < hi:
-            new = 0.5 * (lo + hi)
-        if abs(new - beta) <= BETA_RTOL * beta:
-            return new
-        beta = new
-        g, h = slope_and_curvature(beta)
+        g = found[0]
         if g == 0.0:
             return beta
         if g > 0.0:
             hi = beta
         else:
             lo = beta
-    warn_not_converged(name, f"{max_iter} Newton/bisection steps, max_iter={max_iter}")
+        new = step(beta, found)
+        if not lo < new < hi:
+            new = math.sqrt(lo * hi) if hi / lo > 4.0 else 0.5 * (lo + hi)
+        if abs(new - beta) <= tolerance * beta:
+            return new
+        beta = new
+        found = derivatives(beta)
+    warn_not_converged(name, f"{max_iter} {what} steps, max_iter={max_iter}")
     return beta
 
 
