@@ -6,7 +6,8 @@ outputs, plots, reports) goes through :func:`atomic_path`, so the rule lives in 
 A process killed mid-write (SIGKILL, power loss) cannot remove its temporary file. The
 file's name carries the writer's pid, so the next write to the same folder sweeps the
 temporary files of writers that no longer run (:func:`sweep_stale`); a live writer's file
-is never touched. The check is by pid on this host: a folder shared over the network with
+is never touched. Temporary folders (:func:`owned_temporary_directory`) follow the same
+rule. The check is by pid on this host: a folder shared over the network with
 writers on other hosts would need a different rule.
 """
 
@@ -23,6 +24,8 @@ from pathlib import Path
 
 #: ``.<name>.<pid>.<random>.tmp``: what :func:`atomic_path` creates.
 _TMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.tmp$")
+#: ``<prefix><pid>-<random>``: what :func:`owned_temporary_directory` creates.
+_TMP_FOLDER = re.compile(r"^(?P<prefix>.+?)(?P<pid>\d+)-[^-]+$")
 #: Temporary files of an older naming (no pid) are swept only after this many seconds.
 UNNAMED_STALE_AFTER = 24 * 3600.0
 
@@ -102,3 +105,33 @@ def write_bytes_atomic(path, data: bytes) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+@contextmanager
+def owned_temporary_directory(prefix: str) -> Iterator[Path]:
+    """A temporary folder ``<tmp>/<prefix><pid>-<random>``, removed on exit like
+    ``tempfile.TemporaryDirectory``; first the folders of this prefix left by processes
+    that no longer run (killed inside the block) are removed."""
+    import shutil
+
+    base = Path(tempfile.gettempdir())
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        entries = []
+    for entry in entries:
+        match = _TMP_FOLDER.match(entry.name)
+        if match is None or match["prefix"] != prefix:
+            continue
+        pid = int(match["pid"])
+        try:
+            if (pid != os.getpid() and not _pid_alive(pid)
+                    and entry.is_dir(follow_symlinks=False)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -29,13 +29,13 @@ scoring server answers with HTTP 400.
 from __future__ import annotations
 
 import os
-import tempfile
 from importlib import metadata as package_metadata
 from pathlib import Path
 
 import mlflow.pyfunc
 import numpy as np
 
+from cord_ops.atomic import owned_temporary_directory
 from flows.scoring_input import InputContract, InputError, score_matrix
 
 ONNX_ARTIFACT = "onnx_model"
@@ -148,8 +148,9 @@ def log_model(client, run_id: str, experiment_id: str, graph, example: np.ndarra
     from onnx_export.export import model_metadata, save_model
 
     meta = model_metadata(graph)
-    with tempfile.TemporaryDirectory(prefix="cord-ops-onnx-") as folder:
-        onnx_path = save_model(graph, Path(folder) / ONNX_FILE)
+    # a command killed while logging leaves this folder; the next log_model sweeps it
+    with owned_temporary_directory("cord-ops-onnx-") as folder:
+        onnx_path = save_model(graph, folder / ONNX_FILE)
 
         def save(path: str, mlflow_model) -> None:
             _PyfuncWithOnnxFlavor.save_model(

@@ -73,3 +73,56 @@ def _checkout_root() -> str:
     import cord_ops
 
     return str(Path(cord_ops.__file__).resolve().parents[1])
+
+
+FOLDER_USER = """
+import os, signal, sys, time
+from cord_ops.atomic import owned_temporary_directory
+with owned_temporary_directory("cord-ops-test-") as folder:
+    (folder / "model.onnx").write_bytes(b"half")
+    print(folder, flush=True)
+    if sys.argv[1] == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+"""
+
+
+def test_temporary_folders_of_killed_processes_are_swept_by_the_next_user(tmp_path):
+    """kill -9 inside owned_temporary_directory leaves the folder; the next use of the
+    prefix removes it, and leaves a live process's folder alone."""
+    import os
+    import subprocess
+    import sys
+
+    from cord_ops.atomic import owned_temporary_directory
+
+    env = {**os.environ, "PYTHONPATH": _checkout_root(), "TMPDIR": str(tmp_path)}
+    killed = subprocess.run([sys.executable, "-c", FOLDER_USER, "die"], capture_output=True,
+                            text=True, env=env, timeout=60)
+    assert killed.returncode == -9
+    orphan = tmp_path / killed.stdout.strip().rsplit("/", 1)[-1]
+    assert (orphan / "model.onnx").exists()  # kill -9 ran no clean-up
+    live = subprocess.Popen([sys.executable, "-c", FOLDER_USER, "wait"],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        in_use = tmp_path / live.stdout.readline().strip().rsplit("/", 1)[-1]
+        old_tmp = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = str(tmp_path)
+        import tempfile
+
+        tempfile.tempdir = None  # re-read TMPDIR
+        try:
+            with owned_temporary_directory("cord-ops-test-") as mine:
+                assert mine.parent == tmp_path
+                assert not orphan.exists()
+                assert (in_use / "model.onnx").exists()
+            assert not mine.exists()
+        finally:
+            if old_tmp is None:
+                os.environ.pop("TMPDIR")
+            else:
+                os.environ["TMPDIR"] = old_tmp
+            tempfile.tempdir = None
+    finally:
+        live.kill()
+        live.wait()
