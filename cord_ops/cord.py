@@ -74,6 +74,7 @@ class RepairTerms:
     upper: np.ndarray  # max I_i = 1 - eps
     g: np.ndarray  # local reference (eq. 5 / eq. 25)
     changed: np.ndarray | None = None  # argmax q_i != a_i
+    calibrated_top: np.ndarray | None = None  # argmax q_i (tie rule of validation.top1)
 
 
 def _layouts(original, calibrated, n_classes):
@@ -111,6 +112,7 @@ def _sweep(original, calibrated, local_weight: float, n_classes: int | None = No
     label = np.empty(n, dtype=np.intp)
     b, tail, top, p0_a = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     changed = np.empty(n, dtype=bool)
+    calibrated_top = np.empty(n, dtype=np.intp)
     out = np.empty((n, k)) if keep_rest or eta is not None else None
     block_terms = _columns_block if k <= COLUMNWISE_MAX_K else _rows_block
     scratch = None
@@ -136,13 +138,14 @@ def _sweep(original, calibrated, local_weight: float, n_classes: int | None = No
         # ever needed from the copy.
         p0_a[rows] = np.where(p_edge, (1.0 - DELTA_STAB) * pa + DELTA_STAB / k, pa)
         label[rows], b[rows], changed[rows] = a, b_block, q_top != a
+        calibrated_top[rows] = q_top
         if eta is not None:
             lower = _lower(top[rows], tail[rows])
             g = _local_reference(changed[rows], b_block, p0_a[rows], local_weight)
             s = np.clip(interior_response(eta, g), lower, 1.0 - EPS_NUM)
             _reconstruct(out[rows], a, b_block, tail[rows], s)
     return RepairTerms(label, b, tail, out, _lower(top, tail), np.full(n, 1.0 - EPS_NUM),
-                       _local_reference(changed, b, p0_a, local_weight), changed)
+                       _local_reference(changed, b, p0_a, local_weight), changed, calibrated_top)
 
 
 #: Up to this many classes a block is processed transposed, one class per vector op: row

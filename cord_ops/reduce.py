@@ -118,29 +118,12 @@ def rows(part) -> int:
     return int(part["labels"].shape[0])
 
 
-def ts_label_sum(part, input_kind, prob_floor) -> int:
-    """Exact sum of z_{i, y_i}, each row shifted by its max (``fit_inverse_temperature``)."""
-    z = _logits(part["scores"], input_kind, prob_floor)
-    z = z - z.max(axis=1, keepdims=True)
-    return exact_sum(z[np.arange(z.shape[0]), part["labels"]])
-
-
-def ts_slope_sums(part, beta, input_kind, prob_floor) -> tuple[int, int]:
-    """Exact sums of E_q[z_i] and Var_q(z_i) at inverse temperature beta."""
-    z = _logits(part["scores"], input_kind, prob_floor)
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(beta * z)
-    total = e.sum(axis=1)
-    mean_z = np.einsum("ik,ik->i", e, z) / total
-    mean_z2 = np.einsum("ik,ik->i", e, z * z) / total
-    return exact_sum(mean_z), exact_sum(mean_z2 - mean_z * mean_z)
-
-
 def ts_moment_sums(part, beta, input_kind, prob_floor, labels: bool = False) -> tuple:
     """Exact sums of E_q[z_i], Var_q(z_i) and the third central moment of z_i under
     q = softmax(beta z_i) (the slope g's first two derivatives, times n, are the last
-    two), and with ``labels`` the sum of z_{i, y_i} (``ts_label_sum``'s), all of z shifted
-    by its row maximum. One pass over the rows: what a Halley step needs."""
+    two), and with ``labels`` the sum of z_{i, y_i}, all of z shifted by its row maximum as
+    ``fit_inverse_temperature`` shifts it. One pass over the rows: what a Newton step
+    (the first two) or a Halley step (all three) needs."""
     z = _logits(part["scores"], input_kind, prob_floor)
     z = z - z.max(axis=1, keepdims=True)
     e = np.multiply(z, beta)
@@ -327,13 +310,12 @@ def cord_partition_pass(part, calibrator_state, input_kind, local_weight, first_
     y = part["labels"]
     idx = np.arange(q.shape[0])
     if metrics:
-        rest, a = terms.rest, terms.label
-        q_top = top1(q)
+        rest, a, q_top = terms.rest, terms.label, terms.calibrated_top
         out.update(tail=terms.tail, rest_y=rest[idx, y], rest_sq=np.einsum("ik,ik->i", rest, rest),
                    hit=a == y, p0_top=p0[idx, a], p0_y=p0[idx, y],
                    p0_sq=np.einsum("ik,ik->i", p0, p0), q_top=q_top.astype(np.int32),
                    q_conf=q[idx, q_top], q_y=q[idx, y], q_sq=np.einsum("ik,ik->i", q, q),
-                   changed=q_top != a)
+                   changed=terms.changed)
     if temperature:
         z = _logits(scores, input_kind, cal.prob_floor)
         mean_z = np.einsum("ik,ik->i", q, z)
@@ -421,12 +403,13 @@ def fit_temperature(reduce, n: int, *, input_kind="logits", prob_floor=None, max
     cal = make_calibrator("ts", input_kind=input_kind, max_iter=max_iter)
     floor = cal.prob_floor if prob_floor is None else prob_floor
     if start is None:
-        mean_zy = exact_mean(sum(reduce(ts_label_sum, input_kind, floor)), n)
+        labels: dict = {}  # mean z_y, from the first pass
 
         def slope_and_curvature(beta):
-            sums = reduce(ts_slope_sums, beta, input_kind, floor)
-            return (exact_mean(sum(s for s, _ in sums), n) - mean_zy,
-                    exact_mean(sum(c for _, c in sums), n))
+            sums = reduce(ts_moment_sums, beta, input_kind, floor, not labels)
+            if not labels:
+                labels["mean"] = exact_mean(sum(s[3] for s in sums), n)
+            return _slope_derivatives(sums, n, labels["mean"])[:2]
 
         return {"beta": float(solve_inverse_temperature(slope_and_curvature,
                                                         max_iter=max_iter, name="ts"))}, floor

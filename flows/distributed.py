@@ -190,6 +190,14 @@ def _add(a, b):
     return a + b
 
 
+def _add_all(values):
+    """``_add`` over a non-empty list of reducer results."""
+    total = values[0]
+    for value in values[1:]:
+        total = _add(total, value)
+    return total
+
+
 def apply_each(wrapper, fn, args, *parts) -> list:
     """``fn(part, *args)`` (or ``wrapper(part, fn, *args)``) for each partition, in order:
     one worker task covering all the partitions that live on that worker."""
@@ -672,7 +680,7 @@ def fit_cord_on(session: ShardSession, calibrator, cord: CORD | None = None, *,
     cord = CORD() if cord is None else cord
     plan = session.plan
     state = calibrator.to_dict()
-    check = getattr(session, "unconfirmed", None) == state
+    check = session.unconfirmed == state
     scalars = session.pinned(cord_scalars, session.calibration, state, plan.input_kind,
                              float(cord.local_weight), metrics, check)
     if not gather:  # gather keeps partition order: CORD.fit's pairwise means depend on it
@@ -698,13 +706,6 @@ def fit_cord_on(session: ShardSession, calibrator, cord: CORD | None = None, *,
     del scalars, reduce
     session.seconds["cord"] = time.perf_counter() - start
     return fitted, calibrator, found
-
-
-def _add_all(values):
-    total = values[0]
-    for value in values[1:]:
-        total = _add(total, value)
-    return total
 
 
 def _per_worker(session: ShardSession, futures) -> list:
