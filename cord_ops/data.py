@@ -5,12 +5,19 @@ demo.
 An .npz file holds exactly one of ``logits`` or ``probs`` (n x K) and ``labels`` (n,). It is
 read with ``allow_pickle=False``; every problem raises before anything is returned, with a
 message that starts with the file path and names the array, the row and the expectation.
+A binary model's outputs may be one score column, (n,) or (n, 1): the positive class's
+probability (``probs``) or a logit / ``decision_function`` margin (``logits``); they load
+as the two columns they stand for (``cord_ops.validation.two_columns``). Probability rows
+are renormalised once, within the storage dtype's rounding
+(``cord_ops.validation.normalised_probabilities``); the worst row's error is kept.
 
 A Parquet file (``.parquet`` / ``.pq``) holds the same data as columns (docs/data-formats.md):
 an integer ``labels`` column and the scores either as one list column named ``logits`` or
 ``probs`` (every row a list of K floats) or as K float columns ``logits_0`` ..
-``logits_{K-1}`` (or ``probs_0`` ..). Other columns (ids, timestamps) are ignored here and
-carried through by ``cord-ops predict``. Messages name the file, the column and the row.
+``logits_{K-1}`` (or ``probs_0`` ..); for a binary model also one numeric column ``probs``
+or ``logits`` (one score per row) or a list column of one-element lists. Other columns
+(ids, timestamps) are ignored here and carried through by ``cord-ops predict``. Messages
+name the file, the column and the row.
 
 Parquet is read with pyarrow, imported inside the functions that read it: the numerics of
 cord_ops never need it, so ``import cord_ops`` stays numpy/scipy/scikit-learn only and a
@@ -29,12 +36,7 @@ import numpy as np
 
 from cord_ops.atomic import atomic_path
 from cord_ops.names import INPUT_KINDS
-from cord_ops.validation import (
-    PROBABILITY_SUM_ATOL,
-    check_labels,
-    check_probabilities,
-    check_scores,
-)
+from cord_ops.validation import check_labels, stored_scores
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 LABEL_COLUMN = "labels"
@@ -48,7 +50,9 @@ class Dataset:
     (``input_kind``), ``labels`` a read-only int64 (n,) array in [0, K). ``path`` is the
     source file (None for generated data) and ``sha256`` the hex digest of the source
     file's bytes, or for generated data of the float64 scores' bytes then the int64
-    labels' bytes.
+    labels' bytes. ``width`` is the number of score columns as stored (1 for a binary
+    model's one-column form, else K); ``sum_error`` the worst |row sum - 1| of stored
+    probabilities before they were renormalised, in row ``sum_error_row`` (0.0 for logits).
     """
 
     scores: np.ndarray
@@ -56,6 +60,13 @@ class Dataset:
     input_kind: str
     path: str | None
     sha256: str
+    width: int | None = None
+    sum_error: float = 0.0
+    sum_error_row: int = 0
+
+    def __post_init__(self):
+        if self.width is None:
+            object.__setattr__(self, "width", int(self.scores.shape[1]))
 
     @property
     def n(self) -> int:
@@ -64,6 +75,18 @@ class Dataset:
     @property
     def n_classes(self) -> int:
         return int(self.scores.shape[1])
+
+    def load_note(self) -> str | None:
+        """One line on what loading changed (the one-column binary form, renormalised
+        probability rows), or None when the file was used as stored."""
+        parts = []
+        if self.width == 1:
+            form = "positive-class probability" if self.input_kind == "probs" else "margin"
+            parts.append(f"one score column ({form}) read as two")
+        if self.input_kind == "probs" and self.sum_error > 0:
+            parts.append(f"probability rows renormalised, worst row {self.sum_error_row} "
+                         f"summed to 1 +- {self.sum_error:.3g}")
+        return f"{self.path}: {'; '.join(parts)}" if parts else None
 
     def probabilities(self) -> np.ndarray:
         """The scores as probabilities: softmax of logits, or the stored probabilities."""
@@ -86,13 +109,16 @@ def _check_input_kind(input_kind: str, allowed: tuple[str, ...]) -> None:
 
 
 def _validated_arrays(scores, labels, input_kind: str, prefix: str):
-    """Scores (float64) and labels (int64) checked for ``input_kind``; errors begin with prefix."""
-    if input_kind == "probs":
-        scores = check_probabilities(scores, f"{prefix}probs", atol=PROBABILITY_SUM_ATOL)
-    else:
-        scores = check_scores(scores, f"{prefix}logits")
-    labels = check_labels(labels, scores.shape[0], scores.shape[1], f"{prefix}labels")
-    return scores, labels
+    """(StoredScores, labels int64) checked for ``input_kind``; errors begin with prefix."""
+    stored = stored_scores(scores, input_kind, f"{prefix}{input_kind}")
+    n, k = stored.scores.shape
+    labels = check_labels(labels, n, k, f"{prefix}labels")
+    return stored, labels
+
+
+def _dataset(stored, labels, kind: str, where: str | None, digest: str) -> Dataset:
+    return Dataset(_frozen(stored.scores), _frozen(labels), kind, where, digest,
+                   stored.width, stored.sum_error, stored.sum_error_row)
 
 
 def _read_array(archive, key: str, where: str) -> np.ndarray:
@@ -119,9 +145,10 @@ def load_npz(path, *, input_kind: str = "auto") -> Dataset:
     The file must hold ``labels`` and exactly one of ``logits`` / ``probs``; ``input_kind``
     "auto" takes whichever is present, "logits" or "probs" additionally requires that one.
     Logits must be finite; probabilities must also be non-negative with rows summing to 1
-    within ``PROBABILITY_SUM_ATOL`` (1e-4). Labels must be integers (integer dtype, or
-    floats with integral values) in [0, K), one per row. Scores come back as float64,
-    labels as int64; the arrays are read-only.
+    within ``validation.sum_tolerance`` of their dtype, and are renormalised. One score
+    column is a binary model's (module docstring). Labels must be integers (integer dtype,
+    or floats with integral values) in [0, K), one per row. Scores come back as float64
+    n x K, labels as int64; the arrays are read-only.
 
     Raises FileNotFoundError for a missing file, TypeError for non-numeric arrays and
     ValueError for everything else, each message starting with the path.
@@ -158,9 +185,8 @@ def load_npz(path, *, input_kind: str = "auto") -> Dataset:
             raise ValueError(f"{where}: missing array 'labels' (arrays: {sorted(keys)})")
         scores = _read_array(archive, kind, where)
         labels = _read_array(archive, "labels", where)
-    scores, labels = _validated_arrays(scores, labels, kind, f"{where}: ")
-    return Dataset(_frozen(scores), _frozen(labels), kind, where,
-                   hashlib.sha256(raw).hexdigest())
+    stored, labels = _validated_arrays(scores, labels, kind, f"{where}: ")
+    return _dataset(stored, labels, kind, where, hashlib.sha256(raw).hexdigest())
 
 
 def is_parquet(path) -> bool:
@@ -178,7 +204,8 @@ def load(path, *, input_kind: str = "auto") -> Dataset:
 def score_columns(names, where: str, input_kind: str = "auto") -> tuple[str, list[str]]:
     """(kind, columns) of the scores in a table with column ``names``.
 
-    Either one list column ``logits``/``probs``, or ``<kind>_0`` .. ``<kind>_{K-1}``; any
+    Either one column ``logits``/``probs`` (a list per row, or for a binary model one
+    number per row), or ``<kind>_0`` .. ``<kind>_{K-1}``; any
     other layout raises ValueError naming the file and what was found.
     """
     _check_input_kind(input_kind, ("auto", *INPUT_KINDS))
@@ -195,7 +222,9 @@ def score_columns(names, where: str, input_kind: str = "auto") -> tuple[str, lis
             indices = [i for i, _ in numbered]
             missing = sorted(set(range(max(indices) + 1)) - set(indices))
             if missing or len(indices) < 2:
-                gap = f"missing {kind}_{missing[0]}" if missing else "only one column"
+                gap = (f"missing {kind}_{missing[0]}" if missing else
+                       f"only one column (a binary model's one score column is named "
+                       f"'{kind}')")
                 raise ValueError(f"{where}: score columns must be {kind}_0 .. {kind}_(K-1) "
                                  f"with K >= 2; {gap}")
             found[kind] = [n for _, n in numbered]
@@ -210,12 +239,15 @@ def score_columns(names, where: str, input_kind: str = "auto") -> tuple[str, lis
     return kind, columns
 
 
-def table_scores(table, where: str, input_kind: str = "auto") -> tuple[np.ndarray, str]:
-    """(scores n x K float64, kind) of a pyarrow Table, validated like :func:`load_npz`.
+def table_scores(table, where: str, input_kind: str = "auto",
+                 n_classes: int | None = None):
+    """(StoredScores, kind) of a pyarrow Table, validated like :func:`load_npz`.
 
     Messages name ``where`` (the file), the column and the first bad row: a null, a list of
     the wrong length, a non-numeric column, NaN/inf, and for ``probs`` negative entries or
-    rows not summing to 1.
+    rows not summing to 1 within the dtype's tolerance. A numeric column ``logits`` or
+    ``probs`` (one score per row), or a list column of one-element lists, is a binary
+    model's one score column.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -224,14 +256,17 @@ def table_scores(table, where: str, input_kind: str = "auto") -> tuple[np.ndarra
     n = table.num_rows
     if n == 0:
         raise ValueError(f"{where}: has no rows; expected at least one")
-    if len(columns) == 1:  # one list column of K-element rows
+    if len(columns) == 1 and (pa.types.is_floating(table.schema.field(columns[0]).type)
+                              or pa.types.is_integer(table.schema.field(columns[0]).type)):
+        scores = _plain_column(table, columns[0], where)  # one binary score per row
+    elif len(columns) == 1:  # one list column of K-element rows
         name = columns[0]
         column = table.column(name).combine_chunks()
         kind_type = column.type
         if not (pa.types.is_list(kind_type) or pa.types.is_large_list(kind_type)
                 or pa.types.is_fixed_size_list(kind_type)):
             raise TypeError(f"{where}: column '{name}' has type {kind_type}; expected a list "
-                            "of floats per row")
+                            "of floats per row, or one number per row (a binary model)")
         if column.null_count:
             row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
             raise ValueError(f"{where}: column '{name}': row {row} is null; expected a list "
@@ -251,24 +286,25 @@ def table_scores(table, where: str, input_kind: str = "auto") -> tuple[np.ndarra
                              "expected finite values")
         scores = values.to_numpy(zero_copy_only=False).reshape(n, k)
     else:
-        parts = []
-        for name in columns:
-            column = table.column(name)
-            _check_numeric(column.type, where, name)
-            if column.null_count:
-                row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-                raise ValueError(f"{where}: column '{name}': row {row} is null; expected "
-                                 "finite values")
-            values = column.to_numpy()
-            bad = ~np.isfinite(values)
-            if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                raise ValueError(f"{where}: column '{name}': row {row} is "
-                                 f"{values[row].item()!r}; expected finite values")
-            parts.append(values)
-        scores = np.column_stack(parts)
-    check = check_probabilities if kind == "probs" else check_scores
-    return check(scores, f"{where}: {kind}"), kind
+        scores = np.column_stack([_plain_column(table, name, where) for name in columns])
+    return stored_scores(scores, kind, f"{where}: {kind}", n_classes=n_classes), kind
+
+
+def _plain_column(table, name: str, where: str) -> np.ndarray:
+    """A numeric column without nulls or NaN/inf as a numpy array (its own dtype)."""
+    column = table.column(name)
+    _check_numeric(column.type, where, name)
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"{where}: column '{name}': row {row} is null; expected "
+                         "finite values")
+    values = column.to_numpy()
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where}: column '{name}': row {row} is "
+                         f"{values[row].item()!r}; expected finite values")
+    return values
 
 
 def _check_numeric(arrow_type, where: str, name: str) -> None:
@@ -304,7 +340,8 @@ def load_parquet(path, *, input_kind: str = "auto") -> Dataset:
     if LABEL_COLUMN not in table.column_names:
         raise ValueError(f"{where}: missing column '{LABEL_COLUMN}' (columns: "
                          f"{sorted(table.column_names)})")
-    scores, kind = table_scores(table, where, input_kind)
+    stored, kind = table_scores(table, where, input_kind)
+    scores = stored.scores
     column = table.column(LABEL_COLUMN)
     _check_numeric(column.type, where, LABEL_COLUMN)
     if column.null_count:
@@ -314,20 +351,23 @@ def load_parquet(path, *, input_kind: str = "auto") -> Dataset:
     labels = check_labels(column.to_numpy(), scores.shape[0], scores.shape[1],
                           f"{where}: column '{LABEL_COLUMN}'")
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return Dataset(_frozen(scores), _frozen(labels), kind, where, digest)
+    return _dataset(stored, labels, kind, where, digest)
 
 
 def save_npz(path, scores, labels, input_kind: str) -> Path:
     """Validate, then write ``{input_kind: scores, "labels": labels}`` to ``path`` atomically.
 
     The arrays are validated exactly as :func:`load_npz` would (so a saved file always
-    loads) and stored as float64 / int64. The archive is written to a temporary file in the
-    destination folder and moved into place with ``os.replace``: a failure leaves no partial
-    file and an existing file either intact or wholly replaced. Returns the path.
+    loads) and stored as :func:`load_npz` returns them: float64 n x K scores (a binary
+    one-column input as its two columns, probability rows renormalised) and int64 labels.
+    The archive is written to a temporary file in the destination folder and moved into
+    place with ``os.replace``: a failure leaves no partial file and an existing file either
+    intact or wholly replaced. Returns the path.
     """
     _check_input_kind(input_kind, INPUT_KINDS)
     target = Path(path)
     scores, labels = _validated_arrays(scores, labels, input_kind, "")
+    scores = scores.scores
     with atomic_path(target) as tmp, open(tmp, "wb") as handle:
         np.savez(handle, **{input_kind: scores, "labels": labels})
     return target
@@ -347,6 +387,7 @@ def save_parquet(path, scores, labels, input_kind: str, *, layout: str = "list")
     if layout not in ("list", "columns"):
         raise ValueError(f"layout: expected 'list' or 'columns', got {layout!r}")
     scores, labels = _validated_arrays(scores, labels, input_kind, "")
+    scores = scores.scores
     table = pa.table({**score_arrays(scores, input_kind, layout), LABEL_COLUMN: labels})
     target = Path(path)
     with atomic_path(target) as tmp:

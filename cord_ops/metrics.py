@@ -57,15 +57,18 @@ def _check_n_bins(n_bins: int) -> int:
 
 
 def _equal_width_bins(confidence: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bin edges linspace(0, 1, B+1) and each confidence's bin, bins being (l, u].
+    """Bin edges linspace(0, 1, B+1) and each confidence's bin in [0, B), bins being (l, u].
 
     searchsorted(side="left") returns i with edges[i-1] < c <= edges[i], which is exactly
-    the half-open (l, u] convention of Guo et al. / gpleiss; c == 0 would get bin -1 and
-    is impossible for a max probability (c >= 1/K).
+    the half-open (l, u] convention of Guo et al. / gpleiss. Probability rows are accepted
+    within a rounding tolerance of summing to 1, so a top-1 probability may exceed 1 by
+    that much (a float32 binary row: 1 + 6e-8) and would get bin B; it is counted in the
+    last bin, as its exact value 1 would be. (c == 0 is impossible for a max probability,
+    c >= 1/K; it would go to the first bin.)
     """
     edges = np.linspace(0.0, 1.0, n_bins + 1)
     bins = np.searchsorted(edges, confidence, side="left") - 1
-    return edges, bins
+    return edges, np.clip(bins, 0, n_bins - 1)
 
 
 def ece(probs, labels, n_bins: int = 15) -> float:

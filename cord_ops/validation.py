@@ -7,12 +7,19 @@ probabilities) or int64 (labels) so the numerics downstream need no further chec
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 #: Rows of a probability array must sum to 1 within this absolute tolerance. It is loose
 #: enough for float32 softmax outputs of K = 1,000 classes and tight enough to catch
 #: logits or unnormalised scores passed by mistake.
 PROBABILITY_SUM_ATOL = 1e-4
+#: A probability file's rows may miss 1 by up to SUM_TOLERANCE_ULPS * K * eps(storage
+#: dtype) (and always by PROBABILITY_SUM_ATOL): a softmax computed in the storage dtype
+#: rounds each of its K exponentials, their sum and each quotient, about K + 2 roundings of
+#: eps/2 per row, and 8 leaves room for a producer's own extra steps (a clip, a cast).
+SUM_TOLERANCE_ULPS = 8
 
 
 def _first_row(mask: np.ndarray) -> int:
@@ -78,6 +85,142 @@ def check_probabilities(
             f"within {atol:g}"
         )
     return arr
+
+
+def sum_tolerance(dtype, n_classes: int) -> float:
+    """How far a stored probability row of ``n_classes`` entries in ``dtype`` may miss 1.
+
+    max(PROBABILITY_SUM_ATOL, SUM_TOLERANCE_ULPS * K * eps(dtype)): 1e-4 for float64 files
+    (which often hold float32 softmax outputs upcast), 1e-4 for float32 up to K = 104
+    (9.5e-4 at K = 1,000), 0.016 for float16 at K = 2 and 0.078 at K = 10. Integer arrays
+    (exact 0/1 rows) are held to float64's.
+    """
+    dtype = np.dtype(dtype)
+    eps = float(np.finfo(dtype if dtype.kind == "f" else np.float64).eps)
+    return max(PROBABILITY_SUM_ATOL, SUM_TOLERANCE_ULPS * int(n_classes) * eps)
+
+
+def normalised_probabilities(p, name: str = "probabilities", *,
+                             n_classes: int | None = None) -> tuple[np.ndarray, float, int]:
+    """(rows divided by their sums as float64, worst |row sum - 1|, its row) of a stored
+    probability array: the one load rule for files, batches, payloads and shards.
+
+    The array must pass :func:`check_scores`, be non-negative, and every row must sum to 1
+    within :func:`sum_tolerance` of its own dtype; then each row is divided once by its
+    float64 sum, so every row sums to 1 to float64 rounding and no entry exceeds 1 (a
+    non-negative entry is at most its row's sum). Exact zeros, exact ones and ties stay
+    what they are (equal entries divided by one sum stay equal). Rows already summing to 1
+    are returned unchanged. A refusal names the row, its sum and the tolerance.
+    """
+    stored = np.asarray(p)
+    arr = check_scores(stored, name, n_classes=n_classes)
+    if arr.min() < 0:
+        row = _first_row(arr < 0)
+        raise ValueError(
+            f"{name}: row {row} has a negative entry ({arr[row].min().item()!r}); "
+            "expected probabilities >= 0"
+        )
+    sums = arr.sum(axis=1)
+    off = np.abs(sums - 1.0)
+    worst_row = int(np.argmax(off))
+    worst = float(off[worst_row])
+    tolerance = sum_tolerance(stored.dtype, arr.shape[1])
+    if worst > tolerance:
+        row = _first_row(off > tolerance)
+        raise ValueError(
+            f"{name}: row {row} sums to {sums[row].item()!r}; expected rows summing to 1 "
+            f"within {tolerance:.3g} ({SUM_TOLERANCE_ULPS} x K x eps({stored.dtype}), at "
+            f"least {PROBABILITY_SUM_ATOL:g})"
+        )
+    if worst > 0:
+        arr = arr / sums[:, None]
+    return arr, worst, worst_row
+
+
+#: Binary scores logged as one column: the positive class's probability p, or a logit /
+#: decision_function margin m. Either becomes the two columns every calibrator reads.
+ONE_COLUMN_FORMS = {"probs": "p -> [1 - p, p]", "logits": "m -> [0, m]"}
+
+
+def is_one_column(x) -> bool:
+    """Whether ``x`` has the one-score-column binary shape: (n,) or (n, 1)."""
+    shape = np.shape(x)
+    return len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)
+
+
+def two_columns(x, kind: str, name: str = "scores") -> np.ndarray:
+    """One binary score column, (n,) or (n, 1), as the n x 2 float64 scores it stands for.
+
+    ``probs``: p -> [1 - p, p] (p the positive class's probability, in [0, 1]);
+    ``logits``: m -> [0, m], the logits whose softmax is [sigmoid(-m), sigmoid(m)], exact
+    for any finite margin (class 1 is the positive class, as in scikit-learn's
+    ``decision_function``). Both rows sum to 1 to float64 rounding, and a tie (p = 1/2,
+    m = 0) keeps class 0 on top under the tie rule.
+    """
+    arr = np.asarray(x)
+    if arr.ndim == 2:
+        arr = arr[:, 0]
+    column = _one_column_values(arr, name)
+    if kind == "probs":
+        bad = (column < 0) | (column > 1)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{name}: row {row} is {column[row].item()!r}; expected a "
+                             "positive-class probability in [0, 1] (one score column)")
+        return np.column_stack([1.0 - column, column])
+    return np.column_stack([np.zeros_like(column), column])
+
+
+class StoredScores(NamedTuple):
+    """Scores as the numerics read them, and what loading did to reach that form."""
+
+    #: n x K float64: two columns for a one-column binary input, rows renormalised for probs
+    scores: np.ndarray
+    #: columns as stored: 1 for the one-score-column binary form, else K
+    width: int
+    #: worst |row sum - 1| before renormalising (0.0 for logits and one score column)
+    sum_error: float
+    #: the row where that was (0 when nothing was off)
+    sum_error_row: int
+
+
+def stored_scores(x, kind: str, name: str = "scores", *,
+                  n_classes: int | None = None) -> StoredScores:
+    """The load rule of every file, batch, payload and shard: a stored ``kind`` array
+    (``logits`` or ``probs``) as validated float64 n x K scores.
+
+    One score column, (n,) or (n, 1), is a binary model's (:func:`two_columns`) where
+    ``n_classes`` is 2 or not given; probability rows are renormalised within the storage
+    dtype's tolerance (:func:`normalised_probabilities`); logits must be finite
+    (:func:`check_scores`). Messages name ``name``, the row and the expectation.
+    """
+    if kind not in ("logits", "probs"):
+        raise ValueError(f"kind: expected 'logits' or 'probs', got {kind!r}")
+    shape = np.shape(x)
+    if n_classes == 2 and len(shape) == 2 and shape[1] != 2 and not is_one_column(x):
+        raise ValueError(f"{name}: expected 2 columns (a binary model's two scores) or one "
+                         f"score column, got {shape[1]}")
+    if is_one_column(x) and n_classes in (None, 2):
+        # [1 - p, p] sums to 1 by construction (to float64 rounding): nothing to renormalise
+        return StoredScores(two_columns(x, kind, name), 1, 0.0, 0)
+    if kind == "probs":
+        scores, worst, row = normalised_probabilities(x, name, n_classes=n_classes)
+        return StoredScores(scores, scores.shape[1], worst, row)
+    scores = check_scores(x, name, n_classes=n_classes)
+    return StoredScores(scores, scores.shape[1], 0.0, 0)
+
+
+def _one_column_values(arr: np.ndarray, name: str) -> np.ndarray:
+    """The checks of :func:`check_scores` for a single score column, as float64."""
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected a real numeric array, got dtype {arr.dtype!s}")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{name}: expected at least one row, got shape {arr.shape}")
+    column = arr.astype(np.float64, copy=False)
+    if not (np.isfinite(column.min()) and np.isfinite(column.max())):
+        row = int(np.flatnonzero(~np.isfinite(column))[0])
+        raise ValueError(f"{name}: row {row} contains NaN or inf; expected finite values")
+    return column
 
 
 def check_labels(y, n_rows: int, n_classes: int, name: str = "labels") -> np.ndarray:

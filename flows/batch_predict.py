@@ -131,14 +131,15 @@ def score_file(plugin_name: str, source: str, target: str, n_classes: int, input
 
     worker = get_worker()
     session = worker.plugins[plugin_name].session
-    scores, passthrough = read_parquet_input(source, n_classes, input_kind,
+    stored, passthrough = read_parquet_input(source, n_classes, input_kind,
                                              input_dtype(session))
+    scores = stored.scores
     outputs = run_batched(session, scores, batch_size=batch_size,
                           outputs=["repaired", "calibrated", "label", "confidence"])
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     write_outputs(target, outputs, passthrough)
     return {"source": source, "rows": int(scores.shape[0]), "worker": worker.address,
-            "pid": os.getpid(), "session": id(session)}
+            "pid": os.getpid(), "session": id(session), "sum_error": stored.sum_error}
 
 
 @dataclass

@@ -80,6 +80,8 @@ def next_steps(result, total_seconds: float) -> str:
         f"{'-' if decision.champion_nll is None else f'{decision.champion_nll:.6g}'}",
         *_reference_line(decision),
         *_warning_lines(result),
+        *[f"{'input:' if i == 0 else '':<10}{note}"
+          for i, note in enumerate(getattr(result, "input_notes", None) or [])],
         f"onnx:     max |onnx - cord_ops| = {result.onnx_max_abs_diff:.3g}",
         f"time:     {total_seconds:.1f} s total, {compute:.1f} s in flow tasks, "
         f"{total_seconds - compute:.1f} s start-up and orchestration",
@@ -502,6 +504,9 @@ def cmd_predict(args) -> int:
                                provider=args.provider, progress=True)
     print(f"wrote {summary['rows']} rows x {summary['n_classes']} classes to "
           f"{summary['output']} (providers: {', '.join(summary['providers'])})")
+    if summary["sum_error"] > 0:
+        print(f"input: probability rows renormalised, worst row {summary['sum_error_row']} "
+              f"summed to 1 +- {summary['sum_error']:.3g}")
     return 0
 
 

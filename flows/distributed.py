@@ -363,10 +363,13 @@ class ShardSet:
 
 
 def _list_width(path, column: str, arrow_type) -> int:
-    """K of a list score column: the fixed size, or the length of the first row."""
+    """Scores per row of a list score column: the fixed size, or the length of the first
+    row; 1 for a plain numeric column (a binary model's one score column)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if pa.types.is_floating(arrow_type) or pa.types.is_integer(arrow_type):
+        return 1
     if pa.types.is_fixed_size_list(arrow_type):
         return int(arrow_type.list_size)
     batch = next(pq.ParquetFile(path).iter_batches(batch_size=1, columns=[column]), None)
@@ -399,6 +402,7 @@ def describe_shards(spec, input_kind: str = "auto") -> ShardSet:
         _, columns = data.score_columns(schema.names, str(path), kind)
         k = (len(columns) if len(columns) > 1
              else _list_width(path, columns[0], schema.field(columns[0]).type))
+        k = 2 if k == 1 else k  # one score column: a binary model (data.table_scores)
         if width is None:
             width, first = k, path
         elif k != width:

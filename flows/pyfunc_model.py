@@ -12,7 +12,8 @@ What one logged model holds (``MODEL_ARTIFACT`` of a recalibration run):
   own schema enforcement would refuse float64 arrays for a float32 graph and DataFrames
   with an array column, and would let NaN through, so the input contract is enforced here
   instead (and described in the model's metadata: ``cord.n_classes``, ``cord.input_kind``,
-  ``cord.dtype``).
+  ``cord.input_widths`` (``1,2`` for a binary model, which also takes one score column;
+  else K), ``cord.dtype``).
 
 Loading needs cord-ops installed where the model is served (``mlflow models serve
 --env-manager local``, ``spark_udf(..., env_manager="local")``); it is not listed in the
@@ -157,8 +158,9 @@ def log_model(client, run_id: str, experiment_id: str, graph, example: np.ndarra
                 path, mlflow_model, onnx_path, signature=signature(graph),
                 input_example=example, pip_requirements=pip_requirements(),
                 metadata={key: meta[key] for key in ("cord.n_classes", "cord.input_kind",
-                                                     "cord.dtype", "cord.eta_star",
-                                                     "cord.calibrator") if key in meta})
+                                                     "cord.input_widths", "cord.dtype",
+                                                     "cord.eta_star", "cord.calibrator")
+                          if key in meta})
 
         # Explicit ids all the way: MLflow's Model.log would look the logged model up
         # through the process-wide tracking URI, which this project never sets.

@@ -137,6 +137,8 @@ class RecalibrationResult:
     onnx_max_abs_diff: float
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: what loading changed in the input files (``data.Dataset.load_note``)
+    input_notes: list[str] = field(default_factory=list)
 
 
 class Steps:
@@ -779,6 +781,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         version=failure.version, decision=decision, eta_star=repair.eta_,
         reports=report.reports, changes=report.changes,
         onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings, warnings=fit_warnings,
+        input_notes=[note for source in (dataset, eval_dataset)
+                     if (note := getattr(source, "load_note", lambda: None)()) is not None],
     )
 
 
@@ -829,10 +833,17 @@ def model_signature(model):
 
 
 def _data_tags(prefix: str, dataset: data.Dataset) -> dict[str, str]:
-    return {f"{prefix}.sha256": dataset.sha256,
+    tags = {f"{prefix}.sha256": dataset.sha256,
             f"{prefix}.shape": f"{dataset.n}x{dataset.n_classes}",
             f"{prefix}.input_kind": dataset.input_kind,
             f"{prefix}.path": str(dataset.path)}
+    # What loading did (data.Dataset; shard sets have no such fields): the stored width
+    # and the worst probability row's |sum - 1| before it was renormalised.
+    if hasattr(dataset, "sum_error"):
+        tags[f"{prefix}.input_width"] = str(dataset.width)
+        tags[f"{prefix}.sum_error"] = repr(dataset.sum_error)
+        tags[f"{prefix}.sum_error_row"] = str(dataset.sum_error_row)
+    return tags
 
 
 def _prefect_flow_run_id() -> str | None:

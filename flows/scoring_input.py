@@ -9,11 +9,15 @@ Accepted forms of a batch of ``n`` rows for a model of ``K`` classes:
 - a pandas DataFrame with ``K`` numeric columns (any names, taken in order), or with one
   column whose cells are length-``K`` arrays or lists (what ``spark_udf`` passes for an
   array column);
+- for a binary model (K = 2) also one score column: an array ``[n]`` or ``[n, 1]``, a
+  flat list of n numbers, a one-column DataFrame: the positive class's probability, or
+  a logit / ``decision_function`` margin, whichever kind the model reads;
 - a dict holding exactly one of the above (``{"scores": ...}``, the graph's input name).
 
-The value rules are :mod:`cord_ops.validation`'s (the same rules and messages as every
-other entry point): finite values, exactly ``K`` columns, and for models that read
-probabilities, non-negative rows summing to 1 within ``PROBABILITY_SUM_ATOL``. A float64
+The value rules are the loaders' (``cord_ops.validation.stored_scores``, the same rules
+and messages as every other entry point): finite values, exactly ``K`` columns (or one
+for a binary model), and for models that read probabilities, non-negative rows summing
+to 1 within the storage dtype's tolerance, renormalised before they are scored. A float64
 value too large for a float32 graph is refused rather than turned into inf. Every refusal
 is an :class:`InputError` whose ``reason`` is a short code (used as a metric label) and
 whose message names the input, the first offending row and the expectation.
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cord_ops.names import INPUT_KINDS
-from cord_ops.validation import check_probabilities, check_scores
+from cord_ops.validation import is_one_column, stored_scores
 
 #: Codes of :attr:`InputError.reason`.
 REASONS = ("bad_payload", "bad_shape", "wrong_width", "non_finite", "not_probabilities",
@@ -49,7 +53,8 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class InputContract:
-    """What one graph reads: K columns of logits or probabilities, in ``dtype``."""
+    """What one graph reads: K columns of logits or probabilities, in ``dtype`` (for
+    K = 2 also one score column)."""
 
     n_classes: int
     input_kind: str
@@ -65,6 +70,11 @@ class InputContract:
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype: expected float32 or float64, got {self.dtype}")
 
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Score columns an input may have: K, and for a binary model also 1."""
+        return (1, 2) if self.n_classes == 2 else (self.n_classes,)
+
     @classmethod
     def from_metadata(cls, metadata: dict[str, str]) -> InputContract:
         """From an exported graph's metadata (``cord.n_classes``, ``cord.input_kind``,
@@ -77,15 +87,20 @@ class InputContract:
 
 
 def score_matrix(value, contract: InputContract, name: str = "input") -> np.ndarray:
-    """``value`` as a C-contiguous ``[n, K]`` array in the contract's dtype, or InputError."""
+    """``value`` as a C-contiguous ``[n, K]`` array in the contract's dtype, or InputError
+    (one score column of a binary model as its two columns, probability rows
+    renormalised: ``cord_ops.validation.stored_scores``)."""
     arr = _as_array(value, name)
-    check = check_probabilities if contract.input_kind == "probs" else check_scores
     try:
-        check(arr, name, n_classes=contract.n_classes)
+        if arr.ndim == 2 and arr.shape[1] != contract.n_classes and not (
+                contract.n_classes == 2 and is_one_column(arr)):
+            raise ValueError(f"{name}: expected {contract.n_classes} classes (columns), got "
+                             f"{arr.shape[1]}")
+        stored = stored_scores(arr, contract.input_kind, name, n_classes=contract.n_classes)
     except (TypeError, ValueError) as exc:
         raise InputError(_reason(arr, contract), str(exc)) from None
     with np.errstate(over="ignore"):  # overflow is what the next line looks for
-        out = np.ascontiguousarray(arr, dtype=contract.dtype)
+        out = np.ascontiguousarray(stored.scores, dtype=contract.dtype)
     if out.dtype != arr.dtype and not (np.isfinite(out.min()) and np.isfinite(out.max())):
         row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
         raise InputError("out_of_range",
@@ -96,9 +111,11 @@ def score_matrix(value, contract: InputContract, name: str = "input") -> np.ndar
 
 def _reason(arr: np.ndarray, contract: InputContract) -> str:
     """Which rule ``arr`` broke (it failed the cord_ops check), as a :data:`REASONS` code."""
-    if arr.ndim != 2 or arr.shape[0] == 0 or arr.dtype.kind not in "iuf":
+    one_column = contract.n_classes == 2 and is_one_column(arr)
+    if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "iuf" or (
+            arr.ndim == 1 and not one_column):
         return "bad_shape"
-    if arr.shape[1] != contract.n_classes:
+    if arr.shape[1:] != (contract.n_classes,) and not one_column:
         return "wrong_width"
     if not np.isfinite(arr).all():
         return "non_finite"

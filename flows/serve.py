@@ -84,6 +84,7 @@ class ServedModel:
     def describe(self) -> dict:
         return {"name": self.name, "version": self.version, "run_id": self.run_id,
                 "input_kind": self.contract.input_kind, "n_classes": self.contract.n_classes,
+                "input_widths": list(self.contract.widths),
                 "dtype": str(self.contract.dtype), "eta_star": self.eta_star,
                 "calibrator": self.calibrator, "providers": list(self.providers),
                 "verification": self.verification, "loaded_at": self.loaded_at}

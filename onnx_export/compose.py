@@ -13,7 +13,7 @@ from __future__ import annotations
 import onnx
 from onnx import compose, version_converter
 
-from onnx_export.export import INPUT
+from onnx_export.export import INPUT, input_widths, model_metadata
 
 CLASSIFIER_PREFIX = "classifier/"
 PIPELINE_PREFIX = "cord/"
@@ -68,9 +68,12 @@ def compose_with_classifier(classifier: onnx.ModelProto, pipeline: onnx.ModelPro
             f"{onnx.helper.tensor_dtype_to_np_dtype(_elem_type(target))}; export the pipeline "
             "in the classifier's dtype"
         )
-    width, k = _last_dim(source), _last_dim(target)
-    if width is not None and k is not None and width != k:
-        raise ValueError(f"logits_output: {logits_output!r} has {width} classes, the pipeline {k}")
+    width = _last_dim(source)
+    widths = input_widths(model_metadata(pipeline)) if pipeline.metadata_props else (
+        (_last_dim(target),) if _last_dim(target) is not None else None)
+    if width is not None and widths is not None and width not in widths:
+        raise ValueError(f"logits_output: {logits_output!r} has {width} classes, the "
+                         f"pipeline takes {' or '.join(map(str, widths))}")
 
     opset = max(_default_opset(classifier), _default_opset(pipeline))
     if _default_opset(classifier) != opset:

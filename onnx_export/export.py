@@ -1,12 +1,13 @@
 """One ONNX graph per fitted pipeline: calibrator + CORD repair with eta* baked in.
 
 Graph contract (docs/contract.md, "The ONNX graph"): input ``scores`` [N, K] (logits or
-probabilities, in the export dtype, symbolic N); outputs ``repaired``, ``calibrated``,
-``original`` [N, K], ``label`` [N] int64 (original top-1, smallest index on ties) and
-``confidence`` [N] (= repaired[label]); ``outputs="lean"`` keeps only ``repaired``,
-``label`` and ``confidence``. Model metadata: ``cord.eta_star`` (repr), ``cord.calibrator``,
-``cord.n_classes``, ``cord.version``, plus ``cord.input_kind``, ``cord.dtype`` and
-``cord.outputs`` (the output names, comma-separated).
+probabilities, in the export dtype, symbolic N; for K = 2 also [N, 1], one score column);
+outputs ``repaired``, ``calibrated``, ``original`` [N, K], ``label`` [N] int64 (original
+top-1, smallest index on ties) and ``confidence`` [N] (= repaired[label]);
+``outputs="lean"`` keeps only ``repaired``, ``label`` and ``confidence``. Model metadata:
+``cord.eta_star`` (repr), ``cord.calibrator``, ``cord.n_classes``, ``cord.version``, plus
+``cord.input_kind``, ``cord.dtype``, ``cord.outputs`` (the output names, comma-separated)
+and ``cord.input_widths`` ("1,2" for K = 2, else K).
 
 float64 graphs repeat the numpy operations of cord_ops in the same order and agree with it
 to rounding (onnxruntime's double Exp differs from numpy's by up to 2 ulps, which isotonic
@@ -126,7 +127,7 @@ def _check_fitted(calibrator, cord, n_classes: int, input_kind: str, dtype: str)
         raise ValueError(f"cord: eta_ must be finite, got {cord.eta_!r}")
 
 
-def _label_and_original_float32(gb: GraphBuilder, input_kind: str,
+def _label_and_original_float32(gb: GraphBuilder, source: str, input_kind: str,
                                 with_original: bool) -> tuple[str, str]:
     """([N, 1] label, [N, 1] original probability of the label) of a float32 graph, and
     the ``original`` output when ``with_original``, with ``label`` strictly on top of it
@@ -137,13 +138,13 @@ def _label_and_original_float32(gb: GraphBuilder, input_kind: str,
     probability is the maximum of the row with the label's entry zeroed, and only where
     ``original`` is built. The probability handed to the repair is the plain softmax entry
     either way, so a lean graph's outputs are the full graph's bit for bit."""
-    label = gb.row_argmax(INPUT, hint="label_col")
+    label = gb.row_argmax(source, hint="label_col")
     if input_kind == "probs":
         # Same array, same tie rule: the input already is the original row.
         if with_original:
-            gb.op("Identity", INPUT, out="original")
-        return label, gb.take(INPUT, label, hint="p0_a")
-    p = gb.softmax(INPUT)
+            gb.op("Identity", source, out="original")
+        return label, gb.take(source, label, hint="p0_a")
+    p = gb.softmax(source)
     p0_a = gb.take(p, label, hint="p0_a")
     if with_original:
         # Softmax is monotone, so the largest probability other than the label's is the
@@ -158,6 +159,43 @@ def _label_and_original_float32(gb: GraphBuilder, input_kind: str,
 #: At or below this eta*, a float32 graph computes q and the repair in float64 (module
 #: docstring).
 WIDE_REPAIR_BELOW_ETA = -0.5
+#: Metadata key: the score widths the graph's input takes ("1,2" for binary, else K).
+INPUT_WIDTHS_KEY = "cord.input_widths"
+
+
+def input_widths(metadata: dict[str, str]) -> tuple[int, ...]:
+    """The score widths a graph takes, from its metadata; graphs exported before
+    ``cord.input_widths`` existed take exactly K."""
+    text = metadata.get(INPUT_WIDTHS_KEY) or metadata["cord.n_classes"]
+    return tuple(int(width) for width in text.split(","))
+
+
+def _two_columns(gb: GraphBuilder, input_kind: str) -> str:
+    """A binary graph's input as its two columns: the input itself when it has two, and
+    one score column as ``cord_ops.validation.two_columns`` reads it (p -> [1 - p, p],
+    margin m -> logits [0, m]), chosen by the input's width with Where (no branch, exact:
+    either column is copied or computed, never mixed).
+
+    Whether the input is one column is looked up in a table indexed by its width
+    ([-, yes, no]), so a width above 2 fails in onnxruntime (index out of bounds) instead
+    of being read as two columns."""
+    width = gb.op("Gather", gb.op("Shape", INPUT), gb.const(1, "width_axis", dtype=np.int64,
+                                                              rank0=True), axis=0)
+    one_column = gb.op("Gather", gb.const(np.array([False, True, False]), "is_one_column",
+                                          dtype=np.bool_), width, axis=0, hint="one_column")
+    slice_axes = gb.const(np.array([1], dtype=np.int64), "slice_axes", dtype=np.int64)
+    last = gb.op("Slice", INPUT, gb.const(np.array([-1], dtype=np.int64), "last",
+                                          dtype=np.int64),
+                 gb.const(np.array([2], dtype=np.int64), "end", dtype=np.int64), slice_axes,
+                 hint="positive")
+    first = gb.op("Slice", INPUT, gb.const(np.array([0], dtype=np.int64), "start",
+                                           dtype=np.int64),
+                  gb.const(np.array([1], dtype=np.int64), "stop", dtype=np.int64), slice_axes,
+                  hint="first")
+    negative = (gb.sub(gb.const(1.0), last, hint="one_minus_p") if input_kind == "probs"
+                else gb.sub(last, last, hint="zero_logit"))
+    column0 = gb.op("Where", one_column, negative, first, hint="negative")
+    return gb.op("Concat", column0, last, hint="two_columns", axis=1)
 
 
 def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
@@ -177,6 +215,10 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
         is the same, bit for bit, as in the full graph. The metadata key ``cord.outputs``
         lists them.
 
+    A binary graph (K = 2) takes ``scores`` of width 1 or 2 (``[N, width]``): one score
+    column is expanded in the graph as the loaders expand it (``_two_columns``);
+    metadata ``cord.input_widths`` says which widths the input takes.
+
     Returns a model that passes ``onnx.checker.check_model(full_check=True)``.
     """
     _check_fitted(calibrator, cord, n_classes, input_kind, dtype)
@@ -186,26 +228,27 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
     gb.fresh(INPUT)
     k = int(n_classes)
     eta, weight = float(cord.eta_), float(cord.local_weight)
+    source = _two_columns(gb, input_kind) if k == 2 else INPUT
 
     if dtype == "float64":
-        original = (gb.op("Identity", INPUT, out="original") if input_kind == "probs"
-                    else gb.softmax(INPUT, out="original"))
+        original = (gb.op("Identity", source, out="original") if input_kind == "probs"
+                    else gb.softmax(source, out="original"))
         label = gb.row_argmax(original, hint="label_col")
-        q = family.build(gb, INPUT, calibrator, out="calibrated")
+        q = family.build(gb, source, calibrator, out="calibrated")
         changed = gb.op("Not", gb.op("Equal", gb.row_argmax(q), label), hint="changed")
         _, confidence = build_repair(gb, gb.take(original, label), on_boundary(gb, original),
                                      q, label, changed, eta, weight, k)
     else:
-        label, p0_a = _label_and_original_float32(gb, input_kind, "original" in keep)
+        label, p0_a = _label_and_original_float32(gb, source, input_kind, "original" in keep)
         if family.float64_inside or eta <= WIDE_REPAIR_BELOW_ETA:
             wide = gb.retyped("float64")
-            q = family.build(wide, wide.cast(INPUT, np.float64), calibrator)
+            q = family.build(wide, wide.cast(source, np.float64), calibrator)
             changed = gb.op("Not", gb.op("Equal", gb.row_argmax(q), label), hint="changed")
             gb.op("Cast", q, out="calibrated", to=TensorProto.FLOAT)
             _, confidence = build_repair(wide, wide.cast(p0_a, np.float64), None, q, label,
                                          changed, eta, weight, k, out_dtype=np.float32)
         else:
-            q = family.build(gb, INPUT, calibrator, out="calibrated")
+            q = family.build(gb, source, calibrator, out="calibrated")
             changed = None if family.keeps_top1 else CHANGED_FROM_RUNNER_UP
             _, confidence = build_repair(gb, p0_a, None, q, label, changed, eta, weight, k)
 
@@ -223,7 +266,7 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
     graph = helper.make_graph(
         nodes,
         f"cord_{calibrator.name}_{dtype}",
-        [tensor_info(INPUT, elem, ["N", k])],
+        [tensor_info(INPUT, elem, ["N", "width" if k == 2 else k])],
         [info[name] for name in keep],
         initializer=initializers,
     )
@@ -238,6 +281,7 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
         "cord.input_kind": input_kind,
         "cord.dtype": dtype,
         OUTPUTS_KEY: ",".join(keep),
+        INPUT_WIDTHS_KEY: "1,2" if k == 2 else str(k),
     })
     onnx.checker.check_model(model, full_check=True)
     return model

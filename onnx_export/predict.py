@@ -23,7 +23,7 @@ import numpy as np
 
 from cord_ops import data
 from cord_ops.atomic import atomic_path
-from cord_ops.validation import PROBABILITY_SUM_ATOL, check_probabilities, check_scores
+from cord_ops.validation import PROBABILITY_SUM_ATOL, stored_scores
 from onnx_export.export import load_model, model_metadata
 from onnx_export.runtime import input_dtype, open_session, run_batched
 
@@ -69,12 +69,16 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, desc="predict", unit="rows", file=sys.stderr)
 
 
-def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype) -> np.ndarray:
-    """Load and validate the scores array of ``path`` (.npz) for a model.
+def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
+    """The validated scores of ``path`` (.npz) for a model, as
+    ``cord_ops.validation.StoredScores`` with ``scores`` cast to ``dtype``.
 
+    The load rule of every file (``validation.stored_scores``): a binary model's one score
+    column becomes two, probability rows are renormalised within their dtype's tolerance.
     Raises ValueError/TypeError naming the file, and for bad values the first bad row:
-    a missing or pickled array, a non-float dtype, a shape other than (n >= 1, n_classes),
-    NaN/inf, and for probability models negative entries or rows not summing to 1.
+    a missing or pickled array, a non-float dtype, a shape other than (n >= 1, n_classes)
+    (or one column for a binary model), NaN/inf, and for probability models negative
+    entries or rows not summing to 1.
 
     The input kind must match the model's: an array named ``logits`` for a model that reads
     probabilities (or ``probs`` for one that reads logits) is refused, and so is an
@@ -102,35 +106,37 @@ def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype) -> np.nda
         raise ValueError(f"{path}: holds {key} but the model reads {input_kind}")
     if scores.dtype.kind != "f":
         raise TypeError(f"{name}: expected a floating-point array, got dtype {scores.dtype}")
-    check = check_probabilities if input_kind == "probs" else check_scores
-    check(scores, name, n_classes=n_classes)
-    if input_kind == "logits" and key not in KINDS and _all_probability_rows(scores):
+    stored = stored_scores(scores, input_kind, name, n_classes=n_classes)
+    if input_kind == "logits" and key not in KINDS and stored.width > 1 \
+            and _all_probability_rows(scores):
         raise ValueError(f"{name}: every row is a probability vector (non-negative, sums to 1) "
                          "but the model reads logits; save the array as 'logits' if these "
                          "really are logits")
-    return scores.astype(dtype, copy=False)
+    return stored._replace(scores=stored.scores.astype(dtype, copy=False))
 
 
 def read_parquet_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
-    """(scores, passthrough table) of a Parquet input for a model reading ``input_kind``
-    with ``n_classes`` columns; validated with the same messages as ``cord_ops.data``."""
+    """(StoredScores, passthrough table) of a Parquet input for a model reading
+    ``input_kind`` with ``n_classes`` columns; validated with the same messages as
+    ``cord_ops.data``."""
     where = str(path)
     table = data.read_parquet_table(path)
-    scores, _ = data.table_scores(table, where, input_kind)
-    if scores.shape[1] != n_classes:
-        raise ValueError(f"{where}: {input_kind} has {scores.shape[1]} classes; the model "
-                         f"expects {n_classes}")
+    stored, _ = data.table_scores(table, where, input_kind)
+    if stored.scores.shape[1] != n_classes:
+        held = "one score column (a binary model's)" if stored.width == 1 else \
+            f"{stored.width} classes"
+        raise ValueError(f"{where}: {input_kind} has {held}; the model expects {n_classes}")
     _, columns = data.score_columns(table.column_names, where, input_kind)
     passthrough = table.drop_columns(columns)
     clash = sorted(set(passthrough.column_names) & set(WRITTEN))
     if clash:
         raise ValueError(f"{where}: column {clash[0]!r} would be overwritten by the output "
                          f"of the same name; rename it")
-    return scores.astype(dtype, copy=False), passthrough
+    return stored._replace(scores=stored.scores.astype(dtype, copy=False)), passthrough
 
 
 def read_any_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
-    """(scores, passthrough table or None) of an .npz or Parquet input."""
+    """(StoredScores, passthrough table or None) of an .npz or Parquet input."""
     if data.is_parquet(path):
         return read_parquet_input(path, n_classes, input_kind, dtype)
     return read_input(path, n_classes, input_kind, dtype), None
@@ -175,7 +181,8 @@ def predict_file(model_path, input_path, output_path, batch_size: int | None = N
     An .npz input holds one [N, K] float array (or several, one named ``scores``,
     ``logits`` or ``probs``); a Parquet input has the layout of the module docstring. The
     output is Parquet when its name ends in .parquet/.pq, else .npz. Returns a summary:
-    rows, n_classes, the session's providers and the output path.
+    rows, n_classes, the input's width, its worst row-sum error before renormalising
+    (``sum_error``, at ``sum_error_row``), the session's providers and the output path.
     """
     model = load_model(model_path)
     meta = model_metadata(model)
@@ -186,8 +193,9 @@ def predict_file(model_path, input_path, output_path, batch_size: int | None = N
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
     session = open_session(model, provider=provider, threads=threads)
-    scores, passthrough = read_any_input(input_path, n_classes, input_kind,
+    stored, passthrough = read_any_input(input_path, n_classes, input_kind,
                                          input_dtype(session))
+    scores = stored.scores
 
     bar = _progress_bar(scores.shape[0], progress)
     try:
@@ -201,4 +209,6 @@ def predict_file(model_path, input_path, output_path, batch_size: int | None = N
             bar.close()
     write_outputs(output_path, outputs, passthrough)
     return {"rows": int(scores.shape[0]), "n_classes": n_classes,
+            "input_width": stored.width, "sum_error": stored.sum_error,
+            "sum_error_row": stored.sum_error_row,
             "providers": session.get_providers(), "output": str(output_path)}

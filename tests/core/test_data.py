@@ -85,15 +85,17 @@ def test_non_finite_probs(tmp_path):
                   r"probs: row 3 contains NaN or inf")
 
 
-@pytest.mark.parametrize("shape", [(4,), (4, 3, 1)])
+@pytest.mark.parametrize("shape", [(4, 3, 1), (4, 1, 1)])
 def test_wrong_rank(tmp_path, shape):
     _expect_error(_write(tmp_path / "f.npz", logits=np.zeros(shape), labels=LABELS),
                   r"logits: expected a 2-D array \(n, K\)")
 
 
-def test_single_class(tmp_path):
-    _expect_error(_write(tmp_path / "f.npz", logits=np.zeros((4, 1)), labels=np.zeros(4, int)),
-                  r"logits: expected K >= 2 classes")
+def test_single_column_is_a_binary_margin_not_one_class(tmp_path):
+    # one score column is a binary model's (tests/core/test_stored_scores.py)
+    loaded = data.load_npz(_write(tmp_path / "f.npz", logits=np.ones((4, 1)),
+                                  labels=np.zeros(4, int)))
+    assert loaded.n_classes == 2 and np.array_equal(loaded.scores, [[0.0, 1.0]] * 4)
 
 
 def test_no_rows(tmp_path):
@@ -132,7 +134,9 @@ def test_probabilities_within_tolerance_load(tmp_path):
     near = PROBS.copy()
     near[2, 0] += 0.5 * PROBABILITY_SUM_ATOL
     loaded = data.load_npz(_write(tmp_path / "f.npz", probs=near, labels=LABELS))
-    np.testing.assert_array_equal(loaded.scores, near)
+    # renormalised once at load; the worst row's error is kept
+    np.testing.assert_array_equal(loaded.scores, near / near.sum(axis=1, keepdims=True))
+    assert (loaded.sum_error_row, loaded.sum_error) == (2, abs(near[2].sum() - 1))
 
 
 @pytest.mark.parametrize("bad_label", [3, -1])
@@ -224,7 +228,10 @@ def test_round_trip(tmp_path, kind, scores):
     assert loaded.path == str(path)
     assert loaded.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert loaded.scores.dtype == np.float64 and loaded.labels.dtype == np.int64
-    np.testing.assert_array_equal(loaded.scores, scores.astype(np.float32))
+    stored = scores.astype(np.float32).astype(np.float64)
+    if kind == "probs":  # float32 rows are renormalised once, by save_npz's validation
+        stored = stored / stored.sum(axis=1, keepdims=True)
+    np.testing.assert_array_equal(loaded.scores, stored)
     np.testing.assert_array_equal(loaded.labels, LABELS)
     assert (loaded.n, loaded.n_classes) == (4, 3)
     with pytest.raises(ValueError, match="read-only"):
