@@ -92,8 +92,8 @@ def score_matrix(value, contract: InputContract, name: str = "input") -> np.ndar
     renormalised: ``cord_ops.validation.stored_scores``)."""
     arr = _as_array(value, name)
     try:
-        if arr.ndim == 2 and arr.shape[1] != contract.n_classes and not (
-                contract.n_classes == 2 and is_one_column(arr)):
+        # (a binary model's own message, naming both widths, is stored_scores')
+        if arr.ndim == 2 and arr.shape[1] != contract.n_classes != 2:
             raise ValueError(f"{name}: expected {contract.n_classes} classes (columns), got "
                              f"{arr.shape[1]}")
         stored = stored_scores(arr, contract.input_kind, name, n_classes=contract.n_classes)

@@ -1,0 +1,116 @@
+"""Binary graphs that take one score column, and top-1 ties as k-NN and random forests
+produce them, in float32 and float64 graphs (issue 23, parts 1 and 2).
+
+The reference is cord_ops on the same inputs (conftest ``reference``); the one-column form
+is expanded by hand here (p -> [1 - p, p], m -> [0, m]), not by the code under test.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from cord_ops import CORD
+from cord_ops.calibrators import ConvergenceWarning, make_calibrator
+from cord_ops.names import CALIBRATOR_NAMES
+from cord_ops.validation import top1
+from onnx_export import export_onnx
+from onnx_export.export import input_widths, model_metadata
+from onnx_export.runtime import open_session
+
+DTYPES = ("float32", "float64")
+
+
+def _one_column(kind: str) -> np.ndarray:
+    """Binary scores with the pathologies of real files, as float32 (how they are logged):
+    exact 0 and 1, the tie p = 1/2 (m = 0), multiples of 1/5 (a 5-NN), p one ulp from
+    1/2 and from 1, saturated margins, and ordinary values."""
+    rng = np.random.default_rng(23)
+    if kind == "probs":
+        special = [0.0, 1.0, 0.5, 0.2, 0.4, 0.6, 0.8, np.nextafter(np.float32(0.5), 1),
+                   np.nextafter(np.float32(0.5), 0), np.nextafter(np.float32(1), 0), 1e-30]
+        column = np.concatenate([special, rng.uniform(0, 1, 40)])
+    else:
+        special = [0.0, -0.0, 1e-9, -1e-9, 40.0, -40.0, 1e4, -1e4, 0.5, -0.5]
+        column = np.concatenate([special, rng.normal(0, 3, 40)])
+    return column.astype(np.float32)
+
+
+def _by_hand(column: np.ndarray, kind: str) -> np.ndarray:
+    wide = column.astype(np.float64)
+    first = 1.0 - wide if kind == "probs" else np.zeros_like(wide)
+    return np.stack([first, wide], axis=1)
+
+
+def _run(model, scores) -> dict[str, np.ndarray]:
+    session = open_session(model, provider="cpu", threads=1)
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, {"scores": scores}), strict=True))
+
+
+@pytest.mark.parametrize("kind", ["logits", "probs"])
+@pytest.mark.parametrize("name", CALIBRATOR_NAMES)
+def test_a_binary_graph_reads_one_score_column_as_its_two(name, kind, cases):
+    cal, cord = cases.fitted(name, 2, kind)
+    column = _one_column(kind)
+    two = _by_hand(column, kind)
+    expected = cases.reference(cal, cord, two)
+    assert np.array_equal(expected["label"][:4 if kind == "probs" else 2],
+                          [0, 1, 0, 0] if kind == "probs" else [0, 0])  # ties -> class 0
+    for dtype in DTYPES:
+        model = export_onnx(cal, cord, 2, input_kind=kind, dtype=dtype)
+        assert input_widths(model_metadata(model)) == (1, 2)
+        one = _run(model, column[:, None].astype(dtype))
+        cases.assert_parity(one, expected, dtype)
+        # the same graph fed the two columns in its own dtype answers bit for bit alike
+        both = _run(model, two.astype(dtype))
+        for key, value in one.items():
+            assert np.array_equal(value, both[key]), (dtype, key)
+
+
+def test_a_binary_graph_refuses_a_third_column(cases):
+    cal, cord = cases.fitted("ts", 2, "logits")
+    model = export_onnx(cal, cord, 2, dtype="float32")
+    with pytest.raises(Exception, match="out of data bounds"):
+        _run(model, np.zeros((2, 3), dtype=np.float32))
+
+
+def _vote_probabilities(k: int, votes: int, n: int, seed: int) -> np.ndarray:
+    """k-NN style rows: counts of ``votes`` neighbours over k classes, divided by votes,
+    so most rows tie at the top; plus one-hot rows and a row tied in every class."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((n, k))
+    for i in range(n):
+        np.add.at(counts[i], rng.integers(0, k, votes), 1)
+    rows = np.concatenate([counts / votes, np.eye(k)[[k - 1, 0]], np.full((1, k), 1 / k)])
+    return rows
+
+
+@pytest.mark.parametrize("name", ["ts", "vs", "ms", "irova-ts", "irm"])
+def test_ties_go_to_the_smallest_index_in_numpy_and_in_both_graph_dtypes(name):
+    k, votes = 4, 6
+    train = _vote_probabilities(k, votes, 300, seed=1)
+    labels = np.random.default_rng(2).integers(0, k, train.shape[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        cal = make_calibrator(name, input_kind="probs").fit(train, labels)
+    cord = CORD().fit(train, cal.predict_proba(train))
+    rows = _vote_probabilities(k, votes, 60, seed=3)
+    # the smallest index attaining the maximum, found without argmax
+    top = rows.max(axis=1, keepdims=True)
+    smallest = np.array([int(np.flatnonzero(r == t)[0]) for r, t in zip(rows, top[:, 0],
+                                                                        strict=True)])
+    tied = (rows == top).sum(axis=1) > 1
+    assert tied.sum() >= 20  # the fixture really is full of ties
+    assert np.array_equal(top1(rows), smallest)
+    repaired = cord.transform(rows, cal.predict_proba(rows))
+    assert np.array_equal(top1(repaired), smallest)
+    for dtype in DTYPES:
+        out = _run(export_onnx(cal, cord, k, input_kind="probs", dtype=dtype),
+                   rows.astype(dtype))
+        assert np.array_equal(out["label"], smallest), dtype
+        assert np.array_equal(np.argmax(out["repaired"], axis=1), smallest), dtype
+        assert np.abs(out["repaired"].astype(np.float64) - repaired).max() <= (
+            1e-5 if dtype == "float32" else 1e-12)
