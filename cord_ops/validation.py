@@ -198,8 +198,8 @@ def stored_scores(x, kind: str, name: str = "scores", *,
         raise ValueError(f"kind: expected 'logits' or 'probs', got {kind!r}")
     shape = np.shape(x)
     if n_classes == 2 and len(shape) == 2 and shape[1] != 2 and not is_one_column(x):
-        raise ValueError(f"{name}: expected 2 columns (a binary model's two scores) or one "
-                         f"score column, got {shape[1]}")
+        raise ValueError(f"{name}: expected 2 classes (columns), or one score column for "
+                         f"this binary model, got {shape[1]}")
     if is_one_column(x) and n_classes in (None, 2):
         # [1 - p, p] sums to 1 by construction (to float64 rounding): nothing to renormalise
         return StoredScores(two_columns(x, kind, name), 1, 0.0, 0)

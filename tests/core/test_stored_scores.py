@@ -228,6 +228,6 @@ def test_one_column_loads_as_two_columns_that_collapse_back(column, kind):
 
 
 def test_a_binary_width_other_than_one_or_two_is_refused():
-    with pytest.raises(ValueError, match=r"^x: expected 2 columns \(a binary model's two "
-                                         r"scores\) or one score column, got 3$"):
+    with pytest.raises(ValueError, match=r"^x: expected 2 classes \(columns\), or one "
+                                         r"score column for this binary model, got 3$"):
         stored_scores(np.full((2, 3), 1 / 3), "probs", "x", n_classes=2)

@@ -69,8 +69,8 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
     from_two = registry.run_registered_model(client, model, two)
     assert np.array_equal(from_one["repaired"], from_two["repaired"])
     assert np.abs(from_one["repaired"] - repaired).max() == 0.0
-    with pytest.raises(MlflowException, match=r"expected 2 columns \(a binary model's two "
-                                              r"scores\) or one score column, got 3"):
+    with pytest.raises(MlflowException, match=r"expected 2 classes \(columns\), or one "
+                                              r"score column for this binary model, got 3"):
         registry.run_registered_model(client, model, np.full((2, 3), 1 / 3))
 
     # cord-ops serve's app over the same store (in process, following an alias set here)

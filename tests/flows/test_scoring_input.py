@@ -173,3 +173,48 @@ def test_a_graph_that_disagrees_with_its_logged_state_is_rejected(digits):
                        .predict_proba(digits.scores[:300]))
     with pytest.raises(VersionRejected, match="exceeds the parity tolerance"):
         verify(session, contract, (fitted, other))
+
+
+# ---------------------------------------------------------------- binary one-column form
+@pytest.mark.parametrize("kind", ["probs", "logits"])
+def test_a_binary_model_takes_one_score_column_in_every_form(kind):
+    contract = InputContract(2, kind, "float32")
+    column = [0.0, 0.5, 0.75, 1.0] if kind == "probs" else [-2.0, 0.0, 3.5, 40.0]
+    wide = np.array(column)
+    expected = (np.stack([1 - wide, wide], axis=1) if kind == "probs"
+                else np.stack([np.zeros(4), wide], axis=1)).astype(np.float32)
+    forms = [column, [[v] for v in column], np.float32(column), wide[:, None],
+             pd.DataFrame({"p": column}), {"scores": column},
+             from_payload({"inputs": column}),
+             from_payload({"dataframe_split": {"columns": ["p"], "data": [[v] for v in column]}}),
+             from_payload({"dataframe_records": [{"p": v} for v in column]})]
+    for form in forms:
+        out = score_matrix(form, contract)
+        assert out.dtype == np.float32 and np.array_equal(out, expected), form
+
+
+@pytest.mark.parametrize("k, rows, reason, message", [
+    (2, np.full((2, 3), 1 / 3), "wrong_width",
+     r"^input: expected 2 classes \(columns\), or one score column for this binary "
+     r"model, got 3$"),
+    (3, np.full((2, 1), 0.5), "wrong_width", r"^input: expected 3 classes \(columns\), got 1$"),
+    (3, np.full(2, 0.5), "bad_shape", r"^input: expected a 2-D array \(n, K\)"),
+    (2, np.array([0.5, 1.25]), "not_probabilities",
+     r"^input: row 1 is 1\.25; expected a positive-class probability in \[0, 1\]"),
+    (2, np.array([[0.5], [np.nan]]), "non_finite", r"^input: row 1 contains NaN or inf"),
+])
+def test_a_wrong_width_or_value_is_refused_in_one_line(k, rows, reason, message):
+    with pytest.raises(InputError, match=message) as info:
+        score_matrix(rows, InputContract(k, "probs", "float64"))
+    assert info.value.reason == reason and "\n" not in str(info.value)
+
+
+def test_float32_rows_are_renormalised_before_scoring():
+    rows = np.array([[0.3, 0.70003], [0.5, 0.5]], dtype=np.float32)
+    out = score_matrix(rows, InputContract(2, "probs", "float64"))
+    wide = rows.astype(np.float64)
+    assert np.array_equal(out, wide / wide.sum(axis=1, keepdims=True))
+    with pytest.raises(InputError, match=r"row 0 sums to 1\.000299") as info:
+        score_matrix(np.array([[0.3, 0.7003]], np.float32), InputContract(2, "probs",
+                                                                          "float64"))
+    assert info.value.reason == "not_probabilities"
