@@ -207,8 +207,10 @@ def check_promotable(client, name: str, version: str) -> float:
     logged = run.data.metrics
     dtype = run.data.tags.get("cord.dtype", "float32")
     diff, agreement = logged.get("onnx.max_abs_diff"), logged.get("onnx.argmax_agreement")
-    if diff is None or agreement is None or not (
-            diff <= gate.PARITY_TOLERANCE.get(dtype, 1e-5) and agreement == 1.0):
+    tolerance = logged.get("onnx.tolerance",
+                           gate.FIXED_PARITY_TOLERANCE.get(dtype, gate.FIXED_PARITY_TOLERANCE[
+                               "float32"]))
+    if diff is None or agreement is None or not (diff <= tolerance and agreement == 1.0):
         raise PromotionRefused(f"v{version}'s run did not verify ONNX parity "
                                f"(max abs diff {diff}, argmax agreement {agreement})")
     if logged.get("cord.tpcr") != 0.0:

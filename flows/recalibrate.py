@@ -57,7 +57,6 @@ from flows.tasks import compute_task, store_task
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
-PARITY_TOLERANCE = gating.PARITY_TOLERANCE
 MODEL_ARTIFACT = "model"
 INPUT_EXAMPLE_ROWS = 5
 DEFAULT_EVAL_SAMPLE = inputs.DEFAULT_EVAL_SAMPLE
@@ -182,8 +181,8 @@ def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
     fraction the split refuses, an evaluation file that does not match ``dataset``, a gate
     threshold out of range, splits too small to fit at all (the check the CLI runs before
     anything starts, :func:`flows.inputs.check_recalibration`). Returns the gate's policy."""
-    if dtype not in PARITY_TOLERANCE:
-        raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
+    if dtype not in gating.DTYPES:
+        raise ValueError(f"dtype: expected one of {gating.DTYPES}, got {dtype!r}")
     return inputs.check_recalibration(dataset, eval_dataset, calibrator, fraction, seed,
                                       gate_options)
 
@@ -295,8 +294,8 @@ def check_shard_options(calibrator: str, dtype: str, eval_sample: int, plan,
                         gate_options: dict | None = None) -> gating.Policy:
     """:func:`check_options` for shards: the calibrator must be fittable from partition
     sums (:func:`flows.inputs.check_shard_recalibration`)."""
-    if dtype not in PARITY_TOLERANCE:
-        raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
+    if dtype not in gating.DTYPES:
+        raise ValueError(f"dtype: expected one of {gating.DTYPES}, got {dtype!r}")
     return inputs.check_shard_recalibration(plan, calibrator, eval_sample, gate_options)
 
 
@@ -363,7 +362,8 @@ def export_model(calibrator, repair: CORD, n_classes: int, input_kind: str, dtyp
 
 
 @compute_task
-def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype: str) -> Parity:
+def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype: str,
+                  calibrator, repair: CORD) -> Parity:
     """Run the graph with onnxruntime (CPU) on the evaluation split and compare with cord_ops.
 
     ``argmax_agreement`` is the share of rows whose repaired top-1 is the classifier's
@@ -377,7 +377,8 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
     repaired = repaired.astype(np.float64)
     diff = float(np.max(np.abs(repaired - reference.cord)))
     agreement = float(np.mean(top1(repaired) == top1(reference.uncal)))
-    return Parity(diff, agreement, PARITY_TOLERANCE[dtype], repaired)
+    tolerance = gating.parity_tolerance(calibrator, repair, evaluation.scores, dtype)
+    return Parity(diff, agreement, tolerance, repaired)
 
 
 # ---------------------------------------------------------------- tracking tasks
@@ -456,6 +457,7 @@ def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
         values[f"base.{name}"] = count
     values["onnx.max_abs_diff"] = parity.max_abs_diff
     values["onnx.argmax_agreement"] = parity.argmax_agreement
+    values["onnx.tolerance"] = parity.tolerance
     harm = [w for w in fit_warnings or [] if w.startswith("DoNoHarmWarning")]
     tags = {"cord.fit.warnings": "; ".join(fit_warnings or [])[:8000] or "none",
             "cord.fit.warning_count": str(len(fit_warnings or [])),
@@ -814,7 +816,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             fit_warnings = calibrator_warnings + cord_warnings
             model = steps(export_model, fitted, repair, dataset.n_classes, dataset.input_kind,
                           dtype)
-            parity = steps(verify_parity, model, evaluation, report, dtype)
+            parity = steps(verify_parity, model, evaluation, report, dtype, fitted, repair)
             params = run_params(calibrator, dataset, sum(counts[0]), sum(counts[1]), seed,
                                 repair)
             if session is not None:
