@@ -230,17 +230,17 @@ def fit_cord(calibration: data.Dataset, calibrator):
     return _capturing_warnings(lambda: CORD().fit(original, calibrated))
 
 
-@compute_task
-def check_no_harm(calibration: data.Dataset, calibrator, repair: CORD,
-                  tolerance: float = gating.DEFAULT_NLL_TOLERANCE) -> list[str]:
+def no_harm_warning(calibration: data.Dataset, calibrator, repair: CORD,
+                    tolerance: float = gating.DEFAULT_NLL_TOLERANCE) -> str | None:
     """The do-no-harm check of a fit: on its own calibration split, the calibrator's NLL
     (the metric reported, :func:`cord_ops.metrics.nll`) must be no worse than the identity
     map's, the classifier's own probabilities (within ``tolerance``, relative: rounding).
+    Returns the warning when it is worse, else None.
 
     A fit that loses (a degenerate optimum, a family with no finite optimum on these
-    rows) is kept, and said: the returned warning goes to the run tags
-    (``cord.fit.warnings``, ``cord.fit.harm``) and the summary, and the gate refuses any
-    version worse than the uncalibrated model on the evaluation split
+    rows, a floor other than the shared one) is kept, and said: the warning goes to the
+    run tags (``cord.fit.warnings``, ``cord.fit.harm``) and the summary, and the gate
+    refuses any version worse than the uncalibrated model on the evaluation split
     (:mod:`flows.gate`, rule 4). Keeping it, rather than falling back to the identity map,
     leaves the registered calibrator the one that was asked for, so what the operator
     reads is what was fitted. CORD repairs after the calibrator, so both are reported.
@@ -250,11 +250,19 @@ def check_no_harm(calibration: data.Dataset, calibrator, repair: CORD,
     before = metrics.nll(uncal, calibration.labels)
     after = metrics.nll(base, calibration.labels)
     if after <= before + tolerance * abs(before):
-        return []
+        return None
     repaired = metrics.nll(repair.transform(uncal, base), calibration.labels)
-    text = (f"DoNoHarmWarning: {calibrator.name} raises the NLL on its own calibration "
+    return (f"DoNoHarmWarning: {calibrator.name} raises the NLL on its own calibration "
             f"split from {before:.6g} (uncalibrated) to {after:.6g} ({repaired:.6g} after "
             "CORD); the gate promotes no version worse than the uncalibrated model")
+
+
+@compute_task
+def check_no_harm(calibration: data.Dataset, calibrator, repair: CORD) -> list[str]:
+    """:func:`no_harm_warning` as a step of the flow (logged); returns [] or [warning]."""
+    text = no_harm_warning(calibration, calibrator, repair)
+    if text is None:
+        return []
     get_run_logger().warning("fit: %s", text)
     return [text]
 
@@ -405,7 +413,7 @@ def start_run(uri: str, model_name: str, dataset: data.Dataset,
 #: to those of the champion's run, the run would rebuild the champion's graph.
 IDENTITY_TAGS = ("data.sha256", "data.input_kind", "eval_data.sha256",
                  "eval_data.input_kind", "cord.calibrator", "cord.seed", "cord.fraction",
-                 "cord.dtype", "cord.eval_sample")
+                 "cord.dtype", "cord.eval_sample", "cord.promote")
 SKIPPED_TAG = "cord.skipped"
 
 
@@ -421,14 +429,20 @@ def skip_if_unchanged(uri: str, run_id: str, model_name: str) -> str | None:
     """
     client = tracking.client(uri)
     holder = registry.champion_version(client, model_name)
-    if holder is None or not holder.run_id:
+    # Only a settled champion counts: a pending one may be a killed run's, which the
+    # registry section's clean-up is about to undo.
+    if holder is None or not holder.run_id or \
+            holder.tags.get(registry.REGISTRATION_TAG) != registry.COMPLETE:
         return None
     from mlflow.exceptions import MlflowException
 
     try:
-        champion_tags = client.get_run(holder.run_id).data.tags
+        champion_run = client.get_run(holder.run_id)
     except MlflowException:  # the champion's run was deleted: nothing to compare with
         return None
+    if champion_run.info.status != "FINISHED":
+        return None
+    champion_tags = champion_run.data.tags
     mine = client.get_run(run_id).data.tags
     if any(mine.get(key) != champion_tags.get(key) for key in IDENTITY_TAGS) \
             or champion_tags.get("data.sha256") is None:

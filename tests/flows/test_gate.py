@@ -73,6 +73,7 @@ def _decide(candidate, *, champion=None, uncal=1.0, reference=None):
 @pytest.mark.parametrize("candidate, champion, promoted", [
     (0.49999949, 0.5, True),     # beats 0.5 by more than 1e-6 relative (5e-7)
     (0.49999951, 0.5, False),    # better, but by less than float rounding: a tie
+    (0.4999995, 0.5, False),     # exactly 0.5 * (1 - 1e-6): not strictly below it
     (0.5, 0.5, False),           # exact tie
     (0.50000049, 0.5, False),    # within the tolerance above: still a tie, not a win
     (2.999996, 3.0, True),       # relative: 3e-6 at 3.0
@@ -84,6 +85,7 @@ def test_champion_boundary_is_a_strict_improvement_beyond_1e_6(candidate, champi
 
 @pytest.mark.parametrize("candidate, uncal, promoted", [
     (0.50000049, 0.5, True),     # no worse than uncalibrated within 1e-6 relative
+    (0.5000005, 0.5, True),      # exactly 0.5 * (1 + 1e-6): still no worse
     (0.5, 0.5, True),            # a tie with the classifier does no harm
     (0.50000051, 0.5, False),    # worse beyond rounding: harm
     (1.236, 0.19, False),        # the 26-class `ms` (CORD output 0.397 also > 0.19)
@@ -100,8 +102,10 @@ def test_uncalibrated_boundary_applies_to_the_first_version(candidate, uncal, pr
 
 @pytest.mark.parametrize("ref_candidate, ref_champion, ref_uncal, promoted, words", [
     (0.2549, 0.25, 9.0, True, None),    # within 2 % of the champion there (0.255)
+    (0.255, 0.25, 9.0, True, None),     # exactly at 0.25 * 1.02
     (0.2551, 0.25, 9.0, False, "reference split is worse than its 0.25"),
     (0.2549, 9.0, 0.25, True, None),    # within 2 % of the uncalibrated model there
+    (0.255, 9.0, 0.25, True, None),
     (0.2551, 9.0, 0.25, False, "worse than the uncalibrated model's 0.25 there"),
 ])
 def test_reference_split_boundaries_are_2_percent(ref_candidate, ref_champion, ref_uncal,

@@ -30,7 +30,7 @@ def test_a_perturbed_graph_fails_parity_registers_nothing_and_is_not_promoted(fi
 
     calibration, evaluation, ts, repair, report = fitted
     honest = flow.export_model.fn(ts, repair, 10, "logits", "float32")
-    assert flow.verify_parity.fn(honest, evaluation, report, "float32").ok
+    assert flow.verify_parity.fn(honest, evaluation, report, "float32", ts, repair).ok
 
     # The same family with beta off by 0.1 %: every top-1 is kept (beta > 0 and the
     # repair preserve it), the probabilities move far beyond float32 rounding.
@@ -38,9 +38,9 @@ def test_a_perturbed_graph_fails_parity_registers_nothing_and_is_not_promoted(fi
     wrong.beta_ = ts.beta_ * 1.001
     parity = flow.verify_parity.fn(flow.export_model.fn(wrong, repair, 10, "logits",
                                                         "float32"),
-                                   evaluation, report, "float32")
+                                   evaluation, report, "float32", ts, repair)
     assert parity.argmax_agreement == 1.0
-    assert parity.max_abs_diff > 1e-4 and parity.ok is False
+    assert parity.max_abs_diff > 1e-4 > parity.tolerance and parity.ok is False
 
     client = MlflowClient(store)
     client.create_registered_model("m")
