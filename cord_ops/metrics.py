@@ -14,9 +14,14 @@ import numpy as np
 
 from cord_ops.validation import check_labels, check_pair, check_probabilities, top1
 
-#: NLL clips the true-class probability to [NLL_CLIP, 1 - NLL_CLIP], as sklearn's log_loss
-#: does for float64, so a zero probability costs -log(2.2e-16) = 36.04 instead of inf.
-NLL_CLIP = float(np.finfo(np.float64).eps)
+#: The one floor for log-probabilities (float64 machine epsilon, 2.2e-16): the reported NLL
+#: clips the true-class probability to [PROB_FLOOR, 1 - PROB_FLOOR], as sklearn's log_loss
+#: does for float64, so a zero probability costs -log(2.2e-16) = 36.04 nats instead of inf;
+#: every calibrator takes the log of a probability input (or of its Dirichlet features) as
+#: log(max(p, PROB_FLOOR)), so its fit objective and the reported NLL price a zero alike
+#: (docs/calibrators.md, "The log floor"). One constant, so "fitted" means "better on the
+#: metric we report" wherever the calibrated true-class probability stays above it.
+PROB_FLOOR = float(np.finfo(np.float64).eps)
 
 #: Fixed settings of relplot 1.0.3's smECE (Blasiok & Nakkiran 2023), docs/calibrators.md section 7.
 SMECE_EPS = 1e-3
@@ -208,11 +213,11 @@ def nll(probs, labels) -> float:
     """Mean negative log-likelihood -(1/n) sum_i log q_{i, y_i}.
 
     The true-class probability is clipped to [eps, 1 - eps] with eps = 2.22e-16 (float64
-    machine epsilon, :data:`NLL_CLIP`), as sklearn.metrics.log_loss does, so the value is
+    machine epsilon, :data:`PROB_FLOOR`), as sklearn.metrics.log_loss does, so the value is
     finite even when a row puts zero mass on its label.
     """
     q, y = _validated(probs, labels)
-    true_mass = np.clip(q[np.arange(q.shape[0]), y], NLL_CLIP, 1 - NLL_CLIP)
+    true_mass = np.clip(q[np.arange(q.shape[0]), y], PROB_FLOOR, 1 - PROB_FLOOR)
     return float(-np.mean(np.log(true_mass)))
 
 

@@ -53,7 +53,7 @@ from cord_ops.cord import (
     row_terms,
     screen_margin,
 )
-from cord_ops.metrics import NLL_CLIP
+from cord_ops.metrics import PROB_FLOOR
 from cord_ops.names import REDUCIBLE
 from cord_ops.validation import top1
 
@@ -269,7 +269,7 @@ def _row_metric_sums(conf, correct, on_label, sum_sq, n_bins: int) -> dict:
     label and sum of squared probabilities."""
     edges = np.linspace(0.0, 1.0, n_bins + 1)
     bins = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1)
-    true_mass = np.clip(on_label, NLL_CLIP, 1.0 - NLL_CLIP)
+    true_mass = np.clip(on_label, PROB_FLOOR, 1.0 - PROB_FLOOR)
     return {
         "n": int(conf.shape[0]),
         "counts": np.bincount(bins, minlength=n_bins).astype(np.int64),

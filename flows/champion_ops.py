@@ -3,7 +3,9 @@ roll ``@champion`` back.
 
 - :func:`status` collects the champion, its health (registered-model tag
   ``cord.champion.health``) and the recent versions with their gate decisions, NLLs and
-  reasons; :func:`format_status` prints them as a table.
+  reasons; :func:`format_status` prints them as a table. A version an operator moved the
+  alias to reads ``operator`` (the gate's own decision follows in the reason); a gate
+  decision marked ``!`` was worse than the uncalibrated model.
 - :func:`promote` moves ``@champion`` to a version after the checks the gate relies on
   (:func:`check_promotable`): the version finished registration, its run verified ONNX
   parity and TPCR 0, it reads the K and input kind of the current champion, and run from
@@ -11,7 +13,8 @@ roll ``@champion`` back.
   reproduces the NLL its run logged. Who, when and why are recorded as version tags and
   in the champion history (registered-model tag ``cord.champion.history``).
 - :func:`rollback` returns ``@champion`` to the champion before the current one in that
-  history, after the same checks.
+  history, after the same checks. The history is append-only: every move (gate, promote,
+  rollback) is a row.
 
 Both alias moves run inside the model's registry section (:func:`registry_section`),
 the lock recalibrations take between registration and the alias move.
@@ -137,12 +140,16 @@ def status(client, name: str, limit: int = 10) -> Status:
                    if problem == "none" else "not used")
         manual = tags.get(PROMOTED_BY_TAG)
         reason = tags.get(registry.REASON_TAG, "-")
-        if manual:
-            reason = (f"promoted by {manual} at {tags.get(PROMOTED_AT_TAG)}: "
-                      f"{tags.get(PROMOTION_REASON_TAG)} | gate: {reason}")
+        decision = tags.get(registry.DECISION_TAG, "-")
+        if manual:  # an operator moved the alias here: that is the decision that stands
+            reason = (f"{tags.get(PROMOTION_REASON_TAG)} (by {manual} at "
+                      f"{tags.get(PROMOTED_AT_TAG)}) | gate: {decision}: {reason}")
+            decision = "operator"
+        elif tags.get(registry.HARMS_TAG) == "true":
+            decision = f"{decision}!"  # worse than the uncalibrated model
         rows.append(VersionRow(
             str(mv.version), ",".join(client.get_model_version(name, mv.version).aliases) or "-",
-            tags.get(registry.REGISTRATION_TAG, "-"), tags.get(registry.DECISION_TAG, "-"),
+            tags.get(registry.REGISTRATION_TAG, "-"), decision,
             _short(tags.get(registry.CANDIDATE_NLL_TAG)),
             _short(tags.get(registry.CHAMPION_NLL_TAG)), ref, reason))
     return Status(name, None if holder is None else str(holder.version),
@@ -153,7 +160,9 @@ def status(client, name: str, limit: int = 10) -> Status:
 def format_status(report: Status) -> str:
     """The status as text: a header, then one row per version (newest first)."""
     champion = "none" if report.champion is None else f"v{report.champion}"
-    trail = " -> ".join(f"v{h['version']}" for h in report.history[-6:]) or "-"
+    trail = " -> ".join(f"v{h['version']}" + (f" ({h['how']})" if h.get("how") not in
+                                               (None, "gate") else "")
+                        for h in report.history[-8:]) or "-"
     lines = [f"model:    {report.name}",
              f"champion: {champion}",
              f"health:   {report.health}",
@@ -198,8 +207,10 @@ def check_promotable(client, name: str, version: str) -> float:
     logged = run.data.metrics
     dtype = run.data.tags.get("cord.dtype", "float32")
     diff, agreement = logged.get("onnx.max_abs_diff"), logged.get("onnx.argmax_agreement")
-    if diff is None or agreement is None or not (
-            diff <= gate.PARITY_TOLERANCE.get(dtype, 1e-5) and agreement == 1.0):
+    tolerance = logged.get("onnx.tolerance",
+                           gate.FIXED_PARITY_TOLERANCE.get(dtype, gate.FIXED_PARITY_TOLERANCE[
+                               "float32"]))
+    if diff is None or agreement is None or not (diff <= tolerance and agreement == 1.0):
         raise PromotionRefused(f"v{version}'s run did not verify ONNX parity "
                                f"(max abs diff {diff}, argmax agreement {agreement})")
     if logged.get("cord.tpcr") != 0.0:
@@ -257,7 +268,9 @@ def promote(client, uri: str, name: str, version: str, reason: str,
             lock_timeout: float | None = None) -> str | None:
     """Move ``@champion`` of ``name`` to ``version``; returns the previous champion.
 
-    Raises :class:`PromotionRefused` when a check fails or ``reason`` is empty.
+    The operator's override of the gate: a version the gate rejected (worse than the
+    uncalibrated model, say) may be promoted, with a reason. Raises
+    :class:`PromotionRefused` when a check fails or ``reason`` is empty.
     """
     version = str(version)
     if not reason or not reason.strip():
@@ -268,43 +281,38 @@ def promote(client, uri: str, name: str, version: str, reason: str,
         if previous == version:
             raise PromotionRefused(f"v{version} already holds @{registry.CHAMPION}")
         check_promotable(client, name, version)
-        history = gate.read_history(client, name)
-        if previous is not None and (not history or history[-1]["version"] != previous):
-            history.append({"version": previous, "by": "unknown"})
-        history.append({"version": version, "by": who(), "at": now(), "how": "promote",
-                        "reason": reason[:300]})
-        gate.write_history(client, name, history)  # before the alias: see push_history
+        # Before the alias: see gate.push_history.
+        gate.push_history(client, name, {"version": version, "from": previous,
+                                         "how": "promote", "by": who(), "at": now(),
+                                         "reason": reason[:300]})
         _move(client, name, version, reason, "promote")
     return previous
 
 
-def rollback(client, uri: str, name: str, reason: str = "rollback",
+def rollback(client, uri: str, name: str, reason: str | None = None,
              lock_timeout: float | None = None) -> tuple[str | None, str]:
     """Return ``@champion`` of ``name`` to the champion before the current one in the
-    history; returns (from, to). Versions deleted since are skipped; a target that fails
-    :func:`check_promotable` refuses the rollback (say which, fix by ``promote``)."""
+    history (:func:`flows.gate.champion_timeline`); returns (from, to). The move is
+    appended to the history as a ``rollback`` row, so a second rollback undoes the first
+    (to go further back: ``promote --version N``). Versions deleted since are skipped; a
+    target that fails :func:`check_promotable` refuses the rollback (say which, fix by
+    ``promote``)."""
     from mlflow.exceptions import MlflowException
 
     with registry_section(client, uri, name, lock_timeout):
         holder = registry.champion_version(client, name)
         current = None if holder is None else str(holder.version)
-        history = gate.read_history(client, name)
-        # Entries after the holder's last one never held the alias (a crash between the
-        # history write and the alias move); drop them with the holder's own entry.
-        mine = [i for i, h in enumerate(history) if str(h["version"]) == current]
-        if mine:
-            history = history[:mine[-1]]
+        earlier = gate.champion_timeline(gate.read_history(client, name), current)[:-1]
         target = None
-        while history:
-            candidate = str(history[-1]["version"])
-            if candidate != current:
-                try:
-                    client.get_model_version(name, candidate)
-                    target = candidate
-                    break
-                except MlflowException:
-                    pass  # deleted since it served
-            history.pop()
+        for candidate in reversed(earlier):
+            if candidate == current:
+                continue
+            try:
+                client.get_model_version(name, candidate)
+            except MlflowException:
+                continue  # deleted since it served
+            target = candidate
+            break
         if target is None:
             raise PromotionRefused(f"{name}: no earlier champion recorded to roll back to "
                                    f"(use `cord-ops promote --model-name {name} --version N`)")
@@ -312,7 +320,9 @@ def rollback(client, uri: str, name: str, reason: str = "rollback",
             check_promotable(client, name, target)
         except PromotionRefused as exc:
             raise PromotionRefused(f"cannot roll back to v{target}: {exc}") from None
-        history[-1] = {**history[-1], "rolled_back_at": now(), "rolled_back_by": who()}
-        gate.write_history(client, name, history)
-        _move(client, name, target, reason, f"rollback from v{current}")
+        text = reason.strip() if reason and reason.strip() else "no reason given"
+        gate.push_history(client, name, {"version": target, "from": current,
+                                         "how": "rollback", "by": who(), "at": now(),
+                                         "reason": text[:300]})
+        _move(client, name, target, text, f"rollback from v{current}")
     return current, target

@@ -60,10 +60,14 @@ def summary_table(result) -> str:
     """The closing table: uncal / base / cord by ECE, NLL, Brier, accuracy, TPCR, and eta*."""
     header = f"{'report':<8}" + "".join(f"{title:>11}" for title, _ in SUMMARY_METRICS)
     lines = [header, "-" * len(header)]
+    uncal = result.reports["uncal"]["nll"]
     for report in ("uncal", "base", "cord"):
         values = result.reports[report]
+        # Worse than the classifier itself beyond rounding (the gate's 1e-6 relative).
+        harm = report != "uncal" and values["nll"] > uncal + 1e-6 * abs(uncal)
         lines.append(f"{report:<8}" + "".join(f"{values[key]:>11.5f}"
-                                              for _, key in SUMMARY_METRICS))
+                                              for _, key in SUMMARY_METRICS)
+                     + ("  ! NLL worse than uncal" if harm else ""))
     lines.append(f"eta* = {result.eta_star!r}")
     return "\n".join(lines)
 
@@ -109,6 +113,10 @@ def _warning_lines(result) -> list[str]:
 
 def _print_result(result, started: float) -> None:
     print()
+    if getattr(result, "skipped", None):
+        print(f"skipped:  {result.skipped}")
+        print(f"tracking: {result.tracking_uri} (run {result.run_id})")
+        return
     print(summary_table(result))
     print()
     print(next_steps(result, time.perf_counter() - started))

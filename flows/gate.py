@@ -28,24 +28,33 @@ A candidate is promoted only when every one of these holds (:func:`decide`):
 3. **The champion can be scored.** A champion that cannot run on the split (broken
    artifact, foreign model, other K or input kind) is a rejection and a health problem
    (:class:`ChampionUnhealthyError`), never a free win.
-4. **No worse on both splits.** The candidate's NLL is no worse than the champion's on the
-   candidate's evaluation split *and* on the champion's pinned reference split (its own
-   evaluation split, logged as an MLflow dataset input) when that is available and
-   compatible (same K and input kind). "No worse" means
-   ``candidate <= champion * (1 + tolerance)``, with two documented tolerances:
+4. **No worse than the uncalibrated model** (do no harm). The candidate's NLL (after
+   CORD, the output it would serve) is no worse than the classifier's own uncalibrated NLL
+   on the candidate's evaluation split, and on the champion's reference split when that is
+   used: ``candidate <= uncalibrated * (1 + tolerance)``, with the tolerance of that split
+   (below). This holds for the first version too: without a champion, the uncalibrated
+   model is the baseline, so a calibrator that makes its own data worse never takes the
+   alias. ``cord-ops promote`` can still move the alias to such a version, with a reason.
+5. **Better than the champion, no worse on its reference split.** The candidate's NLL
+   must be *strictly* better than the champion's on the candidate's evaluation split,
+   beyond the tolerance (``candidate < champion * (1 - nll_tolerance)``): a tie (a refit
+   of unchanged data, the same graph) never moves ``@champion``. On the champion's pinned
+   reference split (its own evaluation split, logged as an MLflow dataset input), when
+   that is available and compatible (same K and input kind), it must be no worse
+   (``candidate <= champion * (1 + reference_tolerance)``). The two tolerances:
 
    - ``nll_tolerance`` (default 1e-6, relative) on the candidate's split, where both
      models see the same rows: float rounding only. Any larger tolerance would make the
      champion depend on the order in which the registry lock lets concurrent
      recalibrations through (a later candidate up to the tolerance worse would replace
-     a better one); with rounding only, serial gates always end on the lowest NLL, and a
-     refit of the same data and calibrator (the same graph) ties and passes.
+     a better one); with rounding only, serial gates always end on the lowest NLL (the
+     first of tied candidates keeps the alias).
    - ``reference_tolerance`` (default 0.02, relative) on the champion's reference split,
      which is older data: a candidate fitted to the present distribution may lose a
      little there, and should be allowed to, or drift would freeze the champion. The rule
      is there for disasters (the all-zero-labels batch's candidate is 16 times worse
      there), and 2 % is several standard errors of a mean NLL on a few thousand rows.
-5. ``promote`` is not switched off.
+6. ``promote`` is not switched off.
 
 :func:`decide` is a pure function of numbers. The helpers after it score a registered
 champion (:func:`score_champion`, :func:`champion_reference`) and read and write the
@@ -69,8 +78,14 @@ from flows import reference, registry
 MIN_FIT_CALIBRATION = 5
 MIN_FIT_EVALUATION = 2
 
-#: Max-abs tolerance of an ONNX graph against cord_ops on the same inputs, per float type.
-PARITY_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+#: The float types a graph may compute in.
+DTYPES = ("float32", "float64")
+#: The least max-abs parity tolerance per float type, and the whole of it for runs
+#: logged before the derived one (:func:`parity_tolerance`) was logged as
+#: ``onnx.tolerance`` and for a served graph without its logged state.
+FIXED_PARITY_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+#: Safety factor of :func:`parity_tolerance` over the measured rounding sensitivity.
+PARITY_FACTOR = 8.0
 
 DEFAULT_MAX_LABEL_SHIFT = 0.2
 DEFAULT_NLL_TOLERANCE = 1e-6
@@ -82,6 +97,74 @@ HISTORY_TAG = "cord.champion.history"
 HEALTHY = "ok"
 #: Entries kept in the champion history (a tag value holds at most 100,000 characters).
 HISTORY_LIMIT = 50
+
+
+def parity_tolerance(calibrator, repair, scores: np.ndarray, dtype: str,
+                     seed: int = 0) -> float:
+    """The max-abs tolerance of a ``dtype`` graph of (``calibrator``, ``repair``) against
+    cord_ops in float64 on ``scores``: ``PARITY_FACTOR * (s_store + s_input + K * eps)``,
+    and at least :data:`FIXED_PARITY_TOLERANCE` (below it, a few float32 cases the terms
+    do not see: docs/promotion.md "Parity").
+
+    Measured with cord_ops in float64 on these rows, so the bound follows each family and
+    each fit (large logits, steep isotonic knots raise it; tidy probabilities keep it
+    small):
+
+    - ``s_store``: the largest change of a repaired probability when the input and every
+      fitted parameter (weights, knots, eta*) are rounded to ``dtype``, as the graph
+      stores and reads them (0 for float64);
+    - ``s_input``: the largest change when every input entry moves by one relative
+      ``eps`` of ``dtype`` (random signs): the map's conditioning, which scales the
+      rounding of each stage of the graph;
+    - ``K * eps``: the rounding of the softmax sums and normalisations.
+
+    The factor covers the handful of roundings each stage adds. Measured ratios of graph
+    error to this bound are in docs/promotion.md ("Parity").
+    """
+    import copy
+
+    eps = float(np.finfo(dtype).eps)
+    x = np.asarray(scores, dtype=np.float64)
+    kind = calibrator.input_kind
+
+    def pipeline(cal, rep, rows):
+        if kind == "probs":
+            rows = np.clip(rows, 0.0, 1.0)
+            rows = rows / rows.sum(axis=1, keepdims=True)
+        uncal = rows if kind == "probs" else _softmax(rows)
+        return rep.transform(uncal, cal.predict_proba(rows))
+
+    exact = pipeline(calibrator, repair, x)
+    stored_cal, stored_rep = calibrator, repair
+    if dtype != "float64":
+        stored_cal = copy.deepcopy(calibrator)
+        for key, shape in calibrator._param_shapes.items():
+            value = getattr(calibrator, key + "_")
+            if shape == "knots":  # knots may round onto each other, as in the graph
+                value = [(_rounded(kx, dtype), _rounded(ky, dtype)) for kx, ky in value]
+            else:
+                value = _rounded(value, dtype)
+            setattr(stored_cal, key + "_", value)
+        stored_rep = copy.copy(repair)
+        stored_rep.eta_ = float(np.asarray(repair.eta_, dtype=dtype))
+    stored = pipeline(stored_cal, stored_rep, x.astype(dtype).astype(np.float64))
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=x.shape)
+    moved = pipeline(calibrator, repair, x * (1.0 + eps * signs))
+    s_store = float(np.max(np.abs(stored - exact)))
+    s_input = float(np.max(np.abs(moved - exact)))
+    return max(FIXED_PARITY_TOLERANCE[dtype],
+               PARITY_FACTOR * (s_store + s_input + x.shape[1] * eps))
+
+
+def _rounded(value, dtype: str):
+    """``value`` (a float or an array) rounded to ``dtype`` and back to float64."""
+    rounded = np.asarray(value, dtype=dtype).astype(np.float64)
+    return float(rounded) if rounded.ndim == 0 else rounded
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
 
 
 def default_min_rows(n_classes: int) -> int:
@@ -133,11 +216,17 @@ class Policy:
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
 
-    def allowed_nll(self, champion_nll: float, on_reference: bool = False) -> float:
-        """The largest candidate NLL that is "no worse" than ``champion_nll`` on the
-        candidate's split, or on the champion's reference split."""
+    def allowed_nll(self, baseline_nll: float, on_reference: bool = False) -> float:
+        """The largest candidate NLL that is "no worse" than ``baseline_nll`` (the
+        uncalibrated model's, or the champion's on its reference split) on the candidate's
+        split, or on the champion's reference split."""
         tolerance = self.reference_tolerance if on_reference else self.nll_tolerance
-        return champion_nll + tolerance * abs(champion_nll)
+        return baseline_nll + tolerance * abs(baseline_nll)
+
+    def nll_to_beat(self, champion_nll: float) -> float:
+        """A candidate replaces the champion only with an NLL strictly below this, on the
+        candidate's split: better beyond float rounding, so a tie never moves the alias."""
+        return champion_nll - self.nll_tolerance * abs(champion_nll)
 
     def as_tags(self) -> dict[str, str]:
         return {f"cord.gate.policy.{k}": repr(v) for k, v in self.__dict__.items()}
@@ -239,13 +328,15 @@ class ChampionScore:
 
 @dataclass(frozen=True)
 class ReferenceScore:
-    """Candidate and champion on the champion's pinned reference split, or why that split
-    was not used (``problem``: unavailable, incompatible)."""
+    """Candidate, champion and the uncalibrated classifier on the champion's pinned
+    reference split, or why that split was not used (``problem``: unavailable,
+    incompatible)."""
 
     version: str
     candidate_nll: float | None = None
     champion_nll: float | None = None
     problem: str | None = None
+    uncalibrated_nll: float | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +355,9 @@ class GateDecision:
     reference: ReferenceScore | None = None
     champion_problem: str | None = None
     evidence: list[str] = field(default_factory=list)
+    uncalibrated_nll: float | None = None
+    #: The candidate is worse than the uncalibrated classifier (rule 4) on some split.
+    harms: bool = False
 
     @property
     def label(self) -> str:
@@ -271,10 +365,13 @@ class GateDecision:
 
 
 def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
-           champion: ChampionScore | None, *, evidence: Evidence, policy: Policy,
-           reference: ReferenceScore | None = None, promote: bool = True) -> GateDecision:
+           champion: ChampionScore | None, *, uncalibrated_nll: float, evidence: Evidence,
+           policy: Policy, reference: ReferenceScore | None = None,
+           promote: bool = True) -> GateDecision:
     """The champion gate as a pure function of the measured numbers (rules in the module
-    docstring). Every failed rule is named in ``reason``."""
+    docstring). ``uncalibrated_nll``: the classifier's own NLL on the candidate's
+    evaluation split, the baseline every candidate must not lose to. Every failed rule is
+    named in ``reason``."""
     champion_nll = None if champion is None else champion.nll
     champion_version = None if champion is None else champion.version
     failed = []
@@ -285,30 +382,44 @@ def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
     problems = evidence_problems(evidence, policy)
     if problems:
         failed.append(f"not enough evidence ({'; '.join(problems)})")
+    harms = not candidate_nll <= policy.allowed_nll(uncalibrated_nll)
+    if harms:
+        failed.append(f"does harm: NLL {candidate_nll:.6g} is worse than the uncalibrated "
+                      f"model's {uncalibrated_nll:.6g} on this evaluation split")
     champion_problem = None
     if champion is not None and champion.problem is not None:
         champion_problem = champion.problem
         failed.append(f"champion v{champion.version} could not be scored on this evaluation "
                       f"split ({champion.problem})")
-    elif champion is not None and not candidate_nll <= policy.allowed_nll(champion.nll):
-        failed.append(f"NLL {candidate_nll:.6g} is worse than champion v{champion.version}'s "
-                      f"{champion.nll:.6g}")
+    elif champion is not None and not candidate_nll < policy.nll_to_beat(champion.nll):
+        verb = "ties" if candidate_nll <= policy.allowed_nll(champion.nll) else "is worse than"
+        failed.append(f"NLL {candidate_nll:.6g} {verb} champion v{champion.version}'s "
+                      f"{champion.nll:.6g} (the alias moves only on a strict improvement)")
     used_reference = (reference is not None and reference.problem is None
                       and champion_problem is None)
     if used_reference and not reference.candidate_nll <= policy.allowed_nll(
             reference.champion_nll, on_reference=True):
         failed.append(f"NLL {reference.candidate_nll:.6g} on champion v{reference.version}'s "
                       f"reference split is worse than its {reference.champion_nll:.6g}")
+    if used_reference and reference.uncalibrated_nll is not None and not (
+            reference.candidate_nll <= policy.allowed_nll(reference.uncalibrated_nll,
+                                                          on_reference=True)):
+        harms = True
+        failed.append(f"does harm: NLL {reference.candidate_nll:.6g} on champion "
+                      f"v{reference.version}'s reference split is worse than the uncalibrated "
+                      f"model's {reference.uncalibrated_nll:.6g} there")
     if not failed and not promote:
         failed.append("gates passed but promotion is switched off (promote=False)")
 
+    baseline = (f"uncalibrated {uncalibrated_nll:.6g}")
     if failed:
         reason = "; ".join(failed)
     elif champion is None:
-        reason = "no champion yet; enough evidence, TPCR 0 and parity verified"
+        reason = (f"no champion yet; NLL {candidate_nll:.6g} no worse than the {baseline}; "
+                  "enough evidence, TPCR 0 and parity verified")
     else:
-        reason = (f"NLL {candidate_nll:.6g} no worse than champion v{champion.version}'s "
-                  f"{champion.nll:.6g}")
+        reason = (f"NLL {candidate_nll:.6g} better than champion v{champion.version}'s "
+                  f"{champion.nll:.6g} and no worse than the {baseline}")
         if used_reference:
             reason += (f" (and {reference.candidate_nll:.6g} vs {reference.champion_nll:.6g} "
                        "on its reference split)")
@@ -316,7 +427,7 @@ def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
             reason += f" (reference split not used: {reference.problem})"
         reason += "; TPCR 0 and parity verified"
     return GateDecision(not failed, reason, float(candidate_nll), champion_nll, champion_version,
-                        reference, champion_problem, problems)
+                        reference, champion_problem, problems, float(uncalibrated_nll), harms)
 
 
 class ChampionUnhealthyError(RuntimeError):
@@ -345,11 +456,18 @@ def record_health(client, name: str, version: str, problem: str | None) -> None:
 
 
 def read_history(client, name: str) -> list[dict]:
-    """The champion history (oldest first), [] when never recorded or unreadable."""
+    """The champion history (oldest first), [] when never recorded or unreadable.
+
+    Append-only: one row per move of ``@champion`` (``how``: ``gate``, ``promote`` or
+    ``rollback``; ``version`` the new holder, ``from`` the previous one, ``by``, ``at``,
+    ``reason``). Rows are never edited or removed, except the oldest beyond
+    :data:`HISTORY_LIMIT` (the tag's size)."""
     raw = client.get_registered_model(name).tags.get(HISTORY_TAG)
     try:
         history = json.loads(raw) if raw else []
     except json.JSONDecodeError:
+        return []
+    if not isinstance(history, list):
         return []
     return [h for h in history if isinstance(h, dict) and "version" in h]
 
@@ -360,10 +478,42 @@ def write_history(client, name: str, history: list[dict]) -> None:
 
 
 def push_history(client, name: str, entry: dict) -> None:
-    """Append the champion about to take the alias. Written *before* the alias moves: a
-    crash in between leaves an entry for a version that never held it, which rollback
-    skips (it is not the alias holder), never a champion missing from the history."""
+    """Append one move of the alias. Written *before* the alias moves: a crash in between
+    leaves a row for a version that never held it, which :func:`champion_timeline` drops
+    (it is not the alias holder), never a champion missing from the history."""
     write_history(client, name, [*read_history(client, name), entry])
+
+
+def champion_timeline(history: list[dict], holder: str | None) -> list[str]:
+    """The versions that held ``@champion``, oldest first, ending at ``holder``.
+
+    Each row adds its ``version``; the next row's ``from`` says whether that version
+    really took the alias: when it names another version, the row was written and the
+    alias move never happened (a crash in between), so that version is dropped, and a
+    ``from`` not yet in the timeline (a champion from before the history, an alias set
+    outside cord-ops) is added. Rows after the holder's last appearance never held the
+    alias either; a holder missing from the history is the only entry. A rollback
+    returns to the last entry before the holder, so a second rollback undoes the first.
+    Rows without ``from`` (written before it was recorded) are taken as they stand.
+    """
+    timeline: list[str] = []
+    unconfirmed = False  # the last entry came from a row no later row confirmed yet
+    for row in history:
+        if "from" in row:
+            before = None if row["from"] is None else str(row["from"])
+            if unconfirmed and timeline and timeline[-1] != before:
+                timeline.pop()
+            if before is not None and (not timeline or timeline[-1] != before):
+                timeline.append(before)
+        version = str(row["version"])
+        if not timeline or timeline[-1] != version:
+            timeline.append(version)
+        unconfirmed = True
+    if holder is None:
+        return []
+    if holder not in timeline:
+        return [holder]
+    return timeline[:len(timeline) - timeline[::-1].index(holder)]
 
 
 # ---------------------------------------------------------------- scoring from the registry

@@ -43,7 +43,8 @@ def cmd_rollback(args) -> int:
     client, uri = _client(args)
     current, target = champion_ops.rollback(client, uri, args.model_name, args.reason,
                                         args.lock_timeout)
-    print(f"{args.model_name}@champion: v{current} -> v{target} (rollback: {args.reason})")
+    why = f": {args.reason}" if args.reason else ""
+    print(f"{args.model_name}@champion: v{current} -> v{target} (rollback{why})")
     return 0
 
 
@@ -63,7 +64,8 @@ def add_cli(sub) -> None:
 
     p = sub.add_parser("rollback", help="return @champion to the previous champion")
     p.add_argument("--model-name", required=True, help="registered model name")
-    p.add_argument("--reason", default="rollback", help="why (recorded as a version tag)")
+    p.add_argument("--reason", default=None,
+                   help="why (recorded as a version tag and in the champion history)")
     _add_lock_timeout(p)
     p.set_defaults(func=cmd_rollback)
 

@@ -2,10 +2,12 @@
 top-1 decision changes, export one ONNX graph, track everything in MLflow, register the
 model and let it take ``@champion`` only when it wins.
 
-Reads top to bottom: load and validate -> split -> fit calibrator -> fit CORD -> evaluate
-uncal / base / cord on the evaluation split -> export ONNX -> verify ONNX parity with
-onnxruntime on the evaluation split -> log to MLflow (with the evaluation split pinned as
-the run's reference dataset input) -> register -> gate (rules in :mod:`flows.gate`).
+Reads top to bottom: load and validate -> skip when the data, calibrator and options are
+those of the champion's run (:func:`skip_if_unchanged`) -> split -> fit calibrator -> fit
+CORD -> evaluate uncal / base / cord on the evaluation split -> export ONNX -> verify ONNX
+parity with onnxruntime on the evaluation split -> log to MLflow (with the evaluation split
+pinned as the run's reference dataset input) -> register -> gate (rules in
+:mod:`flows.gate`).
 
 Splits too small to fit at all fail before any run exists; splits large enough to fit but
 not to trust are registered and rejected by the gate with the reason. Warnings the
@@ -55,7 +57,6 @@ from flows.tasks import compute_task, store_task
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
-PARITY_TOLERANCE = gating.PARITY_TOLERANCE
 MODEL_ARTIFACT = "model"
 INPUT_EXAMPLE_ROWS = 5
 DEFAULT_EVAL_SAMPLE = inputs.DEFAULT_EVAL_SAMPLE
@@ -122,15 +123,17 @@ class RecalibrationResult:
     """What one recalibration produced and where to find it.
 
     ``timings``: seconds per task as the flow saw them (task body plus Prefect's per-task
-    overhead), summed over repeated calls.
+    overhead), summed over repeated calls. ``warnings``: the fit's warnings, and the
+    do-no-harm warning when the calibrator lost to the identity map on its own
+    calibration split (:func:`harm_warnings`).
     """
 
     run_id: str
     experiment_id: str
     tracking_uri: str
     model_name: str
-    version: str
-    decision: gating.GateDecision
+    version: str | None
+    decision: gating.GateDecision | None
     eta_star: float
     reports: dict[str, dict[str, float]]
     changes: dict[str, int]
@@ -139,6 +142,9 @@ class RecalibrationResult:
     warnings: list[str] = field(default_factory=list)
     #: what loading changed in the input files (``data.Dataset.load_note``)
     input_notes: list[str] = field(default_factory=list)
+    #: Why nothing was fitted or registered (:func:`skip_if_unchanged`); then ``version``
+    #: and ``decision`` are None and the reports empty.
+    skipped: str | None = None
 
 
 class Steps:
@@ -177,8 +183,8 @@ def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
     fraction the split refuses, an evaluation file that does not match ``dataset``, a gate
     threshold out of range, splits too small to fit at all (the check the CLI runs before
     anything starts, :func:`flows.inputs.check_recalibration`). Returns the gate's policy."""
-    if dtype not in PARITY_TOLERANCE:
-        raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
+    if dtype not in gating.DTYPES:
+        raise ValueError(f"dtype: expected one of {gating.DTYPES}, got {dtype!r}")
     return inputs.check_recalibration(dataset, eval_dataset, calibrator, fraction, seed,
                                       gate_options)
 
@@ -226,6 +232,43 @@ def fit_cord(calibration: data.Dataset, calibrator):
     return _capturing_warnings(lambda: CORD().fit(original, calibrated))
 
 
+def no_harm_warning(calibration: data.Dataset, calibrator, repair: CORD,
+                    tolerance: float = gating.DEFAULT_NLL_TOLERANCE) -> str | None:
+    """The do-no-harm check of a fit: on its own calibration split, the calibrator's NLL
+    (the metric reported, :func:`cord_ops.metrics.nll`) must be no worse than the identity
+    map's, the classifier's own probabilities (within ``tolerance``, relative: rounding).
+    Returns the warning when it is worse, else None.
+
+    A fit that loses (a degenerate optimum, a family with no finite optimum on these
+    rows, a floor other than the shared one) is kept, and said: the warning goes to the
+    run tags (``cord.fit.warnings``, ``cord.fit.harm``) and the summary, and the gate
+    refuses any version worse than the uncalibrated model on the evaluation split
+    (:mod:`flows.gate`, rule 4). Keeping it, rather than falling back to the identity map,
+    leaves the registered calibrator the one that was asked for, so what the operator
+    reads is what was fitted. CORD repairs after the calibrator, so both are reported.
+    """
+    uncal = calibration.probabilities()
+    base = calibrator.predict_proba(calibration.scores)
+    before = metrics.nll(uncal, calibration.labels)
+    after = metrics.nll(base, calibration.labels)
+    if after <= before + tolerance * abs(before):
+        return None
+    repaired = metrics.nll(repair.transform(uncal, base), calibration.labels)
+    return (f"DoNoHarmWarning: {calibrator.name} raises the NLL on its own calibration "
+            f"split from {before:.6g} (uncalibrated) to {after:.6g} ({repaired:.6g} after "
+            "CORD); the gate promotes no version worse than the uncalibrated model")
+
+
+@compute_task
+def check_no_harm(calibration: data.Dataset, calibrator, repair: CORD) -> list[str]:
+    """:func:`no_harm_warning` as a step of the flow (logged); returns [] or [warning]."""
+    text = no_harm_warning(calibration, calibrator, repair)
+    if text is None:
+        return []
+    get_run_logger().warning("fit: %s", text)
+    return [text]
+
+
 @compute_task
 def evaluate_reports(evaluation: data.Dataset, calibrator, repair: CORD) -> Evaluation:
     """Metrics of uncal (the classifier), base (the calibrator) and cord (the repair).
@@ -261,8 +304,8 @@ def check_shard_options(calibrator: str, dtype: str, eval_sample: int, plan,
                         gate_options: dict | None = None) -> gating.Policy:
     """:func:`check_options` for shards: the calibrator must be fittable from partition
     sums (:func:`flows.inputs.check_shard_recalibration`)."""
-    if dtype not in PARITY_TOLERANCE:
-        raise ValueError(f"dtype: expected one of {tuple(PARITY_TOLERANCE)}, got {dtype!r}")
+    if dtype not in gating.DTYPES:
+        raise ValueError(f"dtype: expected one of {gating.DTYPES}, got {dtype!r}")
     return inputs.check_shard_recalibration(plan, calibrator, eval_sample, gate_options)
 
 
@@ -329,7 +372,8 @@ def export_model(calibrator, repair: CORD, n_classes: int, input_kind: str, dtyp
 
 
 @compute_task
-def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype: str) -> Parity:
+def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype: str,
+                  calibrator, repair: CORD) -> Parity:
     """Run the graph with onnxruntime (CPU) on the evaluation split and compare with cord_ops.
 
     ``argmax_agreement`` is the share of rows whose repaired top-1 is the classifier's
@@ -343,7 +387,8 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
     repaired = repaired.astype(np.float64)
     diff = float(np.max(np.abs(repaired - reference.cord)))
     agreement = float(np.mean(top1(repaired) == top1(reference.uncal)))
-    return Parity(diff, agreement, PARITY_TOLERANCE[dtype], repaired)
+    tolerance = gating.parity_tolerance(calibrator, repair, evaluation.scores, dtype)
+    return Parity(diff, agreement, tolerance, repaired)
 
 
 # ---------------------------------------------------------------- tracking tasks
@@ -366,6 +411,52 @@ def start_run(uri: str, model_name: str, dataset: data.Dataset,
     return run.info.run_id, experiment
 
 
+#: Run tags that determine what a recalibration fits and exports: when they are all equal
+#: to those of the champion's run, the run would rebuild the champion's graph.
+IDENTITY_TAGS = ("data.sha256", "data.input_kind", "eval_data.sha256",
+                 "eval_data.input_kind", "cord.calibrator", "cord.seed", "cord.fraction",
+                 "cord.dtype", "cord.eval_sample", "cord.promote")
+SKIPPED_TAG = "cord.skipped"
+
+
+@store_task
+def skip_if_unchanged(uri: str, run_id: str, model_name: str) -> str | None:
+    """When this run's data digests, calibrator and options (:data:`IDENTITY_TAGS`) equal
+    those of the current champion's run, record the run as skipped (tag ``cord.skipped``
+    with the reason, FINISHED, no version) and return the reason; else None.
+
+    A scheduled recalibration of unchanged data would refit the same graph, register a
+    version that ties the champion and churn the registry; the gate would reject the tie
+    (:mod:`flows.gate`), but only after minutes of fitting and logging.
+    """
+    client = tracking.client(uri)
+    holder = registry.champion_version(client, model_name)
+    # Only a settled champion counts: a pending one may be a killed run's, which the
+    # registry section's clean-up is about to undo.
+    if holder is None or not holder.run_id or \
+            holder.tags.get(registry.REGISTRATION_TAG) != registry.COMPLETE:
+        return None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        champion_run = client.get_run(holder.run_id)
+    except MlflowException:  # the champion's run was deleted: nothing to compare with
+        return None
+    if champion_run.info.status != "FINISHED":
+        return None
+    champion_tags = champion_run.data.tags
+    mine = client.get_run(run_id).data.tags
+    if any(mine.get(key) != champion_tags.get(key) for key in IDENTITY_TAGS) \
+            or champion_tags.get("data.sha256") is None:
+        return None
+    reason = (f"unchanged: data sha256 {mine['data.sha256'][:12]}, calibrator "
+              f"{mine.get('cord.calibrator')} and options equal champion v{holder.version}'s "
+              f"run {holder.run_id}; nothing fitted or registered")
+    client.set_tag(run_id, SKIPPED_TAG, reason)
+    client.set_terminated(run_id, "FINISHED")
+    return reason
+
+
 @store_task
 def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
                            evaluation: Evaluation,
@@ -382,8 +473,11 @@ def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
         values[f"base.{name}"] = count
     values["onnx.max_abs_diff"] = parity.max_abs_diff
     values["onnx.argmax_agreement"] = parity.argmax_agreement
+    values["onnx.tolerance"] = parity.tolerance
+    harm = [w for w in fit_warnings or [] if w.startswith("DoNoHarmWarning")]
     tags = {"cord.fit.warnings": "; ".join(fit_warnings or [])[:8000] or "none",
             "cord.fit.warning_count": str(len(fit_warnings or [])),
+            "cord.fit.harm": harm[0][:5000] if harm else "none",
             **(policy.as_tags() if policy is not None else {})}
     tracking.log_values(tracking.client(uri), run_id, metrics=values, params=params,
                         tags=tags)
@@ -560,7 +654,8 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
             scored_ref = gating.ReferenceScore(
                 previous_champion, metrics.nll(_run_graph(model, ref_split.scores, dtype),
                                                ref_split.labels),
-                on_ref.nll, on_ref.problem)
+                on_ref.nll, on_ref.problem,
+                uncalibrated_nll=metrics.nll(ref_split.probabilities(), ref_split.labels))
     evidence = gating.Evidence(
         *counts,
         None if ref_split is None else gating.label_counts(ref_split.labels,
@@ -568,7 +663,9 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
     decision = gating.decide(
         candidate_nll=metrics.nll(parity.repaired, evaluation.labels),
         candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired),
-        parity_ok=parity.ok, champion=champion, evidence=evidence, policy=policy,
+        parity_ok=parity.ok, champion=champion,
+        uncalibrated_nll=metrics.nll(report.uncal, evaluation.labels),
+        evidence=evidence, policy=policy,
         reference=scored_ref, promote=promote,
     )
     if champion is not None:
@@ -582,11 +679,9 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
     registry.record_decision(client, name, version, decision)
     faults.checkpoint("gate_recorded")
     if decision.promote:
-        history = gating.read_history(client, name)
-        if previous_champion is not None and not history:  # champion from before history
-            gating.push_history(client, name, {"version": previous_champion, "by": "unknown"})
         gating.push_history(client, name, {
-            "version": version, "by": "gate", "reason": decision.reason[:300],
+            "version": version, "from": previous_champion, "how": "gate", "by": "gate",
+            "reason": decision.reason[:300],
             "at": datetime.now(UTC).isoformat(timespec="seconds")})
     registry.move_alias(client, name, version, decision)
     faults.checkpoint("alias_moved")
@@ -706,11 +801,23 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     beating = owner.Heartbeat(MlflowClient(uri), run_id) if folder is None else nullcontext()
     try:
         with beating:
+            skipped = steps(skip_if_unchanged, uri, run_id, model_name)
+            if skipped is not None:
+                if session is not None:
+                    session.close()
+                get_run_logger().info("skipped: %s", skipped)
+                return RecalibrationResult(
+                    run_id=run_id, experiment_id=experiment, tracking_uri=uri,
+                    model_name=model_name, version=None, decision=None,
+                    eta_star=float("nan"), reports={}, changes={},
+                    onnx_max_abs_diff=float("nan"), timings=steps.timings, skipped=skipped)
             if session is None:
                 calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed,
                                                 fraction)
                 fitted, calibrator_warnings = steps(fit_calibrator, calibration, calibrator)
                 repair, cord_warnings = steps(fit_cord, calibration, fitted)
+                cord_warnings = cord_warnings + steps(check_no_harm, calibration, fitted,
+                                                      repair)
                 report = steps(evaluate_reports, evaluation, fitted, repair)
                 counts = (gating.label_counts(calibration.labels, dataset.n_classes),
                           gating.label_counts(evaluation.labels, dataset.n_classes))
@@ -725,7 +832,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             fit_warnings = calibrator_warnings + cord_warnings
             model = steps(export_model, fitted, repair, dataset.n_classes, dataset.input_kind,
                           dtype)
-            parity = steps(verify_parity, model, evaluation, report, dtype)
+            parity = steps(verify_parity, model, evaluation, report, dtype, fitted, repair)
             params = run_params(calibrator, dataset, sum(counts[0]), sum(counts[1]), seed,
                                 repair)
             if session is not None:
@@ -853,7 +960,8 @@ def _prefect_flow_run_id() -> str | None:
 
 
 #: Steps that talk to the tracking store: their errors name the tracking URI.
-STORE_STEPS = frozenset({"prepare_store", "start_run", "log_params_and_metrics",
+STORE_STEPS = frozenset({"prepare_store", "start_run", "skip_if_unchanged",
+                         "log_params_and_metrics",
                          "log_report_artifacts", "log_onnx_model", "verify_artifacts",
                          "ensure_model", "registry_lock", "register", "gate", "finish_run"})
 

@@ -36,6 +36,10 @@ REASON_TAG = "cord.gate.reason"
 CANDIDATE_NLL_TAG = "cord.gate.candidate_nll"
 CHAMPION_NLL_TAG = "cord.gate.champion_nll"
 CHAMPION_VERSION_TAG = "cord.gate.champion_version"
+#: The classifier's own NLL on the candidate's evaluation split (the gate's baseline), and
+#: whether the candidate was worse than it ("true"/"false").
+UNCALIBRATED_NLL_TAG = "cord.gate.uncalibrated_nll"
+HARMS_TAG = "cord.gate.harms"
 #: Version tag: the ``@champion`` when this version was registered ("" for none).
 PREVIOUS_CHAMPION_TAG = "cord.registration.previous_champion"
 #: Run tag: why a run FAILED.
@@ -243,6 +247,9 @@ def record_decision(client, name: str, version: str, decision) -> None:
     client.set_model_version_tag(name, version, CHAMPION_NLL_TAG, repr(decision.champion_nll))
     client.set_model_version_tag(name, version, CHAMPION_VERSION_TAG,
                                  str(decision.champion_version))
+    client.set_model_version_tag(name, version, UNCALIBRATED_NLL_TAG,
+                                 repr(decision.uncalibrated_nll))
+    client.set_model_version_tag(name, version, HARMS_TAG, str(decision.harms).lower())
 
 
 def move_alias(client, name: str, version: str, decision) -> None:

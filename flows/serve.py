@@ -158,7 +158,7 @@ def verify(session, contract: InputContract, state=None) -> dict:
     ``state`` (calibrator, CORD), ``repaired`` matches cord_ops within the export's parity
     tolerance. Returns what was checked; raises VersionRejected naming the failure."""
     from cord_ops.validation import top1
-    from flows.gate import PARITY_TOLERANCE
+    from flows.gate import FIXED_PARITY_TOLERANCE, parity_tolerance
 
     # The graph's own input, upcast: parity is defined against cord_ops on the same inputs.
     probe = _probe_scores(contract).astype(contract.dtype).astype(np.float64)
@@ -169,7 +169,7 @@ def verify(session, contract: InputContract, state=None) -> dict:
         raise VersionRejected(f"the graph failed on the probe batch ({exc})") from exc
     repaired = repaired.astype(np.float64)
     expected_top1 = top1(probe)
-    tolerance = PARITY_TOLERANCE[str(contract.dtype)]
+    tolerance = FIXED_PARITY_TOLERANCE[str(contract.dtype)]
     if repaired.shape != probe.shape or not np.isfinite(repaired).all():
         raise VersionRejected("repaired output is not a finite [N, K] array")
     if not np.array_equal(label, expected_top1) or not np.array_equal(top1(repaired),
@@ -180,6 +180,7 @@ def verify(session, contract: InputContract, state=None) -> dict:
     report = {"probe_rows": int(probe.shape[0]), "top1_kept": True, "reference": None}
     if state is not None:
         calibrator, cord = state
+        tolerance = parity_tolerance(calibrator, cord, probe, str(contract.dtype))
         reference = cord.transform(
             probe if contract.input_kind == "probs" else _softmax(probe),
             calibrator.predict_proba(probe))

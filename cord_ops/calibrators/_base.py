@@ -6,11 +6,16 @@ Input kinds
 ``input_kind="logits"`` (default): scores are real n x K logits and are used as given.
 ``input_kind="probs"``: scores are probability rows (validated by
 ``cord_ops.validation.check_probabilities``) and the logits are their clipped logarithms
-``log(max(p, prob_floor))``. The default floor is the smallest normal float32,
-``PROB_FLOOR = 1.1754944e-38`` (log = -87.336...), the floor probmetrics applies before its
-temperature and structured scaling; it is stored in ``to_dict()`` and used identically at
-fit and predict time. Isotonic calibrators work on probabilities and never take a log of
-their input (``prob_floor`` only matters for the temperature inside ``irova-ts``).
+``log(max(p, prob_floor))``. The default floor is the project's one floor for
+log-probabilities, ``cord_ops.metrics.PROB_FLOOR`` = float64 epsilon (2.2e-16, log =
+-36.04), the floor the reported NLL clips at: a zero probability then costs the fit what
+it costs the metric (at the identity map). Deviation: probmetrics floors at float32 tiny
+(1.2e-38, log = -87.3) before its temperature and structured scaling; on real CIFAR
+softmax outputs the two give the same evaluation NLL to 1e-10 (docs/calibrators.md). The
+floor is stored in ``to_dict()`` and used identically at fit and predict time (states
+saved with another floor keep theirs). Isotonic calibrators work on probabilities and
+never take a log of their input (``prob_floor`` only matters for the temperature inside
+``irova-ts``).
 
 State
 -----
@@ -59,6 +64,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from threadpoolctl import ThreadpoolController
 
+from cord_ops.metrics import PROB_FLOOR
 from cord_ops.names import INPUT_KINDS
 from cord_ops.validation import check_class_labels, check_probabilities, check_scores
 
@@ -70,9 +76,6 @@ __all__ = [
     "mean_nll_and_grad",
     "softmax",
 ]
-
-#: Floor applied to probabilities before their log (input_kind="probs"): float32 tiny.
-PROB_FLOOR = float(np.finfo(np.float32).tiny)
 
 #: Version of the JSON state ``to_dict`` writes (module docstring, "State").
 STATE_VERSION = 2

@@ -8,8 +8,9 @@ Predict path, with the log-probability features clipped at log(prob_floor):
     x = log(max(p, prob_floor))                  (input_kind="probs")
     q = softmax(x @ weights.T + bias)            weights (K, K), bias (K,)
 
-Both feature forms give the same x up to rounding. The default floor is float64 machine
-epsilon (2.2e-16, log = -36.04), the reference's ``log(clip(p, eps, 1 - eps))``; the upper
+Both feature forms give the same x up to rounding. The default floor is the project's
+``cord_ops.metrics.PROB_FLOOR``, float64 machine epsilon (2.2e-16, log = -36.04), which is
+the reference's ``log(clip(p, eps, 1 - eps))``; the upper
 clip at 1 - eps changes a log-probability by at most 2.2e-16 and is left out. The floor is
 stored in the state and used identically at fit and predict time.
 
@@ -93,10 +94,8 @@ import numpy as np
 from sklearn.model_selection import KFold, StratifiedKFold
 
 from cord_ops.calibrators._affine import NEWTON_MAX_PARAMS, Penalty, affine_logits, fit_affine
-from cord_ops.calibrators._base import Calibrator, mean_nll_and_grad, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, mean_nll_and_grad, softmax
 
-#: The reference's feature clip: log(clip(p, eps, 1 - eps)), eps = float64 epsilon.
-DIRICHLET_PROB_FLOOR = float(np.finfo(np.float64).eps)
 #: Largest exponent of both grids (the reference's ``np.arange(start_from, 7)``).
 GRID_MAX_EXPONENT = 6
 #: The first lambda path stops once PATIENCE consecutive grid values have a CV NLL above
@@ -236,7 +235,7 @@ class DirichletODIR(Calibrator):
     _param_shapes = {"weights": ("K", "K"), "bias": ("K",), "reg_lambda": (), "reg_mu": (),
                      "cv_path": ("*", 3)}
 
-    def __init__(self, input_kind: str = "logits", prob_floor: float = DIRICHLET_PROB_FLOOR,
+    def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  reg_lambdas=None, reg_mus=None, n_folds: int = 5, random_state: int = 0,
                  search: str = "path", max_iter: int = 1000, gtol: float = 1e-5,
                  ftol: float = 1e-12):

@@ -25,7 +25,9 @@ Fit, on the same calibration split:
 
 Deviations from probmetrics: float64 throughout (it casts the features to float32 and
 optimises in float32 with torchmin BFGS/L-BFGS), and no clip of the features at
-log(float32 tiny), which is inert here because p_mix >= mix_eps / K.
+log(float32 tiny), which is inert here because p_mix >= mix_eps / K. Probability inputs
+are floored at ``PROB_FLOOR`` (float64 eps) before their log, where probmetrics uses
+float32 tiny (see ``_base``).
 """
 
 from __future__ import annotations

@@ -15,15 +15,15 @@ from sklearn.model_selection import StratifiedKFold
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator
 from cord_ops.calibrators._base import softmax
 from cord_ops.calibrators.dirichlet import (
-    DIRICHLET_PROB_FLOOR,
     STOP_MARGIN,
     DirichletODIR,
     _Search,
     kull_grid,
 )
+from cord_ops.metrics import PROB_FLOOR
 
 
-def _features(z, floor=DIRICHLET_PROB_FLOOR):
+def _features(z, floor=PROB_FLOOR):
     sh = z - z.max(axis=1, keepdims=True)
     return np.maximum(sh - np.log(np.exp(sh).sum(axis=1, keepdims=True)), np.log(floor))
 

@@ -26,19 +26,95 @@ def plenty(k: int) -> gate.Evidence:
     return gate.Evidence(balanced(n, k), balanced(n, k), balanced(n, k))
 
 
-@given(candidate=nll, champion=st.one_of(st.none(), nll), k=K,
+#: The default tolerances, written out: the oracle below must not borrow the gate's own
+#: arithmetic (Policy.allowed_nll / nll_to_beat), or a mutant of it would pass.
+RTOL = 1e-6
+REFERENCE_RTOL = 0.02
+
+
+@given(candidate=nll, champion=st.one_of(st.none(), nll), uncal=nll, k=K,
        tpcr=st.sampled_from([0.0, 0.001, 0.5]), parity=st.booleans(), promote=st.booleans())
 def test_with_enough_evidence_the_gate_promotes_exactly_when_every_condition_holds(
-        candidate, champion, k, tpcr, parity, promote):
+        candidate, champion, uncal, k, tpcr, parity, promote):
     policy = gate.Policy.for_classes(k)
     score = None if champion is None else gate.ChampionScore("3", champion)
-    decision = gate.decide(candidate, tpcr, parity, score, evidence=plenty(k), policy=policy,
-                           promote=promote)
-    wins = tpcr == 0.0 and parity and (champion is None
-                                       or candidate <= policy.allowed_nll(champion))
+    decision = gate.decide(candidate, tpcr, parity, score, uncalibrated_nll=uncal,
+                           evidence=plenty(k), policy=policy, promote=promote)
+    no_harm = candidate <= uncal * (1 + RTOL)
+    wins = tpcr == 0.0 and parity and no_harm and (champion is None
+                                                   or candidate < champion * (1 - RTOL))
     assert decision.promote == (wins and promote)
+    assert decision.harms == (not no_harm)
     assert decision.candidate_nll == candidate and decision.champion_nll == champion
+    assert decision.uncalibrated_nll == uncal
     assert decision.label == ("promoted" if decision.promote else "rejected")
+
+
+@settings(max_examples=200)
+@given(champion=st.floats(min_value=1e-3, max_value=10.0), k=K)
+def test_a_tie_never_moves_the_champion(champion, k):
+    """A refit of unchanged data is the same graph, with the same NLL: rejected, so a
+    schedule on unchanged data never moves @champion."""
+    decision = gate.decide(champion, 0.0, True, gate.ChampionScore("4", champion),
+                           uncalibrated_nll=10.0, evidence=plenty(k),
+                           policy=gate.Policy.for_classes(k))
+    assert not decision.promote
+    assert "ties champion v4's" in decision.reason and "strict improvement" in decision.reason
+
+
+def _decide(candidate, *, champion=None, uncal=1.0, reference=None):
+    score = None if champion is None else gate.ChampionScore("7", champion)
+    return gate.decide(candidate, 0.0, True, score, uncalibrated_nll=uncal,
+                       evidence=plenty(10), policy=gate.Policy.for_classes(10),
+                       reference=reference)
+
+
+# Boundaries of both default tolerances, as literal numbers, just inside and just outside.
+@pytest.mark.parametrize("candidate, champion, promoted", [
+    (0.49999949, 0.5, True),     # beats 0.5 by more than 1e-6 relative (5e-7)
+    (0.49999951, 0.5, False),    # better, but by less than float rounding: a tie
+    (0.4999995, 0.5, False),     # exactly 0.5 * (1 - 1e-6): not strictly below it
+    (0.5, 0.5, False),           # exact tie
+    (0.50000049, 0.5, False),    # within the tolerance above: still a tie, not a win
+    (2.999996, 3.0, True),       # relative: 3e-6 at 3.0
+    (2.999998, 3.0, False),
+])
+def test_champion_boundary_is_a_strict_improvement_beyond_1e_6(candidate, champion, promoted):
+    assert _decide(candidate, champion=champion, uncal=10.0).promote is promoted
+
+
+@pytest.mark.parametrize("candidate, uncal, promoted", [
+    (0.50000049, 0.5, True),     # no worse than uncalibrated within 1e-6 relative
+    (0.5000005, 0.5, True),      # exactly 0.5 * (1 + 1e-6): still no worse
+    (0.5, 0.5, True),            # a tie with the classifier does no harm
+    (0.50000051, 0.5, False),    # worse beyond rounding: harm
+    (1.236, 0.19, False),        # the issue's 26-class `ms` (CORD output 0.397 also > 0.19)
+    (0.397, 0.19, False),
+])
+def test_uncalibrated_boundary_applies_to_the_first_version(candidate, uncal, promoted):
+    decision = _decide(candidate, uncal=uncal)
+    assert decision.promote is promoted and decision.harms is not promoted
+    if not promoted:
+        assert decision.reason.startswith(
+            f"does harm: NLL {candidate:.6g} is worse than the uncalibrated model's "
+            f"{uncal:.6g} on this evaluation split")
+
+
+@pytest.mark.parametrize("ref_candidate, ref_champion, ref_uncal, promoted, words", [
+    (0.2549, 0.25, 9.0, True, None),    # within 2 % of the champion there (0.255)
+    (0.255, 0.25, 9.0, True, None),     # exactly at 0.25 * 1.02
+    (0.2551, 0.25, 9.0, False, "reference split is worse than its 0.25"),
+    (0.2549, 9.0, 0.25, True, None),    # within 2 % of the uncalibrated model there
+    (0.255, 9.0, 0.25, True, None),
+    (0.2551, 9.0, 0.25, False, "worse than the uncalibrated model's 0.25 there"),
+])
+def test_reference_split_boundaries_are_2_percent(ref_candidate, ref_champion, ref_uncal,
+                                                 promoted, words):
+    decision = _decide(0.1, champion=0.2, uncal=1.0, reference=gate.ReferenceScore(
+        "7", ref_candidate, ref_champion, uncalibrated_nll=ref_uncal))
+    assert decision.promote is promoted
+    if words:
+        assert words in decision.reason
 
 
 @st.composite
@@ -68,8 +144,8 @@ def test_never_promotes_when_a_minimum_is_not_met_whatever_the_nlls(case, candid
     k, policy, evidence = case
     score = None if champion is None else gate.ChampionScore("1", champion)
     reference = None if ref is None or champion is None else gate.ReferenceScore("1", *ref)
-    decision = gate.decide(candidate, 0.0, True, score, evidence=evidence, policy=policy,
-                           reference=reference)
+    decision = gate.decide(candidate, 0.0, True, score, uncalibrated_nll=10.0,
+                           evidence=evidence, policy=policy, reference=reference)
     assert not decision.promote
     assert "not enough evidence" in decision.reason and "rows (<" in decision.reason
 
@@ -95,12 +171,14 @@ def test_single_class_and_shifted_labels_are_not_promotable_however_good_the_nll
     policy = gate.Policy.for_classes(10)
     one_class = (500,) + (0,) * 9
     decision = gate.decide(0.001, 0.0, True, gate.ChampionScore("1", 5.0), policy=policy,
+                           uncalibrated_nll=9.0,
                            evidence=gate.Evidence(one_class, one_class))
     assert not decision.promote and "class 0 holds 100.0% of the evaluation labels" in (
         decision.reason)
     # Balanced labels, but none of classes 5-9 against a champion evaluated on all ten.
     half = (100,) * 5 + (0,) * 5
     shifted = gate.decide(0.001, 0.0, True, gate.ChampionScore("1", 5.0), policy=policy,
+                          uncalibrated_nll=9.0,
                           evidence=gate.Evidence(half, half, balanced(1000, 10)))
     assert not shifted.promote and "far from the champion's reference split" in shifted.reason
 
@@ -109,19 +187,22 @@ def test_reference_split_must_be_no_worse_too():
     policy = gate.Policy.for_classes(10)
     champ = gate.ChampionScore("4", 0.30)
     worse_there = gate.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
+                              uncalibrated_nll=9.0,
                               reference=gate.ReferenceScore("4", 0.90, 0.25))
     assert not worse_there.promote and "on champion v4's reference split" in worse_there.reason
     within = gate.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
+                         uncalibrated_nll=9.0,
                          reference=gate.ReferenceScore("4", 0.2520, 0.25))  # < 2 % worse
     assert within.promote and "reference split" in within.reason
     unavailable = gate.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
+                              uncalibrated_nll=9.0,
                               reference=gate.ReferenceScore("4", problem="unavailable: gone"))
     assert unavailable.promote and "not used: unavailable" in unavailable.reason
     broken = gate.decide(0.1, 0.0, True, gate.ChampionScore("2", None, "K mismatch"),
-                         evidence=plenty(10), policy=policy)
+                         uncalibrated_nll=9.0, evidence=plenty(10), policy=policy)
     assert not broken.promote and broken.champion_problem == "K mismatch"
     assert "TPCR" in gate.decide(0.1, 0.01, True, champ, evidence=plenty(10),
-                                 policy=policy).reason
+                                 uncalibrated_nll=9.0, policy=policy).reason
 
 
 @pytest.mark.parametrize("k, n", [(10, 100), (100, 1000), (100, 5000)])

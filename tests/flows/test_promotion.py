@@ -192,11 +192,23 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
     assert main(["status", "--model-name", "m"]) == 0
     table = capsys.readouterr().out
     assert "champion: v2" in table and "health:   v2 cannot be scored" in table
-    assert "promoted by" in table and "rejected" in table
+    assert "history:  v1 -> v2 (promote)" in table
+    # The operator's move is the decision that stands; the gate's follows in the reason.
+    (row,) = [line for line in table.splitlines() if line.startswith("v2 ")]
+    assert row.split()[:4] == ["v2", "champion", "complete", "operator"]
+    assert "promote: seed 1 split (by " in row and "| gate: rejected: " in row
+    assert "v3      -         complete  rejected" in table
 
     assert main(["rollback", "--model-name", "m"]) == 0
+    assert capsys.readouterr().out.strip() == "m@champion: v2 -> v1 (rollback)"
     assert _champion(client) == "1"
     assert client.get_registered_model("m").tags[gate.HEALTH_TAG] == gate.HEALTHY
+    # Append-only: the rollback is a row, and the next rollback finds v2 (still broken,
+    # so it is refused with the reason) instead of "no earlier champion recorded".
+    assert [(h["version"], h["how"]) for h in gate.read_history(client, "m")] == [
+        ("1", "gate"), ("2", "promote"), ("1", "rollback")]
+    assert main(["rollback", "--model-name", "m", "--reason", "try v2 again"]) == 1
+    assert _last_error(capsys).startswith("error: cannot roll back to v2: ")
 
     # A foreign model (a plain ONNX classifier) set as champion by hand.
     foreign = _register_foreign_onnx(client, "m", digits)

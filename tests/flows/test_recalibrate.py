@@ -108,6 +108,16 @@ def test_flow_logs_the_contract_registers_and_serves(store, digits_file, digits)
     assert np.array_equal(np.argmax(out["repaired"], axis=1),
                           np.argmax(evaluation.scores, axis=1))
 
+    # The schedule's next run on the unchanged file: recorded as skipped, nothing fitted,
+    # no new version, @champion where it was.
+    again = recalibrate(data=str(digits_file), model_name="m")
+    assert again.version is None and again.decision is None
+    assert again.skipped.startswith("unchanged: data sha256 ") and "champion v1's" in again.skipped
+    skipped = client.get_run(again.run_id)
+    assert skipped.info.status == "FINISHED" and skipped.data.tags["cord.skipped"] == again.skipped
+    assert "cord.nll" not in skipped.data.metrics
+    assert _versions(client, "m") == ["1"] and _champion(client, "m") == "1"
+
 
 def test_gate_keeps_the_champion_against_a_loser_and_a_failed_run(store, tmp_path, digits):
     cal_rows, eval_rows = data.split_indices(digits.n, 0)
@@ -150,8 +160,9 @@ def test_gate_keeps_the_champion_against_a_loser_and_a_failed_run(store, tmp_pat
         item.rmdir() if item.is_dir() else item.unlink()
     folder.rmdir()
     folder.write_text("not a folder")
-    with pytest.raises(RecalibrationError, match="log_report_artifacts"):
-        recalibrate(data=str(good), eval_data=str(held_out), model_name="m")
+    with pytest.raises(RecalibrationError, match="log_report_artifacts"):  # seed 1: not
+        # the champion's options, so it is not skipped as unchanged
+        recalibrate(data=str(good), eval_data=str(held_out), model_name="m", seed=1)
     failed = client.search_runs([experiment.experiment_id], order_by=["start_time DESC"])[0]
     assert failed.info.status == "FAILED"
     assert "cord.error" in failed.data.tags
