@@ -364,6 +364,35 @@ def covering(pathologies=PATHOLOGIES, kinds=KINDS, dtypes=DTYPES) -> list[Entry]
     return sorted(chosen.values(), key=lambda e: order[e.name])
 
 
+#: Iteration caps that keep every corpus fit well under a second (a capped fit is still a
+#: genuine fitted state; the flows fit with the defaults).
+FIT_OPTIONS = {
+    "vs": {"max_iter": 60},
+    "ms": {"max_iter": 20},
+    "svs": {"max_iter": 60},
+    "sms": {"max_iter": 20},
+    "dir-odir": {"reg_lambdas": (1e-2,), "reg_mus": (1e-2,), "max_iter": 20},
+    "mcct-i": {"max_iter": 60},
+}
+
+
+@functools.cache
+def fitted(entry_name: str, calibrator: str) -> tuple:
+    """(calibrator, CORD) fitted by cord_ops on an entry's calibration split, as the
+    recalibration flow fits them (cached per process; convergence warnings silenced)."""
+    from cord_ops import CORD
+    from cord_ops.calibrators import make_calibrator
+
+    e = entry(entry_name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = make_calibrator(calibrator, input_kind=e.kind,
+                              **FIT_OPTIONS.get(calibrator, {}))
+        cal.fit(e.cal_scores, e.cal_labels)
+        cord = CORD().fit(e.cal_probs, cal.predict_proba(e.cal_scores))
+    return cal, cord
+
+
 # ------------------------------------------------------------------ hypothesis strategies
 #: Row kinds of ``probability_rows``; "float16" rows are off the simplex by up to ~1e-3,
 #: beyond cord_ops' 1e-4 sum tolerance, so they are opt-in.
