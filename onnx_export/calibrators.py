@@ -108,17 +108,29 @@ def _monotone(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
     return gb.softmax(scores, out=out)
 
 
+def _saturation_softmax(gb: GraphBuilder, z: str) -> str:
+    """``cord_ops.calibrators.isotonic.saturation_softmax``: e = exp(z - max z) with the
+    first maximum's entry set to exactly 1, divided by 1 + (sum of the other entries)."""
+    top = gb.row_argmax(z, hint="iso_top")
+    e = gb.op("Exp", gb.sub(z, gb.row_max(z)), hint="iso_exp")
+    zeros = gb.zeros_like(top)
+    rest = gb.row_sum(gb.put(e, top, zeros, hint="iso_others"), hint="iso_rest")
+    unit = gb.put(e, top, gb.add(zeros, gb.const(1.0)), hint="iso_unit_top")
+    return gb.div(unit, gb.add(gb.const(1.0), rest), hint="iso_p")
+
+
 def _isotonic(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
-    """``irova`` / ``irm`` on p, ``irova-ts`` on softmax(beta z):
+    """``irova`` / ``irm`` on p, ``irova-ts`` on softmax(beta z) (both softmaxes in the
+    saturation-safe form of cord_ops):
     r = g(p) + tie_eps p, q = r / sum r, uniform where the sum is 0.
 
     r >= 0, so a row summing to 0 is all zeros, and q = (r + e / K) / (sum r + e) with
     e = 1 on those rows and 0 elsewhere is r / sum r bit for bit on the others and 1/K on
     them: one [N, K] Add instead of an [N, K] Where (several times slower in onnxruntime)."""
     if cal.name == "irova-ts":
-        p = gb.softmax(gb.mul(gb.const(cal.beta_), model_logits(gb, x, cal)))
+        p = _saturation_softmax(gb, gb.mul(gb.const(cal.beta_), model_logits(gb, x, cal)))
     else:
-        p = x if cal.input_kind == "probs" else gb.softmax(x)
+        p = x if cal.input_kind == "probs" else _saturation_softmax(gb, x)
     # A softmax output lies in [0, 1] and needs no clipping before the lookup.
     bounded = cal.name == "irova-ts" or cal.input_kind == "logits"
     r = gb.add(interpolate(gb, p, cal.knots_, bounded=bounded),

@@ -2,8 +2,8 @@
 
 Each map g is scikit-learn's ``IsotonicRegression(out_of_bounds="clip")`` fit: tied inputs
 merged to their mean target, PAV, and only the block endpoints kept as knots (x, y), x
-strictly increasing. Predict path, from probabilities p (softmax of the logits, or the
-probability rows themselves for input_kind="probs"; no logarithm is taken):
+strictly increasing. Predict path, from probabilities p (``saturation_softmax`` of the
+logits, or the probability rows themselves for input_kind="probs"; no logarithm is taken):
 
     g(t)   = np.interp(t, x, y)      linear between knots, constant outside [x_0, x_last]
     r_ik   = g_k(p_ik) + tie_eps * p_ik         (tie_eps = 1e-9, as the reference code)
@@ -18,6 +18,13 @@ probability rows themselves for input_kind="probs"; no logarithm is taken):
   g + tie_eps * p is strictly increasing, so within-row order, hence the top-1 class, is kept
   (up to float64 rounding: two entries closer than about 1e-7 can become tied).
 
+Saturated classifiers (naive Bayes) put top-1 probabilities within a few ulps of 1 and the
+fitted knots there a few ulps apart, so the maps' slope reaches 1e13: a one-ulp change of p
+moves g by 1e-3. ``saturation_softmax`` forms p so that its top entry, where such knots
+are, is the correctly rounded 1 / (1 + s) of the other entries' sum s whatever order s is
+summed in; the ONNX graph forms it the same way (``onnx_export.calibrators``) and agrees to
+1e-12 on such data, where the plain softmax (the row sum in another order) gave 9e-4.
+
 The reference functions return r unnormalised; we renormalise (docs/calibrators.md's
 recommendation, and scikit-learn's CalibratedClassifierCV behaviour), with the same uniform
 fallback as scikit-learn.
@@ -28,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.isotonic import IsotonicRegression
 
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator
 from cord_ops.calibrators.temperature import fit_inverse_temperature
 
 #: Weight of the strictly increasing term added to every isotonic output (Mix-n-Match).
@@ -40,6 +47,24 @@ def fit_knots(t: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray
     iso = IsotonicRegression(out_of_bounds="clip").fit(t, target)
     return (np.asarray(iso.X_thresholds_, dtype=np.float64),
             np.asarray(iso.y_thresholds_, dtype=np.float64))
+
+
+def saturation_softmax(z: np.ndarray) -> np.ndarray:
+    """Row softmax of logits z, every entry exp(z_j - max z) / (1 + s) with s the sum of
+    the entries other than the first maximum (whose exp is exactly 1).
+
+    Mathematically the softmax. Summed this way, s is tiny exactly where p's top entry is
+    near 1, so the order of the summation moves s by far less than the spacing of floats
+    near 1 and the top entry 1 / (1 + s) rounds the same in any implementation (module
+    docstring); the plain row sum adds the 1 in class order and rounds differently."""
+    rows = np.arange(z.shape[0])
+    top = z.argmax(axis=1)
+    e = np.exp(z - z[rows, top][:, None])
+    e[rows, top] = 0.0
+    total = 1.0 + e.sum(axis=1)
+    e[rows, top] = 1.0
+    e /= total[:, None]
+    return e
 
 
 def normalise(r: np.ndarray) -> np.ndarray:
@@ -70,6 +95,9 @@ class _Isotonic(Calibrator):
                 r[:, k] = np.interp(p[:, k], kx, ky)
         r += self.tie_eps * p
         return normalise(r)
+
+    def _probs(self, x: np.ndarray) -> np.ndarray:
+        return x if self.input_kind == "probs" else saturation_softmax(x)
 
     def _fit_one_vs_rest(self, p: np.ndarray, y: np.ndarray) -> None:
         onehot = np.zeros(p.shape)
@@ -102,10 +130,10 @@ class IsotonicOneVsRestTS(_Isotonic):
     def _fit(self, x, y):
         z = self._logits(x)
         self.beta_ = fit_inverse_temperature(z, y, name=self.name)
-        self._fit_one_vs_rest(softmax(self.beta_ * z), y)
+        self._fit_one_vs_rest(saturation_softmax(self.beta_ * z), y)
 
     def _predict(self, x):
-        return self._calibrate(softmax(self.beta_ * self._logits(x)))
+        return self._calibrate(saturation_softmax(self.beta_ * self._logits(x)))
 
 
 class IsotonicMultiClass(_Isotonic):
