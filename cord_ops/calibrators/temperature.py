@@ -118,7 +118,10 @@ def bracketed_iteration(derivatives, beta: float, found: tuple, lo: float, hi: f
         else:
             lo = beta
         new = step(beta, found)
-        if not lo < new < hi:
+        # A step within the tolerance has converged, also one that rounds onto beta itself
+        # (|g| / g' below half an ulp of beta), which the bracket test would take for a step
+        # out of the bracket and replace by a midpoint: ~40 more evaluations to get back.
+        if not lo < new < hi and not abs(new - beta) <= tolerance * beta:
             new = math.sqrt(lo * hi) if hi / lo > 4.0 else 0.5 * (lo + hi)
         if abs(new - beta) <= tolerance * beta:
             return new
