@@ -161,3 +161,70 @@ def test_temperature_fit_takes_few_slope_evaluations_and_finds_the_root(seed, tr
     plain, _ = _slope_kernel(z, y)
     root = brentq(lambda b: plain(b)[0], 1e-3, 1e3, xtol=1e-14, rtol=1e-14)
     assert math.isclose(beta, root, rel_tol=1e-9)
+
+
+def _counted(kernel):
+    calls = []
+
+    def counted(beta):
+        calls.append(beta)
+        return kernel(beta)
+
+    return counted, calls
+
+
+@pytest.mark.parametrize("seed, true_beta", [(1, 1.7), (2, 5.0), (5, 0.3)])
+def test_temperature_kernel_is_the_slope_and_curvature_and_its_fit_is_cheap(seed, true_beta):
+    z, y = _logits(seed, 1500, 7, true_beta)
+    mine, _ = _slope_kernel(z, y)
+    theirs = temperature.slope_kernel(z + 3.0, y)  # a shift of every logit changes nothing
+    for beta in (0.05, 0.7, 2.0, 9.0):
+        np.testing.assert_allclose(theirs(beta), mine(beta), rtol=1e-9, atol=1e-12)
+    counted, calls = _counted(temperature.slope_kernel(z, y))
+    beta = temperature.solve_inverse_temperature(counted)
+    assert len(calls) <= 10, calls
+    assert beta == temperature.fit_inverse_temperature(z, y)
+    model = temperature.TemperatureScaling().fit(z, y)
+    assert model.beta_ == beta
+    q = np.exp(beta * (z - z.max(axis=1, keepdims=True)))
+    np.testing.assert_allclose(model.predict_proba(z), q / q.sum(axis=1, keepdims=True),
+                               rtol=1e-12)
+    np.testing.assert_array_equal(z, _logits(seed, 1500, 7, true_beta)[0])  # input untouched
+
+
+def test_temperature_fit_warns_at_each_bound_and_names_the_calibrator():
+    z = np.array([[4.0, 0.0, -1.0], [0.0, 3.0, 1.0], [1.0, 0.0, 5.0], [2.0, 6.0, 0.0]])
+    separable = z.argmax(axis=1)  # every label the top logit: optimum beta -> infinity
+    # At beta = 4^5 every softmax is one-hot to float64: slope and curvature exactly 0.
+    with pytest.warns(temperature.ConvergenceWarning, match=r"^mine: .* beyond 1024, "):
+        assert temperature.fit_inverse_temperature(z, separable, name="mine") == 4.0**5
+    close = np.array([[1e-7, 0.0], [0.0, 1e-7]])  # separable by a hair: never one-hot
+    with pytest.warns(temperature.ConvergenceWarning, match=r"^ts: .* beyond 8\.88611e\+06,"):
+        assert temperature.fit_inverse_temperature(close, np.array([0, 1])) == (
+            temperature.BETA_BOUNDS[1])
+    against = z.argmin(axis=1)  # every label the lowest logit: optimum beta -> 0
+    with pytest.warns(temperature.ConvergenceWarning, match=r"^ts: .*1\.12535e-07"):
+        assert temperature.fit_inverse_temperature(z, against) == temperature.BETA_BOUNDS[0]
+    with pytest.warns(temperature.ConvergenceWarning, match="^ts: .*or unrelated to them"):
+        temperature.TemperatureScaling().fit(z, against)
+
+
+def test_temperature_fit_stops_at_max_iter_with_a_warning_naming_it():
+    z, y = _logits(3, 500, 5, 0.8)
+    counted, calls = _counted(temperature.slope_kernel(z, y))
+    with pytest.warns(temperature.ConvergenceWarning,
+                      match=r"^cal: optimiser stopped .*\(1 Newton/bisection steps, max_iter=1\)"):
+        temperature.solve_inverse_temperature(counted, max_iter=1, name="cal")
+    with pytest.warns(temperature.ConvergenceWarning, match=r"max_iter=2\)"):
+        temperature.TemperatureScaling(max_iter=2).fit(z, y)
+
+
+def test_temperature_slope_exactly_zero_at_a_bracket_end_returns_that_end():
+    """A kernel whose slope is 0 at beta = 1 (first evaluation), or at 4 (second)."""
+    for root in (1.0, 4.0, 0.25):
+        counted, calls = _counted(lambda b, r=root: (b - r, 1.0))
+        assert temperature.solve_inverse_temperature(counted) == root
+        assert len(calls) <= 3
+    # Linear slope with its root inside the bracket: one Newton step lands on it.
+    counted, calls = _counted(lambda b: (b - 2.5, 1.0))
+    assert temperature.solve_inverse_temperature(counted) == 2.5

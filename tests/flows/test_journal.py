@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,8 @@ def test_record_writes_next_to_a_local_store(cache, tmp_path):
     path = journal.record(URI, store, {"run_id": "r1", "error": "disk full"})
 
     assert path.parent == store / ".cord-journal"
-    assert path.suffix == ".json" and not path.name.startswith(".")
+    # Named by a local timestamp, then a random part: names sort oldest first.
+    assert re.fullmatch(r"\d{8}T\d{6}-[0-9a-f]{8}\.json", path.name), path.name
     entry = json.loads(path.read_text())
     assert entry["journal_version"] == journal.VERSION == 1
     assert entry["tracking_uri"] == URI
@@ -166,4 +168,16 @@ def test_replay_stops_at_the_first_entry_that_fails_and_keeps_it(cache):
     assert [p.exists() for p in paths] == [False, True, True]
     assert journal.replay(OTHER, None, lambda entry: tried.append(entry["n"])) == paths[1:]
     assert tried == [1, 2, 2, 3]
+    assert journal.pending(OTHER, None) == []
+
+
+def test_replay_tolerates_an_entry_another_replayer_already_removed(cache):
+    """Two commands replaying at once: the other one may delete a file first."""
+    folder = _fallback(cache, OTHER)
+    path = _write(folder, "20260101T000001-e.json", {"tracking_uri": OTHER, "n": 1})
+
+    def apply(entry):
+        path.unlink()  # the other replayer applied and removed it meanwhile
+
+    assert journal.replay(OTHER, None, apply) == [path]
     assert journal.pending(OTHER, None) == []

@@ -54,7 +54,29 @@ def test_this_process_is_alive_and_its_record_round_trips():
     assert abs(float(record[owner.HEARTBEAT_TAG]) - time.time()) < 60
     # A local owner is decided by its process, whatever the heartbeat or the clock says.
     assert owner.alive({**record, owner.HEARTBEAT_TAG: repr(NOW - 10 * STALE)}, now=NOW)
-    assert f"pid {me.pid} on {HERE}" in me.describe()
+
+
+def test_describe_names_pid_host_and_local_start_time(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        text = owner.Owner("box", 42, NOW + 0.75).describe()  # 2027-01-15 08:00:00.75 UTC
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert text == "pid 42 on box, process started 08:00:00"
+
+
+def test_a_live_child_is_alive_by_its_own_start_time():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = psutil.Process(child.pid).create_time()
+        assert owner.Owner(HERE, child.pid, started).process_alive()
+        assert owner.alive(owner.Owner(HERE, child.pid, started).record())
+        assert owner.process_start_time(child.pid) == started
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_an_exited_local_owner_is_dead_even_with_a_fresh_heartbeat(exited):
@@ -188,6 +210,9 @@ def test_heartbeat_refreshes_the_tag_until_the_block_ends(fail):
     tags = _Tags(fail)
     before = time.time()
     with owner.Heartbeat(tags, "run-1", every=0.02) as beat:
+        # A daemon thread, named: a hung store cannot keep the process from exiting.
+        (thread,) = [t for t in threading.enumerate() if t.name == "cord-ops-heartbeat"]
+        assert thread.daemon
         assert tags.beat.wait(10)
         while len(tags.calls) < 2:  # a failed beat does not stop the next one
             time.sleep(0.01)
