@@ -42,6 +42,12 @@ def fit_inverse_temperature(
     z: np.ndarray, y: np.ndarray, *, max_iter: int = 100, name: str = "ts"
 ) -> float:
     """The beta minimising mean NLL of softmax(beta * z) on labels y (see module docstring)."""
+    return solve_inverse_temperature(slope_kernel(z, y), max_iter=max_iter, name=name)
+
+
+def slope_kernel(z: np.ndarray, y: np.ndarray):
+    """``slope_and_curvature(beta)`` = (g(beta), g'(beta)) of the module docstring on
+    logits z and labels y: one softmax pass per call."""
     # Shifting each row by its max changes no softmax and keeps exp(beta * z) in (0, 1].
     z = z - z.max(axis=1, keepdims=True)
     z2 = z * z
@@ -53,7 +59,7 @@ def fit_inverse_temperature(
         mean_z2 = np.einsum("ik,ik->i", e, z2) / total
         return float(np.mean(mean_z)) - mean_zy, float(np.mean(mean_z2 - mean_z * mean_z))
 
-    return solve_inverse_temperature(slope_and_curvature, max_iter=max_iter, name=name)
+    return slope_and_curvature
 
 
 def solve_inverse_temperature(slope_and_curvature, *, max_iter: int = 100,
@@ -118,7 +124,10 @@ def bracketed_iteration(derivatives, beta: float, found: tuple, lo: float, hi: f
         else:
             lo = beta
         new = step(beta, found)
-        if not lo < new < hi:
+        # A step within the tolerance has converged, also one that rounds onto beta itself
+        # (|g| / g' below half an ulp of beta), which the bracket test would take for a step
+        # out of the bracket and replace by a midpoint: ~40 more evaluations to get back.
+        if not lo < new < hi and not abs(new - beta) <= tolerance * beta:
             new = math.sqrt(lo * hi) if hi / lo > 4.0 else 0.5 * (lo + hi)
         if abs(new - beta) <= tolerance * beta:
             return new

@@ -1,0 +1,238 @@
+"""Mutation score of the modules that carry the product's promises (issue 25).
+
+    pip install -e ".[test,mutation]"
+    python benchmarks/mutation.py [--modules cord_ops/cord.py flows/owner.py ...]
+                                  [--max-children 2] [--survivors] [--keep]
+
+For each module of :data:`MODULES` it runs mutmut (configured in ``pyproject.toml``,
+``[tool.mutmut]``) in a scratch copy of the repository with ``only_mutate`` = that module
+and the test selection = that module's own fast tests (the list beside it), then prints
+per module: mutants, killed, survived (not accepted), accepted equivalent, untested
+("no tests": mutants in code no selected test runs, e.g. functions only end-to-end runs
+reach; counted as not killed), timeouts (counted as killed, as mutmut does) and
+
+    score = killed / (mutants - accepted equivalent)
+
+plus the wall time and the machine's load (``os.getloadavg``) before and after: on a
+shared machine the times say as much about the neighbours as about the tests.
+
+Survivors are matched against :data:`ACCEPTED`, keyed ``module::function::old -> new``
+(the function as mutmut names it, ``Class.method`` for methods, and the changed source
+line before and after, whitespace-collapsed), not by mutmut's numeric ids, which change
+whenever a function above gains a mutant. ``--survivors`` prints each unaccepted
+survivor's key and diff.
+
+mutmut's limits (3.x): functions with decorators other than ``@staticmethod`` /
+``@classmethod`` are not mutated (Prefect tasks and flows, context managers), nor is code
+at module level (constants); those are outside the score. The scratch copy means nothing
+is written into the repository; running ``mutmut run`` by hand in the repository root
+leaves ``mutants/`` there (git-ignored, outside ruff and pytest discovery).
+
+Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("cord_ops", "onnx_export", "flows")
+
+#: module -> its own fast tests (files or node ids; ``-m "not slow"`` is added).
+MODULES: dict[str, list[str]] = {
+    "cord_ops/cord.py": ["tests/core/test_cord.py", "tests/core/test_mutation_gaps.py"],
+    "cord_ops/reduce.py": ["tests/core/test_reduce.py", "tests/core/test_mutation_gaps.py"],
+    "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py"],
+    "cord_ops/calibrators/temperature.py": ["tests/calibrators/test_closed_forms.py",
+                                            "tests/core/test_mutation_gaps.py"],
+    "cord_ops/validation.py": ["tests/calibrators/test_bad_input.py",
+                               "tests/core/test_mutation_gaps.py"],
+    "onnx_export/repair.py": ["tests/onnx/test_fixup.py"],
+    "flows/gate.py": ["tests/flows/test_gate.py"],
+    "flows/lock.py": ["tests/flows/test_lock_unit.py"],
+    "flows/registry.py": ["tests/flows/test_owner.py"],
+    "flows/owner.py": ["tests/flows/test_owner.py"],
+    "flows/journal.py": ["tests/flows/test_journal.py"],
+    "flows/scoring_input.py": ["tests/flows/test_scoring_input.py"],
+}
+
+#: Survivors shown to be equivalent (no test can tell them from the original), with why.
+ACCEPTED: dict[str, str] = {
+}
+
+#: mutmut exit codes (mutmut.stats.status_by_exit_code) by what this script counts.
+KILLED = {1, 3, 36, -24, 24, 152, 255}  # failed tests, or ran past the timeout
+SURVIVED = {0}
+UNTESTED = {5, 33}
+
+
+def _squash(line: str) -> str:
+    return re.sub(r"\s+", " ", line).strip()
+
+
+def survivor_key(module: str, function: str, diff: str) -> str:
+    """``module::function::old -> new`` from mutmut's unified diff of one mutant."""
+    old = [_squash(x[1:]) for x in diff.splitlines() if x.startswith("-") and not
+           x.startswith("---")]
+    new = [_squash(x[1:]) for x in diff.splitlines() if x.startswith("+") and not
+           x.startswith("+++")]
+    return f"{module}::{function}::{' | '.join(old)} -> {' | '.join(new)}"
+
+
+def function_of(mutant: str) -> str:
+    """``cord_ops.cord.x_bisect_multiplier__mutmut_3`` -> ``bisect_multiplier``;
+    ``...xǁ_MeanResponseǁat_least__mutmut_1`` -> ``_MeanResponse.at_least``."""
+    name = mutant.rsplit("__mutmut_", 1)[0].rsplit(".", 1)[-1]
+    if name.startswith("x\u01c1"):
+        _, cls, method = name.split("\u01c1")
+        return f"{cls}.{method}"
+    return name.removeprefix("x_")
+
+
+def _mutmut_section(module: str, tests: list[str]) -> str:
+    args = ", ".join(json.dumps(t) for t in tests)
+    return ("[tool.mutmut]\n"
+            f"source_paths = {json.dumps(list(PACKAGES))}\n"
+            f"only_mutate = [{json.dumps(module)}]\n"
+            f"pytest_add_cli_args_test_selection = [{args}]\n"
+            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow"]\n')
+
+
+def scratch_copy(module: str, tests: list[str]) -> Path:
+    """A copy of the packages and tests with ``[tool.mutmut]`` set for ``module``."""
+    work = Path(tempfile.mkdtemp(prefix="cord-mutation-"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    for name in (*PACKAGES, "tests"):
+        shutil.copytree(ROOT / name, work / name, ignore=ignore)
+    text = (ROOT / "pyproject.toml").read_text()
+    text = re.sub(r"\n\[tool\.mutmut\]\n(?:[^\[].*\n|\n)*", "\n", text)
+    (work / "pyproject.toml").write_text(text + "\n" + _mutmut_section(module, tests))
+    return work
+
+
+def collect(work: Path) -> None:
+    """Run inside the scratch copy (``--collect``): print each mutant's exit code and,
+    for those not killed, its diff, as JSON."""
+    os.chdir(work)
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    out = {}
+    for meta in Path("mutants").rglob("*.py.meta"):
+        source = meta.relative_to("mutants").with_suffix("")
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        for name, code in codes.items():
+            diff = None if code in KILLED else get_diff_for_mutant(name, path=source)
+            out[name] = {"code": code, "diff": diff}
+    print(json.dumps(out))
+
+
+def run_module(module: str, tests: list[str], max_children: int, keep: bool) -> dict:
+    missing = [t for t in tests if not (ROOT / t.split("::")[0]).exists()]
+    for test in missing:  # e.g. measuring a commit from before a test file existed
+        print(f"  {module}: {test} does not exist here; left out", file=sys.stderr)
+    tests = [t for t in tests if t not in missing]
+    if not tests:
+        raise SystemExit(f"error: {module}: none of its tests exist here")
+    work = scratch_copy(module, tests)
+    started = time.perf_counter()
+    try:
+        run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
+                              str(max_children)], cwd=work, capture_output=True, text=True)
+        if run.returncode != 0:
+            tail = (run.stdout + run.stderr)[-3000:]
+            raise SystemExit(f"error: {module}: mutmut run failed ({run.returncode}):\n{tail}")
+        listing = subprocess.run([sys.executable, __file__, "--collect", str(work)],
+                                 capture_output=True, text=True, check=True)
+        mutants = json.loads(listing.stdout)
+    finally:
+        if keep:
+            print(f"  kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    result = {"module": module, "mutants": len(mutants), "killed": 0, "survived": [],
+              "accepted": [], "untested": [], "timeout": 0, "other": [],
+              "seconds": time.perf_counter() - started}
+    for name, m in sorted(mutants.items()):
+        code = m["code"]
+        if code in KILLED:
+            result["killed"] += 1
+            result["timeout"] += code != 1 and code != 3
+            continue
+        key = survivor_key(module, function_of(name), m["diff"])
+        entry = {"name": name, "key": key, "diff": m["diff"], "code": code}
+        if code in SURVIVED:
+            result["accepted" if key in ACCEPTED else "survived"].append(entry)
+        elif code in UNTESTED:
+            result["untested"].append(entry)
+        else:
+            result["other"].append(entry)
+    denominator = result["mutants"] - len(result["accepted"])
+    result["score"] = result["killed"] / denominator if denominator else 1.0
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modules", nargs="+", default=list(MODULES), choices=list(MODULES))
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--survivors", action="store_true",
+                        help="print every survivor not accepted (key and diff)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch copies")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--tests", nargs="+", default=[], metavar="MODULE=TEST,TEST",
+                        help="run MODULE against these tests instead of its MODULES entry")
+    parser.add_argument("--collect", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.collect:
+        collect(args.collect)
+        return 0
+
+    selection = dict(MODULES)
+    for override in args.tests:
+        module, _, tests = override.partition("=")
+        if module not in MODULES or not tests:
+            parser.error(f"--tests {override}: expected MODULE=TEST[,TEST] of a known module")
+        selection[module] = tests.split(",")
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    print(f"{os.cpu_count()} cores, load average {load_before[0]:.2f} {load_before[1]:.2f} "
+          f"{load_before[2]:.2f} (1/5/15 min) at the start")
+    header = (f"{'module':38} {'mutants':>7} {'killed':>6} {'surv':>5} {'equiv':>5} "
+              f"{'untest':>6} {'tmout':>5} {'score':>6} {'wall s':>7}")
+    print(header)
+    results = []
+    for module in args.modules:
+        r = run_module(module, selection[module], args.max_children, args.keep)
+        results.append(r)
+        print(f"{module:38} {r['mutants']:7d} {r['killed']:6d} {len(r['survived']):5d} "
+              f"{len(r['accepted']):5d} {len(r['untested']):6d} {r['timeout']:5d} "
+              f"{100 * r['score']:5.1f}% {r['seconds']:7.0f}", flush=True)
+    load_after = os.getloadavg()
+    wall = time.perf_counter() - started
+    print(f"wall {wall:.0f} s; load average {load_after[0]:.2f} {load_after[1]:.2f} "
+          f"{load_after[2]:.2f} at the end")
+    stale = sorted(set(ACCEPTED) - {e["key"] for r in results for e in r["accepted"]}
+                   - {k for k in ACCEPTED if k.split("::")[0] not in args.modules})
+    for key in stale:
+        print(f"accepted but not seen (stale entry?): {key}")
+    if args.survivors:
+        for r in results:
+            for e in r["survived"] + r["untested"] + r["other"]:
+                print(f"\n# {e['key']}\n# {e['name']} (exit {e['code']})\n{e['diff']}")
+    if args.json:
+        args.json.write_text(json.dumps({"load_before": load_before, "load_after": load_after,
+                                         "wall_s": wall, "results": results}, indent=1))
+    return 0 if all(r["score"] >= 0.9 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Tests for bugs a mutation run showed no other test could see (issue 25).
+
+- CORD's bisection (eq. 22) returns, on either side of zero, the endpoint of the final
+  bracket on the target side: the float eta* whose mean response reaches mu while its
+  neighbour towards zero does not. Asserted bit for bit on both sides, and on a plateau
+  on either side (the set {eta : mean psi(eta) = mu} is an interval there, and eta* is
+  its end nearest zero, eq. 18).
+- Temperature scaling's safeguarded Newton iteration costs a handful of slope
+  evaluations; a wrong step (which the bisection safeguard silently absorbs) costs ~40.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import brentq
+
+from cord_ops.calibrators import temperature
+from cord_ops.cord import RepairTerms, multiplier_of, nearest_zero_multiplier, response
+
+
+def _terms(g, lower, upper) -> RepairTerms:
+    g, lower, upper = (np.asarray(v, dtype=np.float64) for v in (g, lower, upper))
+    return RepairTerms(label=None, b=g.copy(), tail=None, rest=None, lower=lower,
+                       upper=upper, g=g)
+
+
+def _mean(eta: float, terms: RepairTerms) -> float:
+    """mean psi(eta) (eq. 16), as ``np.mean`` of the module's response sums it."""
+    return float(np.mean(response(eta, terms)))
+
+
+def assert_target_side_endpoint(eta: float, terms: RepairTerms, mu: float) -> None:
+    """eta* is the float nearest zero on its side whose mean reaches mu: the next float
+    towards zero falls short (the bracket's other end)."""
+    towards_zero = np.nextafter(eta, 0.0)
+    if eta > 0:
+        assert _mean(eta, terms) >= mu > _mean(towards_zero, terms)
+    else:
+        assert _mean(eta, terms) <= mu < _mean(towards_zero, terms)
+
+
+# ------------------------------------------------------------- plateaus, both sides
+def test_plateau_on_the_positive_side_returns_its_end_nearest_zero():
+    # Row 0 reaches its upper bound 0.6 at h0 = h(0.5, 0.6) > 0; row 1 (g below its lower
+    # bound 0.5) stays at 0.5 until h1 = h(0.3, 0.5) > h0. The mean is mu = 0.55 on all of
+    # [h0, h1] and below it for eta < h0.
+    terms = _terms([0.5, 0.3], [0.1, 0.5], [0.6, 0.9])
+    h0, h1 = multiplier_of(terms.g, terms.upper)[0], multiplier_of(terms.g, terms.lower)[1]
+    mu = float(np.mean([0.6, 0.5]))
+    assert 0 < h0 < h1 / 1.5
+    assert _mean(0.0, terms) < mu == _mean(0.5 * (h0 + h1), terms) == _mean(h1, terms)
+
+    eta = nearest_zero_multiplier(terms, mu)
+
+    assert math.isclose(eta, h0, rel_tol=1e-12)
+    assert_target_side_endpoint(eta, terms, mu)
+
+
+def test_plateau_on_the_negative_side_returns_its_end_nearest_zero():
+    # The mirror image: row 0 falls to its lower bound 0.4 at h0 = h(0.5, 0.4) < 0; row 1
+    # (g above its upper bound 0.5) stays at 0.5 down to h1 = h(0.7, 0.5) < h0.
+    terms = _terms([0.5, 0.7], [0.4, 0.1], [0.9, 0.5])
+    h0, h1 = multiplier_of(terms.g, terms.lower)[0], multiplier_of(terms.g, terms.upper)[1]
+    mu = float(np.mean([0.4, 0.5]))
+    assert h1 / 1.5 < h0 < 0
+    assert _mean(0.0, terms) > mu == _mean(0.5 * (h0 + h1), terms) == _mean(h1, terms)
+
+    eta = nearest_zero_multiplier(terms, mu)
+
+    assert math.isclose(eta, h0, rel_tol=1e-12)
+    assert_target_side_endpoint(eta, terms, mu)
+
+
+@st.composite
+def repair_problems(draw, side: int):
+    """Rows with lower < g < upper, and a mu strictly between the mean at eta = 0 and the
+    attainable end on ``side`` (+1: the mean of the upper bounds, -1: of the lower)."""
+    n = draw(st.integers(1, 12))
+
+    def column(lo, hi):
+        return np.array(draw(st.lists(st.floats(lo, hi), min_size=n, max_size=n)))
+
+    g = column(0.02, 0.98)
+    lower, upper = g * column(0.1, 0.9), g + (1.0 - g) * column(0.1, 0.9)
+    terms = _terms(g, lower, upper)
+    start = _mean(0.0, terms)
+    end = float(np.mean(upper if side > 0 else lower))
+    mu = start + draw(st.floats(0.01, 0.99)) * (end - start)
+    return terms, mu
+
+
+@settings(max_examples=60, deadline=None)
+@given(repair_problems(+1))
+def test_eta_above_zero_is_the_target_side_end_of_the_bracket_bit_for_bit(problem):
+    terms, mu = problem
+    assert _mean(0.0, terms) < mu
+    eta = nearest_zero_multiplier(terms, mu)
+    assert eta > 0
+    assert_target_side_endpoint(eta, terms, mu)
+
+
+@settings(max_examples=60, deadline=None)
+@given(repair_problems(-1))
+def test_eta_below_zero_is_the_target_side_end_of_the_bracket_bit_for_bit(problem):
+    terms, mu = problem
+    assert _mean(0.0, terms) > mu
+    eta = nearest_zero_multiplier(terms, mu)
+    assert eta < 0
+    assert_target_side_endpoint(eta, terms, mu)
+
+
+def test_a_target_met_at_zero_gives_zero():
+    terms = _terms([0.5, 0.3], [0.1, 0.2], [0.9, 0.9])
+    assert nearest_zero_multiplier(terms, _mean(0.0, terms)) == 0.0
+
+
+# ------------------------------------------------------- temperature: cost of the fit
+def _slope_kernel(z: np.ndarray, y: np.ndarray):
+    """g(beta) = mean_i [E_q z_i - z_{i,y_i}] and g'(beta) = mean_i Var_q(z_i) (the
+    module docstring's formulas, written here independently), counting evaluations."""
+    z = z - z.max(axis=1, keepdims=True)
+    calls = []
+
+    def slope_and_curvature(beta: float):
+        calls.append(beta)
+        e = np.exp(beta * z)
+        q = e / e.sum(axis=1, keepdims=True)
+        mean_z = (q * z).sum(axis=1)
+        var_z = (q * z * z).sum(axis=1) - mean_z**2
+        return float(np.mean(mean_z - z[np.arange(len(y)), y])), float(np.mean(var_z))
+
+    return slope_and_curvature, calls
+
+
+def _logits(seed: int, n: int, k: int, true_beta: float):
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, k)) * 3.0
+    p = np.exp(true_beta * (z - z.max(axis=1, keepdims=True)))
+    p /= p.sum(axis=1, keepdims=True)
+    y = (p.cumsum(axis=1) < rng.uniform(size=(n, 1))).sum(axis=1)
+    return z, np.minimum(y, k - 1)
+
+
+@pytest.mark.parametrize("seed, true_beta", [(0, 0.4), (1, 1.7), (2, 5.0), (3, 0.8), (4, 3.0)])
+def test_temperature_fit_takes_few_slope_evaluations_and_finds_the_root(seed, true_beta):
+    """Two or three bracket evaluations plus a few Newton steps (the module docstring:
+    about 9 softmax passes). A step in the wrong direction still converges (the safeguard
+    bisects) but after ~40 evaluations; so did a converged step that rounded onto beta
+    itself (seeds 1 and 2: 48 and 49 evaluations before the fix)."""
+    z, y = _logits(seed, 2000, 10, true_beta)
+    kernel, calls = _slope_kernel(z, y)
+
+    beta = temperature.solve_inverse_temperature(kernel, max_iter=100)
+
+    assert len(calls) <= 10, calls
+    plain, _ = _slope_kernel(z, y)
+    root = brentq(lambda b: plain(b)[0], 1e-3, 1e3, xtol=1e-14, rtol=1e-14)
+    assert math.isclose(beta, root, rel_tol=1e-9)
+
+
+def _counted(kernel):
+    calls = []
+
+    def counted(beta):
+        calls.append(beta)
+        return kernel(beta)
+
+    return counted, calls
+
+
+@pytest.mark.parametrize("seed, true_beta", [(1, 1.7), (2, 5.0), (5, 0.3)])
+def test_temperature_kernel_is_the_slope_and_curvature_and_its_fit_is_cheap(seed, true_beta):
+    z, y = _logits(seed, 1500, 7, true_beta)
+    mine, _ = _slope_kernel(z, y)
+    theirs = temperature.slope_kernel(z + 3.0, y)  # a shift of every logit changes nothing
+    for beta in (0.05, 0.7, 2.0, 9.0):
+        np.testing.assert_allclose(theirs(beta), mine(beta), rtol=1e-9, atol=1e-12)
+    counted, calls = _counted(temperature.slope_kernel(z, y))
+    beta = temperature.solve_inverse_temperature(counted)
+    assert len(calls) <= 10, calls
+    assert beta == temperature.fit_inverse_temperature(z, y)
+    model = temperature.TemperatureScaling().fit(z, y)
+    assert model.beta_ == beta
+    q = np.exp(beta * (z - z.max(axis=1, keepdims=True)))
+    np.testing.assert_allclose(model.predict_proba(z), q / q.sum(axis=1, keepdims=True),
+                               rtol=1e-12)
+    np.testing.assert_array_equal(z, _logits(seed, 1500, 7, true_beta)[0])  # input untouched
+
+
+def test_temperature_fit_warns_at_each_bound_and_names_the_calibrator():
+    z = np.array([[4.0, 0.0, -1.0], [0.0, 3.0, 1.0], [1.0, 0.0, 5.0], [2.0, 6.0, 0.0]])
+    separable = z.argmax(axis=1)  # every label the top logit: optimum beta -> infinity
+    # At beta = 4^5 every softmax is one-hot to float64: slope and curvature exactly 0.
+    with pytest.warns(temperature.ConvergenceWarning, match=r"^mine: .* beyond 1024, "):
+        assert temperature.fit_inverse_temperature(z, separable, name="mine") == 4.0**5
+    close = np.array([[1e-7, 0.0], [0.0, 1e-7]])  # separable by a hair: never one-hot
+    with pytest.warns(temperature.ConvergenceWarning, match=r"^ts: .* beyond 8\.88611e\+06,"):
+        assert temperature.fit_inverse_temperature(close, np.array([0, 1])) == (
+            temperature.BETA_BOUNDS[1])
+    against = z.argmin(axis=1)  # every label the lowest logit: optimum beta -> 0
+    with pytest.warns(temperature.ConvergenceWarning, match=r"^ts: .*1\.12535e-07"):
+        assert temperature.fit_inverse_temperature(z, against) == temperature.BETA_BOUNDS[0]
+    with pytest.warns(temperature.ConvergenceWarning, match="^ts: .*or unrelated to them"):
+        temperature.TemperatureScaling().fit(z, against)
+
+
+def test_temperature_fit_stops_at_max_iter_with_a_warning_naming_it():
+    z, y = _logits(3, 500, 5, 0.8)
+    counted, calls = _counted(temperature.slope_kernel(z, y))
+    with pytest.warns(temperature.ConvergenceWarning,
+                      match=r"^cal: optimiser stopped .*\(1 Newton/bisection steps, max_iter=1\)"):
+        temperature.solve_inverse_temperature(counted, max_iter=1, name="cal")
+    with pytest.warns(temperature.ConvergenceWarning, match=r"max_iter=2\)"):
+        temperature.TemperatureScaling(max_iter=2).fit(z, y)
+
+
+def test_temperature_slope_exactly_zero_at_a_bracket_end_returns_that_end():
+    """A kernel whose slope is 0 at beta = 1 (first evaluation), or at 4 (second)."""
+    for root in (1.0, 4.0, 0.25):
+        counted, calls = _counted(lambda b, r=root: (b - r, 1.0))
+        assert temperature.solve_inverse_temperature(counted) == root
+        assert len(calls) <= 3
+    # Linear slope with its root inside the bracket: one Newton step lands on it.
+    counted, calls = _counted(lambda b: (b - 2.5, 1.0))
+    assert temperature.solve_inverse_temperature(counted) == 2.5
