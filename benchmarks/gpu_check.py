@@ -278,7 +278,17 @@ def check_graph(name: str, cal, cord, k: int, dtype: str, runtime: str, chunks,
     return figures
 
 
+def report_line(r: dict) -> str:
+    worst = max(r["max_abs"].values())
+    return (f"{'ok  ' if r['ok'] else 'FAIL'} {r['data']:<28} {r['calibrator']:<9} "
+            f"{r['dtype']} {r['runtime']:<16} rows {r['rows']:>8} max|diff| {worst:.2e} "
+            f"top-1 changes {r['top1_changes']}"
+            + (f" off device: {r['nodes_off_device']}" if r["nodes_off_device"] else ""))
+
+
 def cifar_stage(args, calibrators, runtimes, seconds: float) -> tuple[list, list]:
+    """Every CIFAR-100 file of the manifest while the stage's budget lasts (a fit and a
+    graph that are not started for want of time are listed as skipped)."""
     data = Path(args.data)
     manifest = data / "manifest.json"
     if not manifest.is_file():
@@ -287,22 +297,27 @@ def cifar_stage(args, calibrators, runtimes, seconds: float) -> tuple[list, list
     names = sorted(n for n in json.loads(manifest.read_text()) if n.startswith(CIFAR100))
     if not names:
         return [], [{"check": "cifar", "reason": f"{manifest} lists no CIFAR-100 file"}]
-    name = names[0]
-    archive = np.load(data / f"{name}.npz")
-    logits, labels = archive["logits"], archive["labels"]
-    if args.tiny:
-        logits, labels = logits[:600], labels[:600]
-    half = len(labels) // 2
-    results = []
-    share = seconds / max(1, len(calibrators) * 2 * len(runtimes))
-    for cal_name in calibrators:
-        cal, cord = fit(cal_name, logits[:half], labels[:half])
-        for runtime in runtimes:
-            for dtype in ("float32", "float64"):
-                figures = check_graph(cal_name, cal, cord, logits.shape[1], dtype, runtime,
-                                      [logits[half:]], share)
-                results.append({"data": name, **figures})
-    return results, []
+    clock = Clock(seconds)
+    results, skipped = [], []
+    for name in names[:1] if args.tiny else names:
+        archive = np.load(data / f"{name}.npz")
+        logits, labels = archive["logits"], archive["labels"]
+        if args.tiny:
+            logits, labels = logits[:600], labels[:600]
+        half = len(labels) // 2
+        for cal_name in calibrators:
+            if clock.left() <= 0:
+                skipped.append({"check": f"cifar {name} {cal_name}",
+                                "reason": "stage budget spent"})
+                continue
+            cal, cord = fit(cal_name, logits[:half], labels[:half])
+            for runtime in runtimes:
+                for dtype in ("float32", "float64"):
+                    figures = check_graph(cal_name, cal, cord, logits.shape[1], dtype,
+                                          runtime, [logits[half:]], clock.left())
+                    results.append({"data": name, **figures})
+                    print(report_line(results[-1]), flush=True)
+    return results, skipped
 
 
 def synthetic_logits(n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -320,7 +335,7 @@ def synthetic_logits(n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]
     return logits, labels
 
 
-def synthetic_stage(args, calibrators, runtimes, seconds: float) -> list:
+def synthetic_stage(args, calibrators, runtimes, seconds: float) -> tuple[list, list]:
     k = 10 if args.tiny else 1000
     rows = min(args.rows, 2000) if args.tiny else args.rows
     chunk = min(CHUNK_ROWS, rows)
@@ -330,16 +345,24 @@ def synthetic_stage(args, calibrators, runtimes, seconds: float) -> list:
         for i, start in enumerate(range(0, rows, chunk)):
             yield synthetic_logits(min(chunk, rows - start), k, seed=1000 + i)[0]
 
-    results = []
-    share = seconds / max(1, len(calibrators) * 2 * len(runtimes))
+    clock = Clock(seconds)
+    results, skipped = [], []
+    remaining = len(calibrators) * 2 * len(runtimes)
     for cal_name in calibrators:
+        if clock.left() <= 0:
+            skipped.append({"check": f"synthetic {cal_name}", "reason": "stage budget spent"})
+            continue
         cal, cord = fit(cal_name, fit_logits, fit_labels)
         for runtime in runtimes:
             for dtype in ("float32", "float64"):
+                # what is left of the stage, shared by the graphs still to check (the
+                # fits are paid from it too)
+                share, remaining = max(clock.left(), 0.0) / remaining, remaining - 1
                 figures = check_graph(cal_name, cal, cord, k, dtype, runtime, chunks(), share)
                 results.append({"data": f"synthetic {rows} x {k}", "rows_asked": rows,
                                 **figures})
-    return results
+                print(report_line(results[-1]), flush=True)
+    return results, skipped
 
 
 # ---------------------------------------------------------------- throughput
@@ -448,7 +471,9 @@ def main(argv=None) -> int:
     cifar, cifar_skipped = cifar_stage(args, calibrators, runtimes,
                                        budget * SHARES["cifar"])
     skipped += cifar_skipped
-    synthetic = synthetic_stage(args, calibrators, runtimes, budget * SHARES["synthetic"])
+    synthetic, synthetic_skipped = synthetic_stage(args, calibrators, runtimes,
+                                                   budget * SHARES["synthetic"])
+    skipped += synthetic_skipped
     throughput, tp_skipped = throughput_stage(args, env["runtime"],
                                               budget * SHARES["throughput"])
     skipped += tp_skipped
@@ -458,12 +483,8 @@ def main(argv=None) -> int:
               "seconds": round(time.perf_counter() - started, 1)}
     Path(args.out).write_text(json.dumps(report, indent=1))
 
-    for r in cifar + synthetic:
-        worst = max(r["max_abs"].values())
-        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['data']:<28} {r['calibrator']:<9} "
-              f"{r['dtype']} {r['runtime']:<16} rows {r['rows']:>8} max|diff| {worst:.2e} "
-              f"top-1 changes {r['top1_changes']}"
-              + (f" off device: {r['nodes_off_device']}" if r["nodes_off_device"] else ""))
+    for r in failures:
+        print(report_line(r))
     for t in throughput:
         gpu = (f"; GPU ({t['gpu_runtime']}) {t['gpu_device_resident_us']:.4f} us/example on "
                f"device, {t['gpu_host_in_out_us']:.4f} host in/out"
