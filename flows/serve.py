@@ -441,9 +441,13 @@ class MicroBatcher:
 
 
 def _run_group(items: list[_Pending]) -> list[dict[str, np.ndarray]]:
+    from onnx_export.runtime import run_host
+
     session = items[0].model.session
     scores = items[0].scores if len(items) == 1 else np.concatenate([i.scores for i in items])
-    values = session.run(list(OUTPUTS), {session.get_inputs()[0].name: scores})
+    # On a CUDA session (--provider cuda) run_host binds the input on the GPU and the
+    # outputs to host memory.
+    values = run_host(session, scores, list(OUTPUTS))
     results, start = [], 0
     for item in items:
         stop = start + item.scores.shape[0]

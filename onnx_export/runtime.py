@@ -4,11 +4,19 @@ batched runs.
 ``provider``: "cpu" runs on CPUExecutionProvider; "cuda" requires CUDAExecutionProvider
 (the ``gpu`` extra installs onnxruntime-gpu) and a visible GPU, and raises otherwise;
 "auto" uses CUDA when both are there and the CPU otherwise.
+
+IO binding (:func:`to_device`, :func:`run_on_device`) lets a caller keep inputs and
+outputs where the session computes (on the GPU for a CUDA session), as OrtValues, instead
+of copying numpy arrays in and out on every run; on a CPU session the same calls work with
+device "cpu". :func:`node_providers` tells which execution provider ran each node, so a
+graph that fell back to the CPU in part is caught (docs/gpu.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +28,10 @@ from onnx_export.export import compute_itemsize
 
 PROVIDERS = ("auto", "cpu", "cuda")
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+#: CUDAExecutionProvider options: no TF32 (onnxruntime's default lets cuBLAS run float32
+#: MatMul on tensor cores with a 10-bit mantissa, far outside the float32 parity bound of
+#: docs/contract.md and able to move a calibrated top-1 the repair's float32 guard relies on).
+CUDA_OPTIONS = {"use_tf32": "0"}
 #: onnxruntime log severity for quiet sessions: 3 = errors only.
 QUIET_SEVERITY = 3
 
@@ -30,7 +42,8 @@ def cuda_available() -> bool:
 
 
 def open_session(model, provider: str = "auto", threads: int | None = None,
-                 quiet: bool = True, spin: bool = True) -> ort.InferenceSession:
+                 quiet: bool = True, spin: bool = True,
+                 profile_dir: str | Path | None = None) -> ort.InferenceSession:
     """An InferenceSession for ``model`` (a path, serialized bytes or a ModelProto).
 
     ``threads`` sets the intra-op thread count (None: onnxruntime's default, one per core).
@@ -38,7 +51,9 @@ def open_session(model, provider: str = "auto", threads: int | None = None,
     (onnxruntime's ``session.intra_op.allow_spinning``): on a machine whose cores other
     processes also use, spinning threads take the CPU the working ones need (two spinning
     threads ran a lean VS graph 2.6x slower than one thread at load average 6 on 2 cores;
-    without spinning, as fast). With ``quiet`` onnxruntime logs errors only. Raises
+    without spinning, as fast). With ``quiet`` onnxruntime logs errors only.
+    ``profile_dir``: onnxruntime profiles every run into a JSON file in that folder (what
+    :func:`node_providers` reads). Raises
     RuntimeError when "cuda" is asked for and the session cannot place the graph on
     CUDAExecutionProvider.
     """
@@ -51,8 +66,8 @@ def open_session(model, provider: str = "auto", threads: int | None = None,
             "provider 'cuda': this onnxruntime has no CUDAExecutionProvider; install the "
             "gpu extra (pip install 'cord-ops[gpu]', which brings onnxruntime-gpu)"
         )
-    providers = [CUDA, CPU] if provider == "cuda" or (provider == "auto" and cuda_available()) \
-        else [CPU]
+    providers = [(CUDA, CUDA_OPTIONS), CPU] \
+        if provider == "cuda" or (provider == "auto" and cuda_available()) else [CPU]
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
@@ -61,6 +76,9 @@ def open_session(model, provider: str = "auto", threads: int | None = None,
         options.log_severity_level = QUIET_SEVERITY
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if profile_dir is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(profile_dir) / "ort-profile")
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, str | Path):
@@ -72,6 +90,101 @@ def open_session(model, provider: str = "auto", threads: int | None = None,
             "(no visible GPU or CUDA libraries missing)"
         )
     return session
+
+
+#: The IO-binding device of each execution provider.
+DEVICES = {CPU: "cpu", CUDA: "cuda"}
+
+
+def session_device(session: ort.InferenceSession) -> str:
+    """"cuda" for a session on CUDAExecutionProvider, "cpu" otherwise: where its outputs
+    are computed and where :func:`run_on_device` keeps them by default."""
+    return DEVICES.get(session.get_providers()[0], "cpu")
+
+
+def _check_device(session: ort.InferenceSession, device: str) -> None:
+    if device not in DEVICES.values():
+        raise ValueError(f"device: expected one of {tuple(DEVICES.values())}, got {device!r}")
+    if device == "cuda" and CUDA not in session.get_providers():
+        raise RuntimeError("device 'cuda': the session does not run on CUDAExecutionProvider "
+                           f"(its providers: {session.get_providers()})")
+
+
+def to_device(array: np.ndarray, device: str = "cpu", device_id: int = 0) -> ort.OrtValue:
+    """A copy of ``array`` as an OrtValue on ``device`` ("cpu" or "cuda"), to bind to a
+    session's input run after run without copying it again."""
+    if device not in DEVICES.values():
+        raise ValueError(f"device: expected one of {tuple(DEVICES.values())}, got {device!r}")
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, device_id)
+
+
+def run_on_device(session: ort.InferenceSession, scores, outputs: list[str] | None = None,
+                  device: str | None = None, device_id: int = 0) -> dict[str, ort.OrtValue]:
+    """One run through IO binding: {output name: OrtValue} allocated by onnxruntime on
+    ``device`` (default :func:`session_device`) and left there.
+
+    ``scores`` is an OrtValue (already on the session's device: it is used in place; see
+    :func:`to_device`) or a numpy array (cast to the session's dtype and copied to
+    ``device``). ``outputs`` picks a subset (default all). An OrtValue on "cpu" gives its
+    array with ``.numpy()``; one on "cuda" stays on the GPU for the caller (its
+    ``data_ptr()``, ``shape()`` and ``element_type()`` describe it). A "cuda" device on a
+    session that does not run on CUDAExecutionProvider raises RuntimeError.
+    """
+    device = session_device(session) if device is None else device
+    _check_device(session, device)
+    names = outputs or [o.name for o in session.get_outputs()]
+    if not isinstance(scores, ort.OrtValue):
+        scores = to_device(np.asarray(scores, dtype=input_dtype(session)), device, device_id)
+    binding = session.io_binding()
+    binding.bind_ortvalue_input(session.get_inputs()[0].name, scores)
+    for name in names:
+        binding.bind_output(name, device, device_id)
+    session.run_with_iobinding(binding)
+    return dict(zip(names, binding.get_outputs(), strict=True))
+
+
+def run_host(session: ort.InferenceSession, scores: np.ndarray,
+             outputs: list[str]) -> list[np.ndarray]:
+    """``session.run(outputs, ...)`` on host arrays, for callers whose data arrive and
+    leave as numpy (a server). On a CUDA session the input is copied to the GPU once and
+    the outputs are bound to host memory, so onnxruntime writes each result straight into
+    its numpy array (one device-to-host copy, no staging output on the GPU)."""
+    if session_device(session) == "cpu":
+        return session.run(outputs, {session.get_inputs()[0].name: scores})
+    bound = run_on_device(session, to_device(scores, "cuda"), outputs, device="cpu")
+    return [bound[name].numpy() for name in outputs]
+
+
+def node_providers(session: ort.InferenceSession) -> dict[str, tuple[str, str]]:
+    """{node name: (operator, execution provider that ran it)} over the runs since the
+    session opened,
+    from onnxruntime's profile (the session must have been opened with ``profile_dir``).
+    Ends the session's profiling and removes the profile file. Nodes are as onnxruntime
+    ran them, after its graph optimisations (a fused node carries its new name)."""
+    path = session.end_profiling()
+    if not path:
+        raise ValueError("node_providers: the session was not opened with profile_dir")
+    try:
+        events = json.loads(Path(path).read_text())
+    finally:
+        Path(path).unlink(missing_ok=True)
+    # A node's kernel event is named "<node name>_kernel_time" and carries its provider.
+    return {event["name"].removesuffix("_kernel_time"):
+            (event["args"].get("op_name", ""), event["args"]["provider"])
+            for event in events
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time")
+            and "provider" in event.get("args", {})}
+
+
+def placement(model, scores: np.ndarray,
+              provider: str = "auto") -> dict[str, tuple[str, str]]:
+    """{node name: (operator, provider)} of one run of ``model`` on ``scores`` in a fresh session of
+    ``provider`` (see :func:`node_providers`), run through IO binding on the session's
+    device."""
+    with tempfile.TemporaryDirectory(prefix="cord-ops-profile-") as folder:
+        session = open_session(model, provider=provider, profile_dir=folder)
+        run_on_device(session, scores)
+        return node_providers(session)
 
 
 def input_dtype(session: ort.InferenceSession) -> np.dtype:
