@@ -35,33 +35,47 @@ KINDS = ("logits", "probs")
 
 
 class _StderrBar:
-    """A plain one-line progress bar for when tqdm is not installed."""
+    """Progress on stderr: one line redrawn in place on a terminal; elsewhere (a log file,
+    a pipe, CI) a plain newline-terminated line at most every ``every`` seconds plus the
+    last one, so lines never run together."""
 
-    def __init__(self, total: int, desc: str):
+    def __init__(self, total: int, desc: str, stream=None, every: float = 5.0):
         self.total, self.done, self.desc = total, 0, desc
-        self.start = time.perf_counter()
-        self._draw()
+        self.stream = sys.stderr if stream is None else stream
+        isatty = getattr(self.stream, "isatty", None)
+        self.terminal, self.every = bool(isatty and isatty()), every
+        self.start = self._last = time.perf_counter()
+        self._draw(first=True)
 
     def update(self, rows: int) -> None:
         self.done += rows
         self._draw()
 
-    def _draw(self) -> None:
+    def _draw(self, first: bool = False) -> None:
+        now = time.perf_counter()
+        if not (self.terminal or first or self.done >= self.total
+                or now - self._last >= self.every):
+            return
+        self._last = now
         width = 30
         filled = int(width * self.done / self.total) if self.total else width
-        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-        sys.stderr.write(f"\r{self.desc} [{'#' * filled}{'.' * (width - filled)}] "
-                         f"{self.done}/{self.total} rows ({rate:,.0f} rows/s)")
-        sys.stderr.flush()
+        rate = self.done / max(now - self.start, 1e-9)
+        text = (f"{self.desc} [{'#' * filled}{'.' * (width - filled)}] "
+                f"{self.done}/{self.total} rows ({rate:,.0f} rows/s)")
+        self.stream.write(f"\r{text}" if self.terminal else f"{text}\n")
+        self.stream.flush()
 
     def close(self) -> None:
-        sys.stderr.write("\n")
-        sys.stderr.flush()
+        if self.terminal:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def _progress_bar(total: int, enabled: bool):
     if not enabled:
         return None
+    if not sys.stderr.isatty():  # tqdm redraws with carriage returns even in a file
+        return _StderrBar(total, "predict")
     try:
         from tqdm import tqdm
     except ImportError:

@@ -86,7 +86,11 @@ def test_predict_file_writes_the_four_outputs(saved_model, logits_file, tmp_path
     out = tmp_path / "sub" / "out.npz"
     summary = predict_file(path, input_path, out, batch_size=16, provider="cpu")
     assert summary["rows"] == len(scores) and summary["n_classes"] == 10
-    assert "predict" in capsys.readouterr().err  # the progress bar went to stderr
+    # The progress went to stderr, which is no terminal here: whole lines, no redraws.
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("predict")]
+    assert lines and "\r" not in err and err.endswith("\n")
+    assert lines[-1].split()[2] == f"{len(scores)}/{len(scores)}"
     with np.load(out, allow_pickle=False) as written:
         assert sorted(written.files) == ["calibrated", "confidence", "label", "repaired"]
         outputs = {key: written[key] for key in written.files}
