@@ -14,6 +14,18 @@ the references' optimiser, not from their optimum (it stops when a step changes 
 separate, or labels unrelated to them) that bound is returned with a ConvergenceWarning.
 Cap: ``max_iter=100`` Newton iterations (ConvergenceWarning when exhausted).
 
+Bounded refit (deviation from the references): the reported NLL
+(:func:`cord_ops.metrics.nll`) floors a true-class probability at ``PROB_FLOOR`` = 2.2e-16,
+so a row the calibrated map gives less than that costs it 36.04 nats however small, while
+the smooth objective above keeps charging it. When some row's label is at or below the
+floor at the identity map (beta = 1: a zero on the label, or a logit gap beyond 36), the
+Newton optimum is compared with the minimum of the reported NLL itself over beta (a grid
+of log beta in [-16, 16] by 0.25, then a bounded 1-D search around the best point), and
+the latter is kept only when it is lower by more than 1e-9 relative. On logits whose
+calibrated true-class probabilities stay above 2.2e-16 (the CIFAR sets) nothing changes;
+on probability files with exact zeros on the label (an out-of-fold text classifier's) the
+fit then optimises what is reported.
+
 Top-1 is preserved: beta > 0 scales every logit of a row by the same factor.
 """
 
@@ -137,6 +149,44 @@ def bracketed_iteration(derivatives, beta: float, found: tuple, lo: float, hi: f
     return beta
 
 
+#: Below this relative gain the Newton optimum is kept (the bounded refit is for rows the
+#: floor caps, not for rounding).
+BOUNDED_GAIN = 1e-9
+
+
+def reported_nll(z: np.ndarray, y: np.ndarray, beta: float) -> float:
+    """The reported NLL (true-class probability clipped to [PROB_FLOOR, 1 - PROB_FLOOR])
+    of softmax(beta * z), from the log-sum-exp form."""
+    s = beta * z
+    m = s.max(axis=1)
+    log_q = s[np.arange(z.shape[0]), y] - m - np.log(np.exp(s - m[:, None]).sum(axis=1))
+    return float(np.mean(np.clip(-log_q, -math.log1p(-PROB_FLOOR), -math.log(PROB_FLOOR))))
+
+
+def bounded_refit(z: np.ndarray, y: np.ndarray, beta: float) -> float:
+    """``beta``, or the minimiser of :func:`reported_nll` when some row of ``z`` (shifted
+    so each row's maximum is 0) puts its label at or below log(PROB_FLOOR) and that
+    minimiser is better by more than :data:`BOUNDED_GAIN` relative (module docstring)."""
+    from scipy.optimize import minimize_scalar
+
+    # Only rows whose label is at or below the floor already at the identity map (a zero
+    # on the label, a logit gap beyond 36) make the two objectives disagree at every beta.
+    log_q = z[np.arange(z.shape[0]), y] - np.log(np.exp(z).sum(axis=1))
+    if not np.any(log_q <= math.log(PROB_FLOOR) + 1e-12):
+        return beta
+    grid = np.arange(-16.0, 16.0 + 1e-9, 0.25)
+    values = [reported_nll(z, y, math.exp(t)) for t in grid]
+    best = float(grid[int(np.argmin(values))])
+    found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method="bounded",
+                            bounds=(max(best - 0.25, -16.0), min(best + 0.25, 16.0)),
+                            options={"xatol": 1e-10})
+    candidate = math.exp(float(found.x))
+    kept = reported_nll(z, y, beta)
+    if reported_nll(z, y, candidate) < kept - BOUNDED_GAIN * abs(kept):
+        return candidate
+    return beta
+
+
 class TemperatureScaling(Calibrator):
     """``ts``: q = softmax(beta * z) with z the logits (or log(max(p, prob_floor))).
 
@@ -154,8 +204,10 @@ class TemperatureScaling(Calibrator):
         self.max_iter = max_iter
 
     def _fit(self, x, y):
-        self.beta_ = fit_inverse_temperature(self._logits(x), y, max_iter=self.max_iter,
-                                             name=self.name)
+        z = self._logits(x)
+        z = z - z.max(axis=1, keepdims=True)
+        self.beta_ = bounded_refit(z, y, fit_inverse_temperature(z, y, max_iter=self.max_iter,
+                                                                 name=self.name))
 
     def _predict(self, x):
         return softmax(self.beta_ * self._logits(x), overwrite=True)
