@@ -44,7 +44,7 @@ def gate_column(uncal_nll: float, cord_nll: float, cal_labels, eval_labels, k: i
         return "n/a"
     evidence = gate.Evidence(gate.label_counts(cal_labels, k), gate.label_counts(eval_labels, k))
     decision = gate.decide(cord_nll, 0.0, True, None, uncalibrated_nll=uncal_nll,
-                           evidence=evidence, policy=gate.Policy())
+                           evidence=evidence, policy=gate.Policy.for_classes(k))
     if decision.harms:
         return "refused: harm"
     return "promoted" if decision.promote else "refused"

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from cord_ops import CORD
 from cord_ops.calibrators import CALIBRATOR_NAMES, TOP1_PRESERVING
 from cord_ops.calibrators._base import softmax
 from cord_ops.calibrators.isotonic import saturation_softmax
@@ -103,3 +104,24 @@ def test_saturated_top_entries_no_longer_depend_on_the_class_order():
     moved = np.roll(z, 1, axis=1)
     assert softmax(z)[0, 0] != softmax(moved)[0, 1]  # the case under test happens
     assert saturation_softmax(z)[0, 0] == saturation_softmax(moved)[0, 1] < 1.0
+
+
+@pytest.mark.parametrize("name", CALIBRATOR_NAMES)
+def test_pathological_rows_through_every_numpy_pipeline(name):
+    """Rows the strategies generate (exact zeros, top-1 ties, float32 rounding, saturated
+    and one-hot rows) through each family fitted on k-NN votes: calibrated rows on the
+    simplex, and CORD, fitted on those very rows and on the corpus, keeps every top-1."""
+    e = corpus.entry("digits-knn-probs-float32")
+    cal, cord = corpus.fitted(e.name, name)
+
+    @settings(max_examples=15, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(corpus.probability_rows(k=e.n_classes, n_rows=(2, 24)))
+    def check(p):
+        q = cal.predict_proba(p)
+        assert np.isfinite(q).all() and (q >= 0).all()
+        np.testing.assert_allclose(q.sum(axis=1), 1.0, rtol=0, atol=1e-9)
+        for repair in (cord, CORD().fit(p, q)):
+            np.testing.assert_array_equal(corpus.top1(repair.transform(p, q)), corpus.top1(p))
+
+    check()
