@@ -157,10 +157,10 @@ def run_host(session: ort.InferenceSession, scores: np.ndarray,
 
 def node_providers(session: ort.InferenceSession) -> dict[str, tuple[str, str]]:
     """{node name: (operator, execution provider that ran it)} over the runs since the
-    session opened,
-    from onnxruntime's profile (the session must have been opened with ``profile_dir``).
-    Ends the session's profiling and removes the profile file. Nodes are as onnxruntime
-    ran them, after its graph optimisations (a fused node carries its new name)."""
+    session opened, from onnxruntime's profile (the session must have been opened with
+    ``profile_dir``). Ends the session's profiling and removes the profile file. Nodes are
+    as onnxruntime ran them, after its graph optimisations (a fused node carries its new
+    name)."""
     path = session.end_profiling()
     if not path:
         raise ValueError("node_providers: the session was not opened with profile_dir")
@@ -178,9 +178,9 @@ def node_providers(session: ort.InferenceSession) -> dict[str, tuple[str, str]]:
 
 def placement(model, scores: np.ndarray,
               provider: str = "auto") -> dict[str, tuple[str, str]]:
-    """{node name: (operator, provider)} of one run of ``model`` on ``scores`` in a fresh session of
-    ``provider`` (see :func:`node_providers`), run through IO binding on the session's
-    device."""
+    """{node name: (operator, provider)} of one run of ``model`` on ``scores`` in a fresh
+    session of ``provider`` (see :func:`node_providers`), through IO binding on the
+    session's device."""
     with tempfile.TemporaryDirectory(prefix="cord-ops-profile-") as folder:
         session = open_session(model, provider=provider, profile_dir=folder)
         run_on_device(session, scores)

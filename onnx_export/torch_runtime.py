@@ -85,6 +85,9 @@ def _topk(torch, x, k, axis: int, largest: int, sorted_: int):
 
 def _run_node(torch, op: str, inputs: list, attrs: dict, device):
     """The outputs (a list) of one node."""
+    if op == "Div" and not inputs[0].is_floating_point():
+        # ONNX integer division truncates; torch.div would return floats
+        return [torch.div(inputs[0], inputs[1], rounding_mode="trunc")]
     if op in ("Add", "Sub", "Mul", "Div"):
         fn = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div}[op]
         return [fn(inputs[0], inputs[1])]

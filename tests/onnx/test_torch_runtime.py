@@ -98,3 +98,13 @@ def test_an_operator_it_does_not_know_is_refused_before_anything_runs():
     model = _single("Sin", [("x", TensorProto.FLOAT, [1])], [("y", TensorProto.FLOAT, [1])])
     with pytest.raises(ValueError, match="not supported by TorchGraph: Sin"):
         TorchGraph(model, DEVICE)
+
+
+def test_integer_division_truncates_as_onnx():
+    a = np.array([7, -7, 9, -1], dtype=np.int64)
+    b = np.array([2, 2, -4, 3], dtype=np.int64)
+    model = _single("Div", [("a", TensorProto.INT64, [4]), ("b", TensorProto.INT64, [4])],
+                    [("y", TensorProto.INT64, [4])])
+    got, want = _both(model, {"a": a, "b": b})
+    np.testing.assert_array_equal(got["y"], want["y"])
+    assert got["y"].dtype == np.int64
