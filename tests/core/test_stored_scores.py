@@ -231,3 +231,40 @@ def test_a_binary_width_other_than_one_or_two_is_refused():
     with pytest.raises(ValueError, match=r"^x: expected 2 classes \(columns\), or one "
                                          r"score column for this binary model, got 3$"):
         stored_scores(np.full((2, 3), 1 / 3), "probs", "x", n_classes=2)
+
+
+# ---------------------------------------------------------------- the corpus of real outputs
+def test_every_corpus_entry_loads_as_the_rows_it_stores(tmp_path):
+    """Every stored form of tests/corpus.py (binary in one column and two, float32 and
+    float64, exact zeros, ties, saturated rows) loads from .npz and from Parquet to its
+    two-or-more-column float64 rows, renormalised within the dtype's tolerance."""
+    import corpus
+
+    for entry in corpus.build(include_one_column=True):
+        stored = entry.cal_scores
+        wide = stored.astype(np.float64)
+        if entry.columns == 1:  # by hand: p -> [1 - p, p], m -> [0, m]
+            s = wide[:, 0]
+            expected = (np.stack([1 - s, s], axis=1) if entry.kind == "probs"
+                        else np.stack([np.zeros_like(s), s], axis=1))
+            error = 0.0
+        elif entry.kind == "probs":
+            sums = wide.sum(axis=1)
+            error = np.abs(sums - 1).max()
+            assert error <= sum_tolerance(stored.dtype, entry.n_classes), entry.name
+            expected = wide / sums[:, None] if error > 0 else wide
+        else:
+            expected, error = wide, 0.0
+        np.savez(tmp_path / "e.npz", labels=entry.cal_labels, **{entry.kind: stored})
+        column = (pa.array(stored[:, 0]) if entry.columns == 1
+                  else pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1)),
+                                                         stored.shape[1]))
+        pq.write_table(pa.table({entry.kind: column, "labels": entry.cal_labels}),
+                       tmp_path / "e.parquet")
+        for path in (tmp_path / "e.npz", tmp_path / "e.parquet"):
+            loaded = data.load(path)
+            assert loaded.width == entry.columns, (entry.name, path.suffix)
+            assert loaded.sum_error == error, (entry.name, path.suffix)
+            assert np.array_equal(loaded.scores, expected), (entry.name, path.suffix)
+            assert np.array_equal(np.argmax(loaded.scores, axis=1),
+                                  np.argmax(expected, axis=1))
