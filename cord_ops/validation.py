@@ -110,7 +110,10 @@ def normalised_probabilities(p, name: str = "probabilities", *,
     float64 sum, so every row sums to 1 to float64 rounding and no entry exceeds 1 (a
     non-negative entry is at most its row's sum). Exact zeros, exact ones and ties stay
     what they are (equal entries divided by one sum stay equal). Rows already summing to 1
-    are returned unchanged. A refusal names the row, its sum and the tolerance.
+    are returned unchanged, and so is a float32/float16 row whose two largest entries,
+    one ulp apart, would round to a tie when the renormalised row is cast back to its
+    storage dtype (as a float32 graph's input is): within the tolerance it is used as
+    stored, its top-1 intact. A refusal names the row, its sum and the tolerance.
     """
     stored = np.asarray(p)
     arr = check_scores(stored, name, n_classes=n_classes)
@@ -133,7 +136,13 @@ def normalised_probabilities(p, name: str = "probabilities", *,
             f"least {PROBABILITY_SUM_ATOL:g})"
         )
     if worst > 0:
-        arr = arr / sums[:, None]
+        scaled = arr / sums[:, None]
+        if stored.dtype.kind == "f" and stored.dtype.itemsize < 8:
+            # Keep rows whose top-1 a cast back to the storage dtype would tie (see
+            # narrowed): a float32 graph fed these rows must see the stored order.
+            moved = top1(scaled.astype(stored.dtype)) != top1(arr)
+            scaled[moved] = arr[moved]
+        arr = scaled
     return arr, worst, worst_row
 
 
@@ -182,6 +191,8 @@ class StoredScores(NamedTuple):
     sum_error: float
     #: the row where that was (0 when nothing was off)
     sum_error_row: int
+    #: the array as given (for :func:`narrowed`)
+    stored: np.ndarray | None = None
 
 
 def stored_scores(x, kind: str, name: str = "scores", *,
@@ -202,12 +213,30 @@ def stored_scores(x, kind: str, name: str = "scores", *,
                          f"this binary model, got {shape[1]}")
     if is_one_column(x) and n_classes in (None, 2):
         # [1 - p, p] sums to 1 by construction (to float64 rounding): nothing to renormalise
-        return StoredScores(two_columns(x, kind, name), 1, 0.0, 0)
+        return StoredScores(two_columns(x, kind, name), 1, 0.0, 0, np.asarray(x))
     if kind == "probs":
         scores, worst, row = normalised_probabilities(x, name, n_classes=n_classes)
-        return StoredScores(scores, scores.shape[1], worst, row)
+        return StoredScores(scores, scores.shape[1], worst, row, np.asarray(x))
     scores = check_scores(x, name, n_classes=n_classes)
-    return StoredScores(scores, scores.shape[1], 0.0, 0)
+    return StoredScores(scores, scores.shape[1], 0.0, 0, np.asarray(x))
+
+
+def narrowed(loaded: StoredScores, dtype) -> np.ndarray:
+    """The scores of :func:`stored_scores` in a graph's ``dtype``, top-1 kept on every row.
+
+    Renormalising moves two entries one float32 ulp apart by a relative (1 - sum), and the
+    cast back to float32 can then round them to the same value, a tie the graph would give
+    to the smaller index (6 rows in 300,000 such near-ties off by up to 9e-5). Those rows
+    take the stored row itself, whose order is the original's.
+    """
+    scores, stored = loaded.scores, loaded.stored
+    out = np.ascontiguousarray(scores, dtype=dtype)
+    if out.dtype == scores.dtype or stored is None or stored.shape != scores.shape:
+        return out
+    moved = top1(out) != top1(scores)
+    if moved.any():
+        out[moved] = stored[moved]
+    return out
 
 
 def _one_column_values(arr: np.ndarray, name: str) -> np.ndarray:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cord_ops.names import INPUT_KINDS
-from cord_ops.validation import is_one_column, stored_scores
+from cord_ops.validation import is_one_column, narrowed, stored_scores
 
 #: Codes of :attr:`InputError.reason`.
 REASONS = ("bad_payload", "bad_shape", "wrong_width", "non_finite", "not_probabilities",
@@ -100,7 +100,7 @@ def score_matrix(value, contract: InputContract, name: str = "input") -> np.ndar
     except (TypeError, ValueError) as exc:
         raise InputError(_reason(arr, contract), str(exc)) from None
     with np.errstate(over="ignore"):  # overflow is what the next line looks for
-        out = np.ascontiguousarray(stored.scores, dtype=contract.dtype)
+        out = narrowed(stored, contract.dtype)
     if out.dtype != arr.dtype and not (np.isfinite(out.min()) and np.isfinite(out.max())):
         row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
         raise InputError("out_of_range",

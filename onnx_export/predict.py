@@ -23,7 +23,7 @@ import numpy as np
 
 from cord_ops import data
 from cord_ops.atomic import atomic_path
-from cord_ops.validation import PROBABILITY_SUM_ATOL, stored_scores
+from cord_ops.validation import PROBABILITY_SUM_ATOL, narrowed, stored_scores
 from onnx_export.export import load_model, model_metadata
 from onnx_export.runtime import input_dtype, open_session, run_batched
 
@@ -126,7 +126,7 @@ def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
         raise ValueError(f"{name}: every row is a probability vector (non-negative, sums to 1) "
                          "but the model reads logits; save the array as 'logits' if these "
                          "really are logits")
-    return stored._replace(scores=stored.scores.astype(dtype, copy=False))
+    return stored._replace(scores=narrowed(stored, dtype))
 
 
 def read_parquet_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
@@ -146,7 +146,7 @@ def read_parquet_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
     if clash:
         raise ValueError(f"{where}: column {clash[0]!r} would be overwritten by the output "
                          f"of the same name; rename it")
-    return stored._replace(scores=stored.scores.astype(dtype, copy=False)), passthrough
+    return stored._replace(scores=narrowed(stored, dtype)), passthrough
 
 
 def read_any_input(path, n_classes: int, input_kind: str, dtype: np.dtype):

@@ -83,6 +83,7 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
             time.sleep(0.2)
         flat = http.post("/invocations", json={"inputs": column[:5].tolist()})
         nested = http.post("/invocations", json={"inputs": column[:5, None].tolist()})
+        widths = http.get("/version").json()["input_widths"]
         wide = http.post("/invocations", json={"inputs": [[0.2, 0.3, 0.5]]})
         beyond = http.post("/invocations", json={"inputs": [[0.2, 0.7]]})
     assert flat.status_code == nested.status_code == 200, flat.text
@@ -90,5 +91,30 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
     # JSON carries each float32 as its shortest repr, which reads back as the same float32
     assert np.array_equal(np.float32(flat.json()["predictions"]["repaired"]), repaired[:5])
     assert nested.json()["predictions"] == flat.json()["predictions"]
+    assert widths == [1, 2]
     assert wide.status_code == 400 and wide.json()["reason"] == "wrong_width"
     assert beyond.status_code == 400 and "row 0 sums to 0.8999" in beyond.json()["error"]
+
+
+def test_one_column_parquet_shards_are_binary(tmp_path):
+    from flows import distributed
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(2):
+        p = rng.uniform(0, 1, 40).astype(np.float32)
+        pq.write_table(pa.table({"probs": p, "labels": (p > 0.5).astype(np.int64)}),
+                       folder / f"part-{i}.parquet")
+    shards = distributed.describe_shards(str(folder))
+    assert (shards.n_classes, shards.input_kind, shards.n) == (2, "probs", 80)
+    part = distributed.load_split_shard(shards.files[0], "probs", 2, 0, 0.5,
+                                        shards.key(shards.files[0]), f"binary-{tmp_path.name}")
+    try:
+        scores = np.asarray(distributed.part_scores(part["calibration"]))
+        stored = pq.read_table(shards.files[0]).column("probs").to_numpy().astype(np.float64)
+        assert scores.shape == (part["calibration"]["n"], 2)
+        assert set(scores[:, 1]) <= set(stored)
+        assert np.array_equal(scores[:, 0], 1 - scores[:, 1])
+    finally:
+        distributed.remove_scratch(f"binary-{tmp_path.name}")

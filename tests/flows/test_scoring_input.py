@@ -218,3 +218,14 @@ def test_float32_rows_are_renormalised_before_scoring():
         score_matrix(np.array([[0.3, 0.7003]], np.float32), InputContract(2, "probs",
                                                                           "float64"))
     assert info.value.reason == "not_probabilities"
+
+
+def test_a_float32_graph_gets_the_stored_order_of_a_renormalised_near_tie():
+    # a payload (float64 from JSON) holding float32 values one ulp apart at the top, its
+    # row off 1 by 6.9e-5: renormalised then cast to float32 they would tie (class 0)
+    row = np.array([[0.4202351, 0.42023513, 0.15959924]], dtype=np.float32)
+    wide = row.astype(np.float64)
+    assert (wide / wide.sum()).astype(np.float32)[0, 0] == (wide / wide.sum()).astype(
+        np.float32)[0, 1]
+    served = score_matrix(wide.tolist(), InputContract(3, "probs", "float32"))
+    assert np.array_equal(served, row)  # the stored row itself, class 1 on top
