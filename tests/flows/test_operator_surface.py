@@ -106,3 +106,44 @@ def test_the_predict_hint_takes_the_kind_of_input_the_run_read(tmp_path):
     assert predict_hint(tmp_path / "d.PQ") == "--input FILE.parquet --output OUT.parquet"
     assert predict_hint(tmp_path / "d.npz") == "--input FILE.npz --output OUT.npz"
     assert predict_hint(None) == "--input FILE.npz --output OUT.npz"
+
+
+KILLED_COMMAND = """
+import os, signal, subprocess, sys, time
+from flows import owner
+owner.watch_command(owner.mark_command())
+# A child that ignores SIGTERM, in a session of its own (no group signal, no parent-death
+# signal reaches it), and a grandchild of it: what a library may leave behind.
+subprocess.Popen([sys.executable, "-c", "import signal, subprocess, sys, time; "
+                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+                  "time.sleep(300)"], start_new_session=True)
+time.sleep(1)
+print("spawned", flush=True)
+time.sleep(float(sys.argv[1]))  # the test lists what this process started meanwhile
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_what_a_killed_command_started_dies_with_it_marker_and_all(tmp_path):
+    import psutil
+
+    def marked(pid: int) -> list[psutil.Process]:
+        found = []
+        for process in psutil.process_iter():
+            try:
+                if process.environ().get("CORD_OPS_OWNER") == str(pid):
+                    found.append(process)
+            except psutil.Error:
+                continue
+        return found
+
+    command = subprocess.Popen([sys.executable, "-c", KILLED_COMMAND, "3"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, text=True)
+    assert command.stdout.readline() == "spawned\n"
+    seen = marked(command.pid)
+    assert len(seen) == 2  # the child and the grandchild, both carrying the marker
+    assert command.wait(10) == -9
+    time.sleep(3)
+    assert [(p.pid, p.cmdline()) for p in marked(command.pid) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE] == []
