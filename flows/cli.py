@@ -805,16 +805,20 @@ def describe_error(exc: BaseException, tracking_uri: str) -> str:
     return message
 
 
-def run(args: argparse.Namespace, forward: bool = False) -> int:
+def run(args: argparse.Namespace, forward: bool = False, watch: bool = False) -> int:
     """Validate, then run ``args.func``; every failure becomes the last line ``error: ...``.
     With ``forward``, a flow command whose inputs passed goes to the managed server's warm
-    runner when one is ready for it (:mod:`flows.warm`), else runs here."""
+    runner when one is ready for it (:mod:`flows.warm`), else runs here. With ``watch``
+    (this process is the command's), once the inputs passed a watchdog is started that
+    kills what the command started when it ends (:func:`flows.owner.watch_command`)."""
     args.tracking_uri_given = args.tracking_uri
     args.tracking_uri = args.tracking_uri or tracking.tracking_uri()
     try:
         validate = getattr(args, "validate", None)
         if validate is not None:
             validate(args)
+        if watch and args.command != "ui":  # the UI replaces this process: nothing to watch
+            owner.watch_command(os.environ[owner.OWNER_ENV])
         if forward and args.command in warm.COMMANDS:
             code = warm.forward(server.state_folder(args.tracking_uri), args.argv,
                                 time.perf_counter() - args.started)
@@ -854,9 +858,10 @@ def main(argv: list[str] | None = None, started: float | None = None,
     for key, value in {**tracking.QUIET_ENVIRONMENT, **tracking.http_environment(
             getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT))}.items():
         os.environ.setdefault(key, value)
-    if argv_given is None if owns_process is None else owns_process:
-        owner.watch_command(owner.mark_command(keep=not forward))
-    return run(args, forward=forward)
+    owns = argv_given is None if owns_process is None else owns_process
+    if owns:
+        owner.mark_command(keep=not forward)
+    return run(args, forward=forward, watch=owns)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ bool}``. The phases run one after another, the processes of a phase concurrently
 ``subprocess`` has it; ``ended`` is the wall-clock time the process was reaped.
 ``finalize_kill`` kills the child the moment MLflow would mark its logged model READY:
 the one window of the flow inside MLflow, which ``CORD_OPS_TEST_KILL_AT`` cannot reach.
-``survivors`` (a path): ``settle`` seconds (default 3) after the child was reaped, the
-processes whose environment holds its owner marker (``CORD_OPS_OWNER`` = the child's pid:
-what the command started and left alive) are written there as JSON ``[{"pid",
-"cmdline"}]``.
+``survivors`` (a path): the processes whose environment holds the child's owner marker
+(``CORD_OPS_OWNER`` = its pid: what the command started) are listed every half second
+while it runs (``seen``) and ``settle`` seconds (default 3) after it was reaped (``left``),
+and written there as JSON ``{"seen": [...], "left": [...]}`` of ``{"pid", "cmdline"}``.
 """
 
 import json
@@ -85,20 +85,28 @@ def _run_phase(phase: list[dict]) -> list:
         children[pid] = index
     pids = {index: pid for pid, index in children.items()}
     codes = [None] * len(phase)
+    watched = [i for i, spec in enumerate(phase) if spec.get("survivors")]
+    seen = {index: {} for index in watched}
     checks = []  # (due, index): survivor listings still to take
+    next_look = 0.0
     while None in codes or checks:
         pid, status = os.waitpid(-1, os.WNOHANG) if None in codes else (0, 0)
         if pid:
             index = children[pid]
             codes[index] = [os.waitstatus_to_exitcode(status), time.time()]
-            if phase[index].get("survivors"):
+            if index in seen:
                 checks.append((time.monotonic() + phase[index].get("settle", 3.0), index))
             continue
         now = time.monotonic()
+        if now >= next_look:
+            next_look = now + 0.5
+            for index in (i for i in watched if codes[i] is None):
+                seen[index].update({p["pid"]: p for p in _marked(str(pids[index]))})
         for due, index in [c for c in checks if c[0] <= now]:
             checks.remove((due, index))
             with open(phase[index]["survivors"], "w") as handle:
-                json.dump(_marked(str(pids[index])), handle)
+                json.dump({"seen": list(seen[index].values()),
+                           "left": _marked(str(pids[index]))}, handle)
         time.sleep(0.05)
     return codes
 

@@ -250,9 +250,14 @@ def test_kill_9_at_every_named_step_then_one_rerun(tmp_path, digits_file):
                    _env(None, PREFECT_HOME=str(tmp_path / "prefect-home")), tmp_path)
 
     assert codes == [[0], [-9] * (len(killed) + 1), [0]], _logs(logs)
-    survivors = {Path(k["survivors"]).stem: json.loads(Path(k["survivors"]).read_text())
-                 for k in [*killed, pending_model]}
-    assert survivors == {name: [] for name in survivors}, survivors
+    listings = {Path(k["survivors"]).stem: json.loads(Path(k["survivors"]).read_text())
+                for k in [*killed, pending_model]}
+    # Each killed command had started its temporary server, marked as its own ...
+    assert all(any("uvicorn" in " ".join(p["cmdline"]) for p in listing["seen"])
+               for listing in listings.values()), listings
+    # ... and 3 s after its kill nothing it started is left.
+    left = {name: listing["left"] for name, listing in listings.items()}
+    assert left == {name: [] for name in left}, left
     assert integrity(work / "mlruns" / "mlflow.db") == "ok"
     versions, champion = assert_registry_sound(uri)
     client = MlflowClient(uri)
