@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 
 from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
-from flows import inputs, operator_cli, server, tracking, warm
+from flows import inputs, operator_cli, owner, server, tracking, warm
 from flows.reproduce import cli as reproduce_cli
 
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
@@ -43,7 +43,8 @@ UI_PORT = 5000
 NOT_RUNNING = 3
 #: Errors of the flows whose message already names the step, store or version and the
 #: cause (by name: importing their modules would import Prefect).
-NAMED_ERRORS = ("RecalibrationError", "ChampionUnhealthyError", "PromotionRefused")
+NAMED_ERRORS = ("RecalibrationError", "ChampionUnhealthyError", "PromotionRefused",
+                "TemporaryServerError")
 #: Packages whose exceptions mean the tracking store failed (their errors name the URI).
 STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "alembic")
 #: flows.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
@@ -72,8 +73,19 @@ def summary_table(result) -> str:
     return "\n".join(lines)
 
 
-def next_steps(result, total_seconds: float) -> str:
-    """Where the run, the model and the timings are, and what to run next."""
+def predict_hint(data) -> str:
+    """``--input ... --output ...`` of the suggested ``predict``, of the kind the run read:
+    a folder or glob of shards scores into a new folder, a Parquet file into Parquet."""
+    if data is not None and inputs.is_batch_input(data):
+        return "--input FOLDER --output NEW_FOLDER"
+    if data is not None and Path(str(data)).suffix.lower() in (".parquet", ".pq"):
+        return "--input FILE.parquet --output OUT.parquet"
+    return "--input FILE.npz --output OUT.npz"
+
+
+def next_steps(result, total_seconds: float, data=None) -> str:
+    """Where the run, the model and the timings are, and what to run next (``data``: what
+    the run read, so the suggested ``predict`` takes the same kind of input)."""
     decision = result.decision
     alias = (f"-> {result.model_name}@champion" if decision.promote
              else f"(@champion unchanged: {decision.reason})")
@@ -92,7 +104,7 @@ def next_steps(result, total_seconds: float) -> str:
         f"tracking: {result.tracking_uri} (run {result.run_id})",
         "next:     cord-ops ui    # browse runs, metrics, reliability diagrams",
         f"          cord-ops predict --model models:/{result.model_name}@champion "
-        "--input FILE.npz --output OUT.npz",
+        f"{predict_hint(data)}",
     ])
 
 
@@ -111,7 +123,7 @@ def _warning_lines(result) -> list[str]:
     return [f"{'warnings:' if i == 0 else '':<10}{text}" for i, text in enumerate(found)]
 
 
-def _print_result(result, started: float) -> None:
+def _print_result(result, started: float, data=None) -> None:
     print()
     if getattr(result, "skipped", None):
         print(f"skipped:  {result.skipped}")
@@ -119,7 +131,7 @@ def _print_result(result, started: float) -> None:
         return
     print(summary_table(result))
     print()
-    print(next_steps(result, time.perf_counter() - started))
+    print(next_steps(result, time.perf_counter() - started, data))
 
 
 def _server_hint(args) -> str:
@@ -340,8 +352,27 @@ def validate_predict(args) -> None:
 
 
 def validate_model_command(args) -> None:
-    """status / promote / rollback: the model must be registered in an existing store."""
+    """status / promote / rollback: the model must be registered in an existing store;
+    ``promote --version V``: V must exist (one registry lookup, before Prefect or onnx is
+    imported, so a wrong number costs a second, not the whole stack's start-up)."""
     inputs.registered_model(args.tracking_uri, args.model_name)
+    if getattr(args, "command", None) == "promote":
+        _check_version_exists(args.tracking_uri, args.model_name, str(args.version))
+
+
+def _check_version_exists(uri: str, name: str, version: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    client = tracking.client(uri)
+    try:
+        client.get_model_version(name, version)
+        return
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+    held = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+    raise inputs.InputError(f"--version {version}: model '{name}' has no version {version} in "
+                            f"{uri} (versions: {', '.join(map(str, held)) or 'none'})")
 
 
 def validate_ui(args) -> None:
@@ -371,7 +402,7 @@ def cmd_recalibrate(args) -> int:
                          promote=not args.no_promote, tracking_uri=args.tracking_uri,
                          lock=args.lock, **_flow_options(args), **_gate_options(args),
                          **shards)
-    _print_result(result, args.started)
+    _print_result(result, args.started, args.data)
     return 0
 
 
@@ -413,7 +444,7 @@ def cmd_monitor(args) -> int:
               f"drift {result.drift[name]:+.5f})")
     print("drift: " + ("; ".join(result.reasons) if result.reasons else "none"))
     if result.recalibration is not None:
-        _print_result(result.recalibration, args.started)
+        _print_result(result.recalibration, args.started, args.data)
     return 0
 
 
@@ -549,15 +580,23 @@ def cmd_ui(args) -> int:
         command += ["--default-artifact-root", str(Path.cwd() / tracking.STORE_DIR)]
     print(f"MLflow UI on http://127.0.0.1:{args.port} ({uri}); Ctrl-C stops it", flush=True)
     # Become the server (no parent left behind), so a signal to this PID stops the UI.
-    os.execve(sys.executable, command, {**tracking.QUIET_ENVIRONMENT, **os.environ})
+    # Without the owner marker: the UI is this command, not something it leaves behind.
+    os.execve(sys.executable, command,
+              {**tracking.QUIET_ENVIRONMENT, **owner.detached_environment(os.environ)})
 
 
 def validate_serve(args) -> None:
-    """Options first, then the registered model: nothing is bound before both pass."""
-    from flows.serve import check_options
+    """Options, then the port (a taken one is a second's mistake, not one found after the
+    model loaded), then the registered model."""
+    from flows.serve import bind, check_options
 
     check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
                   args.batch_max_rows)
+    try:
+        bind(args.host, args.port).close()
+    except OSError as exc:
+        raise inputs.InputError(f"--port {args.port}: cannot listen on {args.host}:"
+                                f"{args.port}: {exc.strerror or exc}") from exc
     validate_model_command(args)
 
 
@@ -779,16 +818,20 @@ def describe_error(exc: BaseException, tracking_uri: str) -> str:
     return message
 
 
-def run(args: argparse.Namespace, forward: bool = False) -> int:
+def run(args: argparse.Namespace, forward: bool = False, watch: bool = False) -> int:
     """Validate, then run ``args.func``; every failure becomes the last line ``error: ...``.
     With ``forward``, a flow command whose inputs passed goes to the managed server's warm
-    runner when one is ready for it (:mod:`flows.warm`), else runs here."""
+    runner when one is ready for it (:mod:`flows.warm`), else runs here. With ``watch``
+    (this process is the command's), once the inputs passed a watchdog is started that
+    kills what the command started when it ends (:func:`flows.owner.watch_command`)."""
     args.tracking_uri_given = args.tracking_uri
     args.tracking_uri = args.tracking_uri or tracking.tracking_uri()
     try:
         validate = getattr(args, "validate", None)
         if validate is not None:
             validate(args)
+        if watch and args.command != "ui":  # the UI replaces this process: nothing to watch
+            owner.watch_command(os.environ[owner.OWNER_ENV])
         if forward and args.command in warm.COMMANDS:
             code = warm.forward(server.state_folder(args.tracking_uri), args.argv,
                                 time.perf_counter() - args.started)
@@ -809,11 +852,15 @@ def run(args: argparse.Namespace, forward: bool = False) -> int:
 
 
 def main(argv: list[str] | None = None, started: float | None = None,
-         forward: bool = True) -> int:
+         forward: bool = True, owns_process: bool | None = None) -> int:
     """Entry point of the ``cord-ops`` console script; returns the exit status. ``started``
     (a ``time.perf_counter`` value) and ``forward`` are the warm runner's: the command's
-    start in the process that received it, and no forwarding from the runner itself."""
+    start in the process that received it, and no forwarding from the runner itself.
+    ``owns_process`` (default: when ``argv`` is None, i.e. the console script): this
+    process exists for the command, so it marks what it starts and starts the watchdog
+    that kills those processes when it ends (:func:`flows.owner.watch_command`)."""
     started = time.perf_counter() if started is None else started
+    argv_given = argv
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.started, args.argv = started, argv
@@ -824,7 +871,10 @@ def main(argv: list[str] | None = None, started: float | None = None,
     for key, value in {**tracking.QUIET_ENVIRONMENT, **tracking.http_environment(
             getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT))}.items():
         os.environ.setdefault(key, value)
-    return run(args, forward=forward)
+    owns = argv_given is None if owns_process is None else owns_process
+    if owns:
+        owner.mark_command(keep=not forward)
+    return run(args, forward=forward, watch=owns)
 
 
 if __name__ == "__main__":

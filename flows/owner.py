@@ -38,6 +38,69 @@ HEARTBEAT_TAG = "cord.owner.heartbeat"
 STALE_AFTER = 300.0
 #: Seconds between two heartbeats (a fifth of STALE_AFTER: four may be lost).
 HEARTBEAT_EVERY = STALE_AFTER / 5
+#: Environment variable of every process a cord-ops command starts, however indirectly
+#: (temporary Prefect server, Dask workers and nannies, helpers a library spawns): the pid
+#: of the command. What a command left alive is exactly the processes whose environment
+#: holds its pid. The detached services meant to outlive a command (managed Prefect
+#: server, warm runner, ``cord-ops ui``) are started without it.
+OWNER_ENV = "CORD_OPS_OWNER"
+#: The watchdog of :func:`watch_command`: waits for end of file on stdin (the command's
+#: end, however it ends), then SIGKILLs every process carrying the marker ``argv[1]``
+#: except the command itself (``argv[2]``) and repeats once for children started while
+#: the first ones died. Signals to the command's group (Ctrl-C) must not end it first.
+_WATCHDOG = """
+import os, signal, sys
+import psutil
+for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(signum, signal.SIG_IGN)
+marker, command = sys.argv[1], int(sys.argv[2])
+sys.stdin.buffer.read()
+for _ in range(2):
+    left = []
+    for process in psutil.process_iter():
+        try:
+            if (process.pid not in (os.getpid(), command)
+                    and process.environ().get(OWNER_ENV) == marker):
+                process.kill()
+                left.append(process)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=2)
+""".replace("OWNER_ENV", repr(OWNER_ENV))
+
+
+def mark_command(keep: bool = False) -> str:
+    """Give this command's process (and so everything it starts) the owner marker, its
+    pid; ``keep``: keep the marker it was given (the warm runner's child, which stands in
+    for the command that forwarded itself). Returns the marker."""
+    if not keep or OWNER_ENV not in os.environ:
+        os.environ[OWNER_ENV] = str(os.getpid())
+    return os.environ[OWNER_ENV]
+
+
+def detached_environment(environ) -> dict[str, str]:
+    """``environ`` without the owner marker, for a process meant to outlive the command."""
+    return {key: value for key, value in environ.items() if key != OWNER_ENV}
+
+
+def watch_command(marker: str) -> int:
+    """Start the watchdog that kills what this command leaves behind when it ends, by
+    ``kill -9`` included (no hook of this process runs then). Its stdin is the read end of
+    a pipe whose write end only this process holds (close-on-exec, so no child inherits
+    it) until it ends: end of file means this process is gone. Returns that write end,
+    which is never closed; nothing waits for the watchdog, it exits seconds after the
+    command."""
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    try:
+        subprocess.Popen([sys.executable, "-I", "-c", _WATCHDOG, marker, str(os.getpid())],
+                         stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=detached_environment(os.environ), start_new_session=True)
+    finally:
+        os.close(read_end)
+    return write_end
 
 
 def process_start_time(pid: int) -> float | None:

@@ -33,24 +33,21 @@ def api_environment() -> dict[str, str]:
 def prefect_api():
     """Inside: a Prefect API every process of the flow reaches.
 
-    Yields the API URL. When one is configured already it is used as it is; otherwise a
-    server is started here, made current through the settings context, and stopped on
-    exit after the log queue has drained.
+    Yields the API URL. When one is configured already it is used as it is; otherwise the
+    command's temporary server is started (:func:`flows.prefect_server.temporary_api`:
+    the first use of a new database serialised, dead with this process however it dies),
+    made current through the settings context, and stopped on exit after the log queue
+    has drained. Call it from the main thread.
     """
     url = current_api_url()
     if url:
         yield url
         return
     from prefect.logging.handlers import APILogWorker
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    server = SubprocessASGIServer()
-    server.start(timeout=SERVER_STARTUP_SECONDS)
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-            yield server.api_url
-            with contextlib.suppress(RuntimeError):
-                APILogWorker.drain_all(timeout=10)
-    finally:
-        server.stop()
+    from flows.prefect_server import temporary_api
+
+    with temporary_api(timeout=SERVER_STARTUP_SECONDS):
+        yield current_api_url()
+        with contextlib.suppress(RuntimeError):
+            APILogWorker.drain_all(timeout=10)

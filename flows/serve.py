@@ -583,25 +583,61 @@ def check_options(port: int, poll_interval: float, batch_window: float,
         raise ValueError(f"--batch-max-rows: expected a positive integer, got {batch_max_rows}")
 
 
+def bind(host: str, port: int):
+    """A listening-ready socket bound to ``host:port`` (as uvicorn binds: SO_REUSEADDR, so
+    only a live listener makes the port taken); raises ``OSError`` when it is taken."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "127.0.0.1",
           port: int = DEFAULT_PORT, poll_interval: float = DEFAULT_POLL_INTERVAL,
           batch_window: float = DEFAULT_BATCH_WINDOW,
           batch_max_rows: int = DEFAULT_BATCH_MAX_ROWS, provider: str = "auto") -> None:
-    """Run the server until SIGTERM/SIGINT. Raises before binding when the options are
-    bad, the store cannot be reached or registered model ``name`` does not exist."""
-    import uvicorn
-    from mlflow import MlflowClient
+    """Run the server until SIGTERM/SIGINT, then return (after "stopped serving"), as
+    ``cord-ops schedule`` does: a stop asked for is a clean exit. Raises before binding
+    when the options are bad, before loading anything when the port is taken, and before
+    serving when the store cannot be reached or registered model ``name`` does not exist."""
+    import signal
 
     check_options(port, poll_interval, batch_window, batch_max_rows)
     if provider not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--provider: expected auto, cpu or cuda, got {provider!r}")
-    MlflowClient(tracking_uri).get_registered_model(name)  # a typo fails here, not later
-    metrics = Metrics()
-    follower = RegistryFollower(tracking_uri, name, alias, poll_interval, metrics, provider)
-    app = build_app(follower, metrics, batch_window, batch_max_rows)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE, lifespan="on")
-    server = uvicorn.Server(config)
-    RegistryFollower._log(f"{name}@{alias} on http://{host}:{port} (tracking {tracking_uri}, "
-                          f"polling every {poll_interval:g} s)")
-    server.run()
+    sock = bind(host, port)  # held from here on: nothing can take the port meanwhile
+    try:
+        import uvicorn
+        from mlflow import MlflowClient
+
+        MlflowClient(tracking_uri).get_registered_model(name)  # a typo fails here, not later
+        metrics = Metrics()
+        follower = RegistryFollower(tracking_uri, name, alias, poll_interval, metrics,
+                                    provider)
+        app = build_app(follower, metrics, batch_window, batch_max_rows)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE,
+                                lifespan="on")
+        server = uvicorn.Server(config)
+        RegistryFollower._log(f"{name}@{alias} on http://{host}:{port} (tracking "
+                              f"{tracking_uri}, polling every {poll_interval:g} s)")
+        # uvicorn shuts down on SIGTERM/SIGINT and then re-raises the signal to the handler
+        # in place before it ran; this one only records it, so the stop ends in a return.
+        stops: list[int] = []
+        previous = {signum: signal.signal(signum, lambda signum, frame: stops.append(signum))
+                    for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            server.run(sockets=[sock])
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        RegistryFollower._log("stopped serving")
+    finally:
+        sock.close()

@@ -140,7 +140,8 @@ def _free_port() -> int:
 
 def _server_environment(home: Path) -> dict[str, str]:
     """The server's own settings; this process's environment is copied, never changed."""
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env = {k: v for k, v in owner.detached_environment(os.environ).items()
+           if k != "PREFECT_API_URL"}
     env.update({
         "PREFECT_HOME": str(home),
         "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",

@@ -108,7 +108,8 @@ def fingerprint(environ: dict[str, str] | None = None) -> str:
     profiles = Path(environ.get("PREFECT_PROFILES_PATH", home / "profiles.toml")).expanduser()
     with contextlib.suppress(OSError):
         digest.update(f"profiles:{profiles.stat().st_mtime_ns}".encode())
-    for key in sorted(k for k in environ if k.startswith(ENV_PREFIXES)):
+    # The owner marker differs per command by design; it is the command's, not the runner's.
+    for key in sorted(k for k in environ if k.startswith(ENV_PREFIXES) and k != owner.OWNER_ENV):
         digest.update(f"{key}={environ[key]}".encode())
     return digest.hexdigest()
 
@@ -134,7 +135,7 @@ def spawn(folder: Path) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     stop(folder)
     root = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ)
+    env = owner.detached_environment(os.environ)  # it outlives the command that starts it
     # The runner must import this checkout's modules, whichever folder it runs from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     expected = fingerprint(os.environ)
@@ -334,7 +335,8 @@ def _child(conn: socket.socket, request: dict, fds: list[int], listener: socket.
         started = time.perf_counter() - float(request["started_ago"])
         sys.argv = ["cord-ops", *request["argv"]]
         try:
-            code = entry(request["argv"], started=started, forward=False)
+            code = entry(request["argv"], started=started, forward=False,
+                         owns_process=True)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # the child must always report and exit, never return to the loop

@@ -14,6 +14,10 @@ bool}``. The phases run one after another, the processes of a phase concurrently
 ``subprocess`` has it; ``ended`` is the wall-clock time the process was reaped.
 ``finalize_kill`` kills the child the moment MLflow would mark its logged model READY:
 the one window of the flow inside MLflow, which ``CORD_OPS_TEST_KILL_AT`` cannot reach.
+``survivors`` (a path): the processes whose environment holds the child's owner marker
+(``CORD_OPS_OWNER`` = its pid: what the command started) are listed every half second
+while it runs (``seen``) and ``settle`` seconds (default 3) after it was reaped (``left``),
+and written there as JSON ``{"seen": [...], "left": [...]}`` of ``{"pid", "cmdline"}``.
 """
 
 import json
@@ -26,6 +30,7 @@ import mlflow  # noqa: F401 - imported before the fork, on purpose
 import mlflow.onnx  # noqa: F401
 import onnxruntime  # noqa: F401
 import prefect  # noqa: F401
+import psutil
 
 import flows.cli
 import flows.recalibrate  # noqa: F401
@@ -51,30 +56,65 @@ def _child(spec: dict) -> None:
         mlflow.MlflowClient.finalize_logged_model = killed
     code = 1
     try:
-        code = flows.cli.main(spec["argv"])
+        code = flows.cli.main(spec["argv"], owns_process=True)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
 
 
+def _marked(owner: str) -> list[dict]:
+    """Live processes whose environment carries the owner marker ``owner``."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if (process.info["status"] != psutil.STATUS_ZOMBIE
+                    and process.environ().get("CORD_OPS_OWNER") == owner):
+                found.append({"pid": process.pid, "cmdline": process.info["cmdline"]})
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _run_phase(phase: list[dict]) -> list:
+    children = {}
+    for index, spec in enumerate(phase):
+        pid = os.fork()
+        if pid == 0:
+            _child(spec)
+        children[pid] = index
+    pids = {index: pid for pid, index in children.items()}
+    codes = [None] * len(phase)
+    watched = [i for i, spec in enumerate(phase) if spec.get("survivors")]
+    seen = {index: {} for index in watched}
+    checks = []  # (due, index): survivor listings still to take
+    next_look = 0.0
+    while None in codes or checks:
+        pid, status = os.waitpid(-1, os.WNOHANG) if None in codes else (0, 0)
+        if pid:
+            index = children[pid]
+            codes[index] = [os.waitstatus_to_exitcode(status), time.time()]
+            if index in seen:
+                checks.append((time.monotonic() + phase[index].get("settle", 3.0), index))
+            continue
+        now = time.monotonic()
+        if now >= next_look:
+            next_look = now + 0.5
+            for index in (i for i in watched if codes[i] is None):
+                seen[index].update({p["pid"]: p for p in _marked(str(pids[index]))})
+        for due, index in [c for c in checks if c[0] <= now]:
+            checks.remove((due, index))
+            with open(phase[index]["survivors"], "w") as handle:
+                json.dump({"seen": list(seen[index].values()),
+                           "left": _marked(str(pids[index]))}, handle)
+        time.sleep(0.05)
+    return codes
+
+
 def main() -> None:
     with open(sys.argv[1]) as handle:
         phases = json.load(handle)
-    results = []
-    for phase in phases:
-        children = {}
-        for index, spec in enumerate(phase):
-            pid = os.fork()
-            if pid == 0:
-                _child(spec)
-            children[pid] = index
-        codes = [None] * len(phase)
-        for _ in phase:
-            pid, status = os.wait()
-            codes[children[pid]] = [os.waitstatus_to_exitcode(status), time.time()]
-        results.append(codes)
-    print(json.dumps(results))
+    print(json.dumps([_run_phase(phase) for phase in phases]))
 
 
 if __name__ == "__main__":
