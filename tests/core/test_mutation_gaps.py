@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -228,3 +229,49 @@ def test_temperature_slope_exactly_zero_at_a_bracket_end_returns_that_end():
     # Linear slope with its root inside the bracket: one Newton step lands on it.
     counted, calls = _counted(lambda b: (b - 2.5, 1.0))
     assert temperature.solve_inverse_temperature(counted) == 2.5
+
+
+def _cubic(root: float):
+    """g(beta) = beta^3 - root^3 (increasing, convex): Newton from the left overshoots."""
+    return lambda b: (b**3 - root**3, 3.0 * b * b)
+
+
+def test_a_newton_step_out_of_the_bracket_is_replaced_by_its_arithmetic_midpoint():
+    # Bracket [1, 4] (the factor-4 search's): from 1 the step lands at 4.216 > 4, so the
+    # next beta is (1 + 4) / 2; ends a factor 4 apart are not "more than 4".
+    counted, calls = _counted(_cubic(2.2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        beta = temperature.solve_inverse_temperature(counted)
+    assert calls[:3] == [1.0, 4.0, 2.5]
+    assert math.isclose(beta, 2.2, rel_tol=1e-14)
+    assert len(calls) <= 10
+
+
+def test_ends_more_than_four_apart_are_bisected_geometrically():
+    kernel = _cubic(2.2)
+    counted, calls = _counted(kernel)
+    beta = temperature.bracketed_iteration(
+        counted, 0.1, kernel(0.1), 0.1, 10.0, lambda b, d: b - d[0] / d[1],
+        tolerance=1e-12, max_iter=50, name="x", what="Newton")
+    assert calls[0] == math.sqrt(0.1 * 10.0)  # the step to 355 left the bracket
+    assert math.isclose(beta, 2.2, rel_tol=1e-14)
+    # A step of nan (no curvature) is a step out of the bracket too.
+    counted, calls = _counted(kernel)
+    with pytest.warns(temperature.ConvergenceWarning, match=r"^x: .*\(3 w steps, max_iter=3"):
+        last = temperature.bracketed_iteration(counted, 1.0, kernel(1.0), 1.0, 4.0,
+                                               lambda b, d: math.nan, tolerance=1e-12,
+                                               max_iter=3, name="x", what="w")
+    assert calls == [2.5, 1.75, 2.125] and last == 2.125  # bisection: 1-4, 2.5 > 2.2, ...
+
+
+def test_a_root_far_from_one_converges_without_running_to_max_iter():
+    """The stopping test is relative (|step| <= tol * beta): at beta ~ 3e3 an absolute or
+    inverse test would wait for steps below the float spacing."""
+    for root in (3000.3, 7.7e-4):
+        counted, calls = _counted(_cubic(root))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            beta = temperature.solve_inverse_temperature(counted)
+        assert math.isclose(beta, root, rel_tol=1e-14)
+        assert len(calls) <= 25, len(calls)
