@@ -135,7 +135,17 @@ class _BoundedStopRunner(Runner):
         time.sleep(max(0.0, deadline - time.monotonic()))
         import psutil
 
-        children = psutil.Process().children(recursive=True)
+        from flows.owner import OWNER_ENV
+
+        def started_here(process) -> bool:
+            """A flow run carries this command's owner marker; the managed server and the
+            command's watchdog, started without it, are left alone."""
+            try:
+                return process.environ().get(OWNER_ENV) == os.environ.get(OWNER_ENV)
+            except psutil.Error:
+                return False
+
+        children = [c for c in psutil.Process().children(recursive=True) if started_here(c)]
         for child in children:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
