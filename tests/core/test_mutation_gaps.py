@@ -275,3 +275,41 @@ def test_a_root_far_from_one_converges_without_running_to_max_iter():
             beta = temperature.solve_inverse_temperature(counted)
         assert math.isclose(beta, root, rel_tol=1e-14)
         assert len(calls) <= 25, len(calls)
+
+
+def test_temperature_edge_cases_of_the_bracket_search():
+    # Zero curvature inside the bracket: no Newton step (nan), the safeguard bisects.
+    counted, calls = _counted(lambda b: (b - 2.2, 0.0))
+    assert math.isclose(temperature.solve_inverse_temperature(counted), 2.2, rel_tol=1e-11)
+    # Ends 4.5 apart (more than 4): the midpoint is geometric.
+    counted, calls = _counted(_cubic(2.2))
+    with pytest.warns(temperature.ConvergenceWarning):
+        temperature.bracketed_iteration(counted, 1.0, _cubic(2.2)(1.0), 1.0, 4.5,
+                                        lambda b, d: math.nan, tolerance=1e-12, max_iter=1,
+                                        name="x", what="w")
+    assert calls == [math.sqrt(4.5)]
+    # Logits that make every softmax one-hot already at beta = 1: returned quietly.
+    z = np.array([[2000.0, 0.0], [0.0, 2000.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert temperature.fit_inverse_temperature(z, np.array([0, 1])) == 1.0
+    # At the lower bound with a slope below 1: still the bound, with the warning, "ts:".
+    flat = np.array([[0.01, 0.0], [0.0, 0.01]])
+    with pytest.warns(temperature.ConvergenceWarning, match=r"^ts: .* beyond 1\.12535e-07,"):
+        assert temperature.solve_inverse_temperature(
+            temperature.slope_kernel(flat, np.array([1, 0]))) == temperature.BETA_BOUNDS[0]
+
+
+def test_exact_zero_slopes_at_bracket_ends_give_no_warning():
+    for root in (1.0, 4.0, 0.25):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert temperature.solve_inverse_temperature(lambda b, r=root: (b - r, 1.0)) == root
+
+
+def test_the_bound_warning_points_at_the_caller_of_fit():
+    z = np.array([[4.0, 0.0, -1.0], [0.0, 3.0, 1.0], [1.0, 0.0, 5.0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        temperature.TemperatureScaling().fit(z, z.argmin(axis=1))
+    assert [w.filename for w in caught] == [__file__]
