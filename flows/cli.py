@@ -349,6 +349,9 @@ def validate_predict(args) -> None:
     if args.batch_size is not None and args.batch_size < 1:
         raise inputs.InputError(f"--batch-size: expected a positive integer, got "
                                 f"{args.batch_size}")
+    if not _batch_predict_requested(args):
+        inputs.scoring_file(args.input, inputs.model_reads(args.tracking_uri, args.model),
+                            "--input")
 
 
 def validate_model_command(args) -> None:

@@ -406,38 +406,50 @@ def registered_model(uri: str, name: str, alias: str | None = None) -> None:
                      f"--model-name {name}` first")
 
 
-def _sqlite_champion(database: Path, name: str) -> dict | None:
+def _sqlite_version(database: Path, name: str, alias: str | None,
+                   version: str | None) -> dict | None:
+    """Version ``version`` of ``name`` (or the one at ``@alias``): its number, the run's
+    n_classes and input_kind params and the version's tags, read-only."""
     connection = sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
     try:
-        found = connection.execute(
-            "SELECT v.version, v.run_id FROM registered_model_aliases a JOIN model_versions v "
-            "ON v.name = a.name AND v.version = a.version WHERE a.name = ? AND a.alias = ?",
-            (name, "champion")).fetchone()
+        if alias is not None:
+            found = connection.execute(
+                "SELECT v.version, v.run_id FROM registered_model_aliases a JOIN model_versions"
+                " v ON v.name = a.name AND v.version = a.version WHERE a.name = ? AND "
+                "a.alias = ?", (name, alias)).fetchone()
+        else:
+            found = connection.execute(
+                "SELECT version, run_id FROM model_versions WHERE name = ? AND version = ?",
+                (name, version)).fetchone()
         if found is None:
             return None
-        version, run_id = found
+        number, run_id = found
         params = dict(connection.execute(
-            "SELECT key, value FROM params WHERE run_uuid = ? AND key = 'n_classes'", (run_id,)))
+            "SELECT key, value FROM params WHERE run_uuid = ? AND key IN "
+            "('n_classes', 'input_kind')", (run_id,)))
         tags = dict(connection.execute(
             "SELECT key, value FROM model_version_tags WHERE name = ? AND version = ?",
-            (name, version)))
+            (name, number)))
     finally:
         connection.close()
-    return {"version": str(version), "n_classes": params.get("n_classes"), "tags": tags}
+    return {"version": str(number), "n_classes": params.get("n_classes"),
+            "input_kind": params.get("input_kind"), "tags": tags}
 
 
-def _client_champion(uri: str, name: str) -> dict | None:
+def _client_version(uri: str, name: str, alias: str | None,
+                    version: str | None) -> dict | None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     try:
-        current = client.get_model_version_by_alias(name, "champion")
+        current = (client.get_model_version_by_alias(name, alias) if alias is not None
+                   else client.get_model_version(name, version))
     except MlflowException:
         return None
     params = client.get_run(current.run_id).data.params
     return {"version": str(current.version), "n_classes": params.get("n_classes"),
-            "tags": dict(current.tags)}
+            "input_kind": params.get("input_kind"), "tags": dict(current.tags)}
 
 
 def champion_reads(uri: str, name: str, dataset) -> None:
@@ -450,8 +462,9 @@ def champion_reads(uri: str, name: str, dataset) -> None:
     if database is not None and not database.is_file():
         return
     try:
-        champion = (_sqlite_champion(database, name) if database is not None
-                    else _client_champion(existing_store(uri), name))
+        champion = (_sqlite_version(database, name, "champion", None)
+                    if database is not None
+                    else _client_version(existing_store(uri), name, "champion", None))
     except sqlite3.DatabaseError:
         return  # not readable as an MLflow store: the store's own check reports it
     if champion is None:
@@ -465,6 +478,68 @@ def champion_reads(uri: str, name: str, dataset) -> None:
     if reads is not None and reads != dataset.input_kind:
         raise InputError(f"{dataset.path}: holds {dataset.input_kind} but '{name}'@champion "
                          f"(v{champion['version']} in {uri}) reads {reads}")
+
+
+def model_reads(uri: str, model: str) -> tuple[int, str, str] | None:
+    """(K, input kind, what was read) of the model ``--model`` names, read cheaply: a local
+    .onnx file's metadata, or the registered version's run params and input-kind tag (read
+    only from an embedded store, as :func:`registered_model` does, else through MLflow's
+    public client). None when it cannot be told without loading the model
+    (``runs:/`` and other artifact URIs); the model's own load then checks the input."""
+    from flows.registry import INPUT_KIND_TAG
+
+    if ":/" not in model:
+        import onnx
+
+        try:
+            meta = {p.key: p.value for p in onnx.load(model, load_external_data=False)
+                    .metadata_props}
+            return int(meta["cord.n_classes"]), meta["cord.input_kind"], model
+        except Exception:  # not readable as ONNX: the model's own load says what is wrong
+            return None
+    if not model.startswith("models:/"):
+        return None
+    name, alias, version = _parse_model_uri(model)
+    database = embedded_database(uri)
+    try:
+        found = (_sqlite_version(database, name, alias, version) if database is not None
+                 else _client_version(uri, name, alias, version))
+    except sqlite3.DatabaseError:
+        return None
+    if found is None or found["n_classes"] is None:
+        return None
+    kind = found["tags"].get(INPUT_KIND_TAG) or found["input_kind"]
+    if kind is None:
+        return None
+    return int(found["n_classes"]), kind, f"'{name}' v{found['version']}"
+
+
+def _parse_model_uri(model: str) -> tuple[str, str | None, str | None]:
+    reference = model.removeprefix("models:/").strip("/")
+    if "@" in reference:
+        name, _, alias = reference.partition("@")
+        return name, alias, None
+    name, _, version = reference.partition("/")
+    return name, None, version
+
+
+def scoring_file(path, reads: tuple[int, str, str] | None, option: str) -> None:
+    """An input to score must hold what the model reads (K columns, or one for a binary
+    model; finite; probability rows for a probability model): checked here, before the
+    model is downloaded and its session opened, with the load rule ``predict`` itself
+    applies (:func:`cord_ops.scoring_files.read_any_input`)."""
+    if reads is None:
+        return
+    import numpy as np
+
+    from cord_ops.scoring_files import read_any_input
+
+    n_classes, input_kind, source = reads
+    try:
+        read_any_input(path, n_classes, input_kind, np.dtype(np.float64))
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"{exc} (given as {option}; {source} reads {n_classes} classes of "
+                         f"{input_kind})") from exc
 
 
 def model_reference(uri: str, model: str) -> None:

@@ -211,3 +211,18 @@ def test_data_the_champion_cannot_read_is_refused(folder, digits, cord_ops_comma
                                             "ten", "--tracking-uri", uri], folder, home)
     assert_fails_fast(done, wall, folder, 1, "probs.npz: holds probs but 'ten'@champion",
                       "reads logits")
+
+    # predict checks the input against the registered version's K and input kind before it
+    # downloads anything (this version's artifact does not even exist)
+    scores = np.array(digits.scores)
+    scores[7, 3] = np.nan
+    np.savez(folder / "nan_row.npz", logits=scores)
+    cases = {"three.npz": "expected 10 classes (columns), got 3", "nan_row.npz": "row 7",
+             "probs.npz": "probs"}
+    for name, fragment in cases.items():
+        done, wall = run_cli(cord_ops_command, ["predict", "--model", "models:/ten@champion",
+                                                "--input", name, "--output", "out.npz",
+                                                "--tracking-uri", uri], folder, home)
+        assert_fails_fast(done, wall, folder, 1, name, fragment,
+                          "'ten' v1 reads 10 classes of logits")
+        assert not (folder / "out.npz").exists()
