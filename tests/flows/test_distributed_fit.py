@@ -93,11 +93,13 @@ def test_eta_has_the_same_bits_for_1_2_and_7_shards(cluster, logits, tmp_path):
     assert whole.eta_ != 0.0
     # exact means vs numpy's pairwise means: the same root to a few ulps of mu / slope
     assert abs(eta - whole.eta_) <= 1e-10 * abs(whole.eta_)
-    ts = set()
+    # TS: exact sums, but the Halley start comes from a sample whose keys follow the shard
+    # layout, and the confirmation pass accepts a beta once its exact Newton step is at most
+    # 1e-12 relative: so a beta within that of the in-memory fit, not the same bits.
+    in_memory = make_calibrator("ts").fit(z, y).beta_
     for n_shards in (1, 7):
         fit = fit_shards(str(tmp_path / f"s{n_shards}"), "ts", client=client)
-        ts.add(fit.calibrator.beta_.hex())
-    assert len(ts) == 1  # TS sums are exact too
+        assert abs(fit.calibrator.beta_ - in_memory) <= 4e-12 * in_memory
 
 
 def test_bad_input_is_refused_naming_the_file(cluster, logits, tmp_path):
