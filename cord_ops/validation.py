@@ -64,18 +64,22 @@ def check_scores(x, name: str = "scores", *, n_classes: int | None = None) -> np
     return arr
 
 
-def check_probabilities(
-    p, name: str = "probabilities", *, n_classes: int | None = None,
-    atol: float = PROBABILITY_SUM_ATOL,
-) -> np.ndarray:
-    """Validate an n x K array of probability rows (non-negative, rows summing to 1)."""
-    arr = check_scores(p, name, n_classes=n_classes)
+def _check_non_negative(arr: np.ndarray, name: str) -> None:
     if arr.min() < 0:
         row = _first_row(arr < 0)
         raise ValueError(
             f"{name}: row {row} has a negative entry ({arr[row].min().item()!r}); "
             "expected probabilities >= 0"
         )
+
+
+def check_probabilities(
+    p, name: str = "probabilities", *, n_classes: int | None = None,
+    atol: float = PROBABILITY_SUM_ATOL,
+) -> np.ndarray:
+    """Validate an n x K array of probability rows (non-negative, rows summing to 1)."""
+    arr = check_scores(p, name, n_classes=n_classes)
+    _check_non_negative(arr, name)
     sums = arr.sum(axis=1)
     off = np.abs(sums - 1.0) > atol
     if off.any():
@@ -117,12 +121,7 @@ def normalised_probabilities(p, name: str = "probabilities", *,
     """
     stored = np.asarray(p)
     arr = check_scores(stored, name, n_classes=n_classes)
-    if arr.min() < 0:
-        row = _first_row(arr < 0)
-        raise ValueError(
-            f"{name}: row {row} has a negative entry ({arr[row].min().item()!r}); "
-            "expected probabilities >= 0"
-        )
+    _check_non_negative(arr, name)
     sums = arr.sum(axis=1)
     off = np.abs(sums - 1.0)
     worst_row = int(np.argmax(off))
