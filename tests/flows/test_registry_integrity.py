@@ -221,6 +221,41 @@ def test_concurrent_first_use_of_a_brand_new_machine(tmp_path, digits_file):
     assert not _error_lines(text)
 
 
+@pytest.mark.slow
+def test_concurrent_first_use_through_the_managed_server_and_its_warm_runner(
+        tmp_path, digits_file, cord_ops_command):
+    """Issue 24: the same eight processes on a brand-new folder, once `cord-ops server
+    start` has started the managed server and its warm runner there: every command is
+    handed to the runner (a forked child each), runs on the managed server, and the
+    registry ends as a serial run would leave it."""
+    n = len(CALIBRATORS)
+    work = tmp_path / "fresh"
+    work.mkdir()
+    home = tmp_path / "prefect-home"
+    env = _env(None, PREFECT_HOME=str(home))
+    started = subprocess.run([*cord_ops_command, "server", "start"], cwd=work, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "warm runner: pid" in started.stdout, started.stdout
+    logs = [tmp_path / f"run-{c}.log" for c in CALIBRATORS]
+    phase = [_spec(_recalibrate(digits_file, c), work, log)
+             for c, log in zip(CALIBRATORS, logs, strict=True)]
+    try:
+        (codes,) = launch([phase], env, tmp_path)
+    finally:
+        subprocess.run([*cord_ops_command, "server", "stop"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=120)
+
+    assert codes == [0] * n, _logs(logs)
+    # no command started a temporary server on its own PREFECT_HOME: all used the managed one
+    assert not (home / "prefect.db").exists()
+    db = work / "mlruns" / "mlflow.db"
+    assert integrity(db) == "ok"
+    versions, _ = assert_registry_sound(f"sqlite:///{db}")
+    assert sorted(int(v.version) for v in versions) == list(range(1, n + 1))
+    assert not _error_lines(_logs(logs))
+
+
 # ---------------------------------------------------------------- kill -9
 def test_kill_9_at_every_named_step_then_one_rerun(tmp_path, digits_file):
     """A champion, then one process killed at each named step (all at once: each dead
