@@ -9,21 +9,15 @@ import warnings
 
 import numpy as np
 import pytest
+from corpus import FIT_OPTIONS
 
 from cord_ops import CORD
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator
 from cord_ops.calibrators._base import softmax
 from onnx_export.runtime import open_session
 
-#: Options that keep every fit well under a second; a capped fit is still a fitted state.
-FAST = {
-    "vs": {"max_iter": 60},
-    "ms": {"max_iter": 20},
-    "svs": {"max_iter": 60},
-    "sms": {"max_iter": 20},
-    "dir-odir": {"reg_lambdas": (1e-2,), "reg_mus": (1e-2,), "max_iter": 20},
-    "mcct-i": {"max_iter": 60},
-}
+#: Options that keep every fit well under a second (one table with the corpus's).
+FAST = FIT_OPTIONS
 #: Parity bounds of docs/contract.md per graph dtype.
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
