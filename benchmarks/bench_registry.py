@@ -9,7 +9,7 @@ Prints:
 - lock overhead: acquire + publish holder + release of the registry lock, uncontended,
   per kind (``file`` always; ``prefect`` against a temporary Prefect server; ``lease``
   is not measured here, it needs a tracking server, and costs at least its settle delay
-  of ``flows.lock.LEASE_SETTLE`` seconds by design);
+  of ``flows.registry.lock.LEASE_SETTLE`` seconds by design);
 - time to fail: wall time of ``cord-ops recalibrate`` against a tracking URI nobody
   listens on (the bound is ``--store-timeout``, default 60 s);
 - 4 concurrent vs 4 serial: wall time of four ``cord-ops recalibrate`` processes (ts, vs,
@@ -43,7 +43,7 @@ def _env(**extra) -> dict[str, str]:
 
 
 def lock_overhead(kind: str, repeats: int, folder: Path) -> list[float]:
-    from flows import lock, owner
+    from flows.registry import lock, owner
 
     log = logging.getLogger("bench")
     holder = {"run_id": "bench", **owner.Owner.current().record()}
@@ -51,7 +51,7 @@ def lock_overhead(kind: str, repeats: int, folder: Path) -> list[float]:
     if kind == "prefect":
         from mlflow import MlflowClient
 
-        from flows import registry
+        from flows.registry import versions as registry
 
         client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
         registry.ensure_registered_model(client, "bench")
@@ -66,7 +66,7 @@ def lock_overhead(kind: str, repeats: int, folder: Path) -> list[float]:
 
 
 def _cli(args: list[str], cwd: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "flows.cli.main", *args], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -111,7 +111,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
     from cord_ops import data as cord_data
-    from flows import prefect_server
+    from flows.runtime import temporary_server as prefect_server
 
     with tempfile.TemporaryDirectory(prefix="bench-registry-") as tmp:
         root = Path(tmp)

@@ -34,11 +34,11 @@ from onnx_export.runtime import open_session  # noqa: E402
 
 def gate_column(uncal_nll: float, cord_nll: float, cal_labels, eval_labels, k: int) -> str:
     """The gate's verdict on this run as a first version (no champion, TPCR 0, parity
-    verified): ``refused: harm`` when ``flows.gate.decide`` says the repaired model is
+    verified): ``refused: harm`` when ``flows.promotion.gate.decide`` says the repaired model is
     worse than the uncalibrated one (``decision.harms``), ``refused`` for another rule,
     ``promoted`` otherwise; ``n/a`` on a gate without the uncalibrated baseline (before
     issue 23's part 3)."""
-    from flows import gate
+    from flows.promotion import gate
 
     if "uncalibrated_nll" not in inspect.signature(gate.decide).parameters:
         return "n/a"

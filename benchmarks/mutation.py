@@ -1,7 +1,7 @@
 """Mutation score of the modules that carry the product's promises (issue 25).
 
     pip install -e ".[test,mutation]"
-    python benchmarks/mutation.py [--modules cord_ops/cord.py flows/owner.py ...]
+    python benchmarks/mutation.py [--modules cord_ops/cord.py flows/registry/owner.py ...]
                                   [--max-children 2] [--survivors] [--keep]
 
 For each module of :data:`MODULES` it runs mutmut (configured in ``pyproject.toml``,
@@ -58,12 +58,12 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/validation.py": ["tests/calibrators/test_bad_input.py",
                                "tests/core/test_mutation_gaps.py"],
     "onnx_export/repair.py": ["tests/onnx/test_fixup.py"],
-    "flows/gate.py": ["tests/flows/test_gate.py"],
-    "flows/lock.py": ["tests/flows/test_registry.py"],
-    "flows/registry.py": ["tests/flows/test_owner.py", "tests/flows/test_registry.py"],
-    "flows/owner.py": ["tests/flows/test_owner.py"],
-    "flows/journal.py": ["tests/flows/test_journal.py"],
-    "flows/scoring_input.py": ["tests/flows/test_scoring_input.py"],
+    "flows/promotion/gate.py": ["tests/flows/test_gate.py"],
+    "flows/registry/lock.py": ["tests/flows/test_registry.py"],
+    "flows/registry/versions.py": ["tests/flows/test_owner.py", "tests/flows/test_registry.py"],
+    "flows/registry/owner.py": ["tests/flows/test_owner.py"],
+    "flows/registry/journal.py": ["tests/flows/test_journal.py"],
+    "flows/serving/contract.py": ["tests/flows/test_scoring_input.py"],
 }
 
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
@@ -108,32 +108,32 @@ ACCEPTED: dict[str, str] = {
         'a zero slope at lo moves it to hi, which the exact-zero return gives back: same beta',
     'cord_ops/calibrators/temperature.py::solve_inverse_temperature::flat_top = g_hi == 0.0 and h_hi == 0.0 and hi > 1.0 -> flat_top = g_hi == 0.0 and h_hi == 0.0 and hi > 2.0':  # noqa: E501 - a key is one source line
         'hi is a power of 4 here: never in (1, 2]',
-    # flows/journal.py
-    'flows/journal.py::record::error: OSError | None = None -> error: OSError | None = ""':
+    # flows/registry/journal.py
+    'flows/registry/journal.py::record::error: OSError | None = None -> error: OSError | None = ""':
         "folders() is never empty, so error is always reassigned before the raise",
-    # flows/owner.py
-    "flows/owner.py::terminate_group::time.sleep(0.05) -> time.sleep(1.05)":
+    # flows/registry/owner.py
+    "flows/registry/owner.py::terminate_group::time.sleep(0.05) -> time.sleep(1.05)":
         "poll interval: only how soon a group that obeyed SIGTERM is noticed (latency, "
         "which a test on a loaded machine cannot pin without flaking)",
-    "flows/owner.py::terminate_group::with contextlib.suppress(ProcessLookupError): -> "
+    "flows/registry/owner.py::terminate_group::with contextlib.suppress(ProcessLookupError): -> "
     "with contextlib.suppress(None):":
         "the second suppress (before SIGKILL) only matters if the group ends between the "
         "last poll and the kill: a race no test can force (the first one is tested)",
-    "flows/owner.py::terminate_group::while time.monotonic() < deadline: -> "
+    "flows/registry/owner.py::terminate_group::while time.monotonic() < deadline: -> "
     "while time.monotonic() <= deadline:":
         "the clock equals the deadline to the nanosecond: no observable difference",
-    "flows/owner.py::Heartbeat.__exit__::self._thread.join(timeout=5) -> "
+    "flows/registry/owner.py::Heartbeat.__exit__::self._thread.join(timeout=5) -> "
     "self._thread.join(timeout=None)":
         "differs only when a set_tag call hangs for more than 5 s (a daemon thread either way)",
-    "flows/owner.py::Heartbeat.__exit__::self._thread.join(timeout=5) -> "
+    "flows/registry/owner.py::Heartbeat.__exit__::self._thread.join(timeout=5) -> "
     "self._thread.join(timeout=6)":
         "differs only when a set_tag call hangs for more than 5 s",
-    "flows/owner.py::Owner.process_alive::return abs(psutil.Process(self.pid).create_time() - "
-    "self.started) < 0.01 -> return abs(psutil.Process(self.pid).create_time() - "
-    "self.started) <= 0.01":
+    "flows/registry/owner.py::Owner.process_alive::"
+    "return abs(psutil.Process(self.pid).create_time() - self.started) < 0.01 -> "
+    "return abs(psutil.Process(self.pid).create_time() - self.started) <= 0.01":
         "start times that differ by exactly 10 ms: no float pair a test can construct "
         "against a real process's create_time",
-    "flows/owner.py::Owner.process_alive::return True -> return False":
+    "flows/registry/owner.py::Owner.process_alive::return True -> return False":
         "AccessDenied needs another user's process; the tests run as root, where psutil "
         "never denies (not equivalent: untestable here)",
 }

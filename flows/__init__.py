@@ -3,5 +3,5 @@
 Importing this package (or any module in it) changes nothing process-wide: no environment
 variable, no MLflow tracking URI or experiment, no matplotlib backend. The ``cord-ops``
 program switches MLflow and Prefect telemetry off for its own process
-(:func:`flows.cli.main`).
+(:func:`flows.cli.main.main`).
 """

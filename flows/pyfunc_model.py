@@ -1,5 +1,5 @@
 """The registered model's pyfunc flavour: the exported ONNX graph run by onnxruntime behind
-MLflow's ``python_function`` interface, with the input rules of :mod:`flows.scoring_input`.
+MLflow's ``python_function`` interface, with the input rules of :mod:`flows.serving.contract`.
 
 What one logged model holds (``MODEL_ARTIFACT`` of a recalibration run):
 
@@ -37,7 +37,7 @@ import mlflow.pyfunc
 import numpy as np
 
 from cord_ops.atomic import owned_temporary_directory
-from flows.scoring_input import InputContract, InputError, score_matrix
+from flows.serving.contract import InputContract, InputError, score_matrix
 
 ONNX_ARTIFACT = "onnx_model"
 ONNX_FILE = "model.onnx"
@@ -148,7 +148,7 @@ def log_model(client, run_id: str, experiment_id: str, graph, example: np.ndarra
     depends on MLflow's process-wide active experiment or run. ``example`` (a few rows of
     scores in the graph's dtype) becomes the input example.
     """
-    from flows import tracking
+    from flows.registry import tracking
     from onnx_export.export import model_metadata, save_model
 
     meta = model_metadata(graph)

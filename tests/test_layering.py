@@ -72,10 +72,10 @@ def test_the_product_never_imports_the_paper_reproduction():
     ``bench``), the warm runner's process that runs that command line, and the
     reproduction itself."""
     product = [name for name in _modules("flows")
-               if name not in ("flows", "flows.cli", "flows.warm_main")
+               if name not in ("flows", "flows.cli.main", "flows.cli.warm_main")
                and not name.startswith("flows.reproduce")]
-    assert {"flows.recalibrate", "flows.monitor", "flows.registry", "flows.tracking"} <= \
-        set(product)
+    assert {"flows.recalibration.flow", "flows.recalibration.monitor", "flows.registry.versions",
+            "flows.registry.tracking"} <= set(product)
     reached = _run(PRODUCT_PROBE.format(modules=product))
     assert reached == "", f"product modules import {reached}"
 
@@ -145,7 +145,7 @@ HEAVY = ("numpy", "scipy", "sklearn", "pandas", "matplotlib", "mlflow", "prefect
 
 def test_building_the_command_line_parser_imports_nothing_heavy():
     """``cord-ops --help`` must not pay for numpy, Prefect or MLflow."""
-    reached = _run("import sys\nfrom flows.cli import build_parser\nbuild_parser()\n"
+    reached = _run("import sys\nfrom flows.cli.main import build_parser\nbuild_parser()\n"
                    f"print(','.join(sorted({{n.split('.')[0] for n in sys.modules}} & "
                    f"set({HEAVY!r}))))")
     assert reached == "", f"building the parser imports {reached}"

@@ -41,10 +41,10 @@ def run_reproduce(args: argparse.Namespace) -> int:
     """``cord-ops reproduce``: run the sweep, print where the outputs went; exit code 1
     when a task failed (the tables then cover the cells that finished)."""
     require_extra("reproduce")
-    from flows import tracking
+    from flows.registry import tracking
     from flows.reproduce import flow
     from flows.reproduce.plan import plan_sweep, write_digits_data
-    from flows.runtime import prefect_api
+    from flows.runtime.prefect_api import prefect_api
 
     data_dir = args.data or default_data_dir()
     if data_dir is None and args.quick:

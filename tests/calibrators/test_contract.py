@@ -33,7 +33,7 @@ def test_every_listed_name_builds_the_family_of_that_name():
 
 
 def test_the_command_line_offers_exactly_the_registry():
-    from flows.cli import build_parser
+    from flows.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     recalibrate = sub.choices["recalibrate"]

@@ -32,8 +32,8 @@ import onnxruntime  # noqa: F401
 import prefect  # noqa: F401
 import psutil
 
-import flows.cli
-import flows.recalibrate  # noqa: F401
+import flows.cli.main
+import flows.recalibration.flow  # noqa: F401
 
 
 def _child(spec: dict) -> None:
@@ -43,7 +43,7 @@ def _child(spec: dict) -> None:
     os.dup2(fd, 2)
     os.environ.update(spec.get("env", {}))
     if spec.get("finalize_kill"):
-        # flows.tracking.log_model marks the model READY through the client it was given;
+        # flows.registry.tracking.log_model marks the model READY through the client it was given;
         # dying there leaves the logged model PENDING with its run still RUNNING.
         finalize = mlflow.MlflowClient.finalize_logged_model
 
@@ -56,7 +56,7 @@ def _child(spec: dict) -> None:
         mlflow.MlflowClient.finalize_logged_model = killed
     code = 1
     try:
-        code = flows.cli.main(spec["argv"], owns_process=True)
+        code = flows.cli.main.main(spec["argv"], owns_process=True)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flows.recalibrate import recalibrate
+from flows.recalibration.flow import recalibrate
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -33,7 +33,9 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
     from mlflow.exceptions import MlflowException
     from starlette.testclient import TestClient
 
-    from flows import cli, registry, serve
+    from flows.cli import main as cli
+    from flows.registry import versions as registry
+    from flows.serving import http as serve
 
     p, labels = _binary_outputs()
     # as a pipeline stores them: 1 - p and p computed in float32, exact 0/1 rows, and one
@@ -97,7 +99,7 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
 
 
 def test_one_column_parquet_shards_are_binary(tmp_path):
-    from flows import distributed
+    from flows.shards import distributed
 
     folder = tmp_path / "shards"
     folder.mkdir()

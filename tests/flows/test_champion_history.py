@@ -1,4 +1,4 @@
-"""The champion history as an append-only log (flows.gate.champion_timeline): what a
+"""The champion history as an append-only log (flows.promotion.gate.champion_timeline): what a
 rollback returns to after any sequence of gate promotions, operator promotions, rollbacks
 and crashes between the history write and the alias move."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows import gate
+from flows.promotion import gate
 
 move = st.tuples(st.sampled_from(["gate", "promote", "rollback", "crash"]),
                  st.integers(1, 6))

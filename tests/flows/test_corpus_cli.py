@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from servers import free_port, running, wait_until_ready
 
-from flows.cli import main
+from flows.cli.main import main
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The champion gate's rules as a pure function (flows.gate.decide): properties over any
+"""The champion gate's rules as a pure function (flows.promotion.gate.decide): properties over any
 NLLs, the evidence thresholds and their K-dependent defaults, and the label-shift noise
 allowance measured against real sampling."""
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows import gate
+from flows.promotion import gate
 
 nll = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
 K = st.integers(min_value=2, max_value=120)

@@ -15,8 +15,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from flows import registry
-from flows.recalibrate import recalibrate
+from flows.recalibration.flow import recalibrate
+from flows.registry import versions as registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from cord_ops import data
-from flows import registry
-from flows.monitor import monitor
-from flows.recalibrate import recalibrate
+from flows.recalibration.flow import recalibrate
+from flows.recalibration.monitor import monitor
+from flows.registry import versions as registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

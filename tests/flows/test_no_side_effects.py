@@ -67,8 +67,8 @@ def test_the_demo_flow_in_process_changes_nothing_process_wide(tmp_path, monkeyp
 
     import mlflow
 
-    from flows import registry
-    from flows.recalibrate import recalibrate
+    from flows.recalibration.flow import recalibrate
+    from flows.registry import versions as registry
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import prefect_server
-from flows.cli import describe_error, predict_hint
+from flows.cli.main import describe_error, predict_hint
+from flows.runtime import temporary_server as prefect_server
 
 
 def test_a_server_that_fails_at_start_up_names_its_own_exception_and_keeps_its_log(
@@ -85,7 +85,7 @@ def test_promote_of_a_missing_version_is_refused_before_prefect_or_onnx_loads(
     client.create_registered_model("m")
     client.create_model_version("m", source=str(tmp_path), run_id=None)
     python = Path(cord_ops_command[0]).with_name("python")
-    done = subprocess.run([str(python), "-X", "importtime", "-m", "flows.cli", "promote",
+    done = subprocess.run([str(python), "-X", "importtime", "-m", "flows.cli.main", "promote",
                            "--model-name", "m", "--version", "99", "--reason", "typo"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
@@ -110,7 +110,7 @@ def test_the_predict_hint_takes_the_kind_of_input_the_run_read(tmp_path):
 
 KILLED_COMMAND = """
 import os, signal, subprocess, sys, time
-from flows import owner
+from flows.registry import owner
 owner.watch_command(owner.mark_command())
 # A child that ignores SIGTERM, in a session of its own (no group signal, no parent-death
 # signal reaches it), and a grandchild of it: what a library may leave behind.

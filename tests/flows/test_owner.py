@@ -1,5 +1,5 @@
-"""Unit tests of owner liveness (flows/owner.py) and of the run-level reading of it that
-clean-up decides by (``flows.registry._owner_alive``): a live or dead process on this host,
+"""Unit tests of owner liveness (flows/registry/owner.py) and of the run-level reading of it that
+clean-up decides by (``flows.registry.versions._owner_alive``): a live or dead process on this host,
 a remote owner with a fresh or stale heartbeat, a record without an owner, and a run's
 start time (milliseconds) standing in for a missing heartbeat.
 
@@ -19,7 +19,8 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from flows import owner, registry
+from flows.registry import owner
+from flows.registry import versions as registry
 
 NOW = 1_800_000_000.0
 STALE = owner.STALE_AFTER

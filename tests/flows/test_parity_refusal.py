@@ -1,5 +1,5 @@
 """A graph that does not compute what cord_ops computes is never registered: the parity
-check of the recalibration flow (flows.recalibrate.verify_parity, Parity.ok) and the
+check of the recalibration flow (flows.recalibration.flow.verify_parity, Parity.ok) and the
 registry step that refuses it, on a real exported graph whose calibrator was perturbed,
 run with onnxruntime, against the real sqlite store. The task bodies are called directly
 (``.fn``): the refusal happens before any Prefect or store machinery is needed."""
@@ -12,8 +12,8 @@ import pytest
 
 from cord_ops import CORD, data
 from cord_ops.calibrators import make_calibrator
-from flows import gate as gating
-from flows import recalibrate as flow
+from flows.promotion import gate as gating
+from flows.recalibration import flow
 
 
 @pytest.fixture(scope="module")

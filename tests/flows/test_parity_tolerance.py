@@ -1,4 +1,4 @@
-"""The parity tolerance follows the pipeline's own rounding (flows.gate.parity_tolerance):
+"""The parity tolerance follows the pipeline's own rounding (flows.promotion.gate.parity_tolerance):
 every family's float32 and float64 graph stays inside it on outputs with the pathologies
 of real classifiers (exact zeros, ties, large logits), and a graph that computes something
 else (a calibrator off by 0.1 %) does not."""
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from flows import gate
+from flows.promotion import gate
 from onnx_export import export_onnx
 from onnx_export.runtime import open_session
 

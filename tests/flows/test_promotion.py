@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 from cord_ops import data, metrics
-from flows import champion_ops, gate, reference, registry
-from flows.cli import main
+from flows.cli.main import main
+from flows.promotion import gate
+from flows.promotion import operations as champion_ops
+from flows.registry import reference
+from flows.registry import versions as registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -236,7 +239,7 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from flows import lock
+from flows.registry import lock
 with lock.registry_lock("file", "m", 5, None, {"run_id": "holder-run"},
                         store_folder=Path(sys.argv[1])):
     print("held", flush=True)
@@ -250,7 +253,7 @@ def test_promote_and_rollback_wait_for_the_registry_lock(store, tmp_path, capsys
     import subprocess
     import sys
 
-    from flows import tracking
+    from flows.registry import tracking
 
     client = _client()
     client.create_registered_model("m")

@@ -19,8 +19,9 @@ from servers import free_port, running, wait_until_ready
 
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from flows import pyfunc_model, registry
-from flows.scoring_input import InputContract, InputError, score_matrix
+from flows import pyfunc_model
+from flows.registry import versions as registry
+from flows.serving.contract import InputContract, InputError, score_matrix
 from onnx_export import export_onnx
 
 

@@ -15,9 +15,9 @@ import pytest
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import calibrator_from_dict
-from flows import registry
-from flows.gate import HEALTH_TAG, ChampionUnhealthyError
-from flows.recalibrate import RecalibrationError, recalibrate
+from flows.promotion.gate import HEALTH_TAG, ChampionUnhealthyError
+from flows.recalibration.flow import RecalibrationError, recalibrate
+from flows.registry import versions as registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -192,8 +192,8 @@ def test_bad_data_fails_before_any_run_exists(store, tmp_path, digits):
 
 CRASH_MID_REGISTRATION = """
 import os, signal, sys
-from flows import registry
-from flows.recalibrate import recalibrate
+from flows.registry import versions as registry
+from flows.recalibration.flow import recalibrate
 
 def killed(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)

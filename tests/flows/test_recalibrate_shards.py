@@ -94,7 +94,7 @@ def scratch_left(client) -> list[str]:
 
 
 def run_cli(args: list[str]) -> None:
-    from flows import cli
+    from flows.cli import main as cli
 
     assert cli.main(["recalibrate", *args]) == 0
 
@@ -103,7 +103,7 @@ def test_recalibrate_on_shards_logs_the_contract_of_in_memory_rows(cluster, stor
     import onnxruntime as ort
     from mlflow import MlflowClient
 
-    from flows import reference, tracking
+    from flows.registry import reference, tracking
     from onnx_export import export_onnx
 
     address, dask_client = cluster
@@ -263,7 +263,7 @@ def test_a_bad_row_fails_the_load_before_any_run_exists(cluster, store, tmp_path
     import pyarrow.parquet as pq
     from mlflow import MlflowClient
 
-    from flows.recalibrate import RecalibrationError, recalibrate
+    from flows.recalibration.flow import RecalibrationError, recalibrate
 
     address, _ = cluster
     root = write_shards(tmp_path / "shards", {"a.parquet": 400, "b.parquet": 400}, 7)
@@ -288,7 +288,7 @@ def test_a_worker_killed_after_the_read_changes_no_bit(tmp_path):
 
     from distributed import Client
 
-    from flows.distributed import (
+    from flows.shards.distributed import (
         fit_calibrator_on,
         fit_cord_on,
         fit_shards,

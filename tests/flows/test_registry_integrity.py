@@ -26,7 +26,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows import faults, owner, registry
+from flows.registry import owner
+from flows.registry import versions as registry
+from flows.runtime import faults
 
 pytestmark = [pytest.mark.slow]
 
@@ -484,7 +486,7 @@ def test_a_partial_artifact_is_never_registered(store, digits_file, monkeypatch)
     the artifact named."""
     from mlflow import MlflowClient
 
-    from flows.recalibrate import RecalibrationError, recalibrate
+    from flows.recalibration.flow import RecalibrationError, recalibrate
 
     monkeypatch.setenv(faults.FAULT,
                        "log_model=truncate:mlruns/*/*/artifacts/state/calibrator.json")

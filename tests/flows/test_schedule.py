@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.schedule import MONITOR_DEPLOYMENT, RECALIBRATE_DEPLOYMENT
+from flows.recalibration.schedule import MONITOR_DEPLOYMENT, RECALIBRATE_DEPLOYMENT
 
 
 def _wait_for_deployment(client, name: str, process: subprocess.Popen, log: Path,
@@ -70,7 +70,7 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    from flows.schedule import deploy_to_work_pool
+    from flows.recalibration.schedule import deploy_to_work_pool
 
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name="cord-ops-pool", type="process"))
@@ -85,7 +85,7 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
     assert (recal.work_pool_name, watch.work_pool_name) == ("cord-ops-pool", "cord-ops-pool")
     assert [s.schedule.cron for s in recal.schedules] == ["15 2 * * 1"]
     assert [s.schedule.cron for s in watch.schedules] == ["0 * * * *"]
-    assert recal.entrypoint == "flows/recalibrate.py:recalibrate"
+    assert recal.entrypoint == "flows/recalibration/flow.py:recalibrate"
     assert recal.global_concurrency_limit.limit == watch.global_concurrency_limit.limit == 1
     # a tick that finds the previous run still going is dropped, not queued
     assert recal.concurrency_options.collision_strategy == "CANCEL_NEW"
@@ -97,7 +97,7 @@ def test_scheduled_monitoring_skips_while_there_is_no_champion(prefect_harness, 
                                                                digits_file, caplog):
     from mlflow import MlflowClient
 
-    from flows.monitor import monitor
+    from flows.recalibration.monitor import monitor
 
     with caplog.at_level("INFO"):
         result = monitor(data=str(digits_file), model_name="fresh", tracking_uri=store,

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from servers import free_port, running, wait_until_ready
 
-from flows import registry
-from flows.serve import VERSION_HEADER
+from flows.registry import versions as registry
+from flows.serving.http import VERSION_HEADER
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def test_serve_follows_the_champion_without_failing_a_request(
         store, prefect_harness, digits_file, digits, tmp_path, cord_ops_command):
     from mlflow import MlflowClient
 
-    from flows.recalibrate import recalibrate
+    from flows.recalibration.flow import recalibrate
 
     first = recalibrate(data=str(digits_file), calibrator="vs", model_name=MODEL)
     assert first.decision.promote
@@ -221,7 +221,7 @@ def test_serve_follows_the_champion_without_failing_a_request(
 def test_serve_refuses_an_unknown_model_before_binding(store, capsys):
     from mlflow import MlflowClient
 
-    from flows.cli import main
+    from flows.cli.main import main
 
     MlflowClient().search_experiments()  # the store exists; the model does not
     port = free_port()

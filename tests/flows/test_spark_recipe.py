@@ -16,7 +16,8 @@ from scipy.special import softmax
 
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from flows import pyfunc_model, registry
+from flows import pyfunc_model
+from flows.registry import versions as registry
 from onnx_export import export_onnx
 
 pytestmark = [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 PREPARE = """
 import sys
-from flows import tracking
+from flows.registry import tracking
 tracking.prepare_store(sys.argv[1])
 print("ready", flush=True)
 """
@@ -35,7 +35,7 @@ def test_an_old_schema_is_upgraded_once_while_four_processes_wait(tmp_path):
     from mlflow import MlflowClient
     from mlflow.store.db.utils import _get_alembic_config, _get_latest_schema_revision
 
-    from flows import tracking
+    from flows.registry import tracking
 
     db = tmp_path / "mlruns" / "mlflow.db"
     uri = f"sqlite:///{db}"

@@ -1,4 +1,4 @@
-"""The warm runner beside the managed Prefect server (flows/warm.py), broken as an operator
+"""The warm runner beside the managed Prefect server (flows/runtime/warm.py), broken as an operator
 would break it: real ``cord-ops`` processes, a real managed server and runner, a real
 MLflow store, and kill -9 / SIGTERM sent to the command while its work runs.
 
@@ -21,7 +21,7 @@ import pytest
 from servers import clean_env
 
 from cord_ops import data
-from flows import owner
+from flows.registry import owner
 
 pytestmark = pytest.mark.slow
 

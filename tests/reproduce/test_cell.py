@@ -11,7 +11,6 @@ import pytest
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
-from flows.progress import Progress
 from flows.reproduce import cli as reproduce_cli
 from flows.reproduce import flow as reproduce_flow
 from flows.reproduce import plan as reproduce_plan
@@ -22,6 +21,7 @@ from flows.reproduce.defaults import (
     QUICK_CALIBRATORS,
     dataset_and_classifier,
 )
+from flows.runtime.progress import Progress
 
 
 @pytest.fixture(scope="module")

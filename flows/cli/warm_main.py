@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from flows import cli, warm
+from flows.cli import main as cli
+from flows.runtime import warm
 
 if __name__ == "__main__":
     warm.serve(Path(sys.argv[1]), sys.argv[2], cli.main)

@@ -1,15 +1,15 @@
 """The model registry side of a recalibration: register a version last, gate it against the
 current ``@champion``, and clean up after crashes.
 
-Life of a version (all of it under the model's registry lock, :mod:`flows.lock`)
+Life of a version (all of it under the model's registry lock, :mod:`flows.registry.lock`)
 ---------------------------------------------------------------------------------
 0. :func:`clean_up` undoes what dead owners left (pending versions, an alias held by one,
    RUNNING runs, PENDING logged models), judged by liveness, never by appearance.
 1. :func:`register_version` creates it with the tag ``cord.registration=pending`` and the
    champion of that moment, in the same call that creates it, after every artifact of its
    run is logged and verified. A retried call finds the version of its own run.
-2. :func:`flows.gate.score_champion` runs the champion on the same evaluation split (and
-   on its pinned reference split) and :func:`flows.gate.decide` weighs the evidence.
+2. :func:`flows.promotion.gate.score_champion` runs the champion on the same evaluation split (and
+   on its pinned reference split) and :func:`flows.promotion.gate.decide` weighs the evidence.
 3. :func:`record_decision` writes the decision and both NLLs as version tags,
    :func:`move_alias` moves ``@champion`` for a winner, the run is marked FINISHED and
    :func:`complete_version` marks the version ``complete``, the last write.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flows import owner
+from flows.registry import owner
 
 CHAMPION = "champion"
 REGISTRATION_TAG = "cord.registration"
@@ -93,7 +93,7 @@ def _run_or_none(client, run_id: str | None):
 
 
 def _owner_alive(run) -> bool:
-    """Liveness of the process that owns ``run`` (see :mod:`flows.owner`); a run that no
+    """Liveness of the process that owns ``run`` (see :mod:`flows.registry.owner`); a run that no
     longer exists has no owner left."""
     if run is None:
         return False
@@ -111,8 +111,8 @@ def mark_abandoned(client, run, why: str) -> None:
 def clean_up(client, name: str, experiment_id: str | None) -> list[str]:
     """Undo what dead owners left behind for model ``name``; returns what was done, in words.
 
-    Called under the model's registry lock (:mod:`flows.lock`). Decides by liveness of
-    the owning process (:func:`flows.owner.alive`), never by appearance, so a live
+    Called under the model's registry lock (:mod:`flows.registry.lock`). Decides by liveness of
+    the owning process (:func:`flows.registry.owner.alive`), never by appearance, so a live
     concurrent run, wherever it is in its flow, is never touched:
 
     - a pending version of a dead owner: if it holds ``@champion`` the alias goes back to
@@ -225,7 +225,7 @@ def run_registered_model(client, model_uri: str, scores: np.ndarray) -> dict[str
 
     import mlflow.pyfunc
 
-    from flows import tracking
+    from flows.registry import tracking
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp:
         local = tracking.download(client.tracking_uri, model_uri, tmp)

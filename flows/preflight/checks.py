@@ -119,12 +119,12 @@ def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
     """The options a recalibration of ``dataset`` would refuse, refused now: an evaluation
     file with other classes or another input kind, a seed or fraction the split rejects,
     splits too small to fit, a gate threshold out of range, a calibrator that cannot read
-    the file's input kind. Returns the gate's policy (:class:`flows.gate.Policy`).
+    the file's input kind. Returns the gate's policy (:class:`flows.promotion.gate.Policy`).
 
     The recalibration flow's own ``check_options`` task runs this same check.
     """
     from cord_ops import data
-    from flows import gate
+    from flows.promotion import gate
 
     if eval_dataset is not None:
         if eval_dataset.n_classes != dataset.n_classes:
@@ -169,10 +169,10 @@ def shard_options(calibrator: str, eval_sample: int) -> None:
 
 def check_shard_recalibration(plan, calibrator: str, eval_sample: int,
                               gate_options: dict | None = None):
-    """:func:`check_recalibration` for a :class:`flows.distributed.ShardPlan`:
+    """:func:`check_recalibration` for a :class:`flows.shards.distributed.ShardPlan`:
     :func:`shard_options`, then the gate's thresholds and the split sizes (the plan's
     exact counts). Returns the gate's policy."""
-    from flows import gate
+    from flows.promotion import gate
 
     shard_options(calibrator, eval_sample)
     where = plan.data.path if plan.evaluation is None else (
@@ -342,7 +342,7 @@ def existing_store(uri: str) -> str:
             "working folder; run from the folder that holds it, or pass --tracking-uri "
             "(or set MLFLOW_TRACKING_URI)")
     if uri.startswith(("http://", "https://")):
-        from flows import tracking
+        from flows.registry import tracking
 
         # A server that is down fails here in seconds, not after a client's retries.
         try:
@@ -456,7 +456,7 @@ def champion_reads(uri: str, name: str, dataset) -> None:
     """When ``name`` has a champion in the store ``uri``, ``dataset`` must have its number
     of classes and input kind: the gate scores the champion on the new data, and a
     monitored batch is scored by it. A store that does not exist yet has no champion."""
-    from flows.registry import INPUT_KIND_TAG
+    from flows.registry.versions import INPUT_KIND_TAG
 
     database = embedded_database(uri)
     if database is not None and not database.is_file():
@@ -486,7 +486,7 @@ def model_reads(uri: str, model: str) -> tuple[int, str, str] | None:
     only from an embedded store, as :func:`registered_model` does, else through MLflow's
     public client). None when it cannot be told without loading the model
     (``runs:/`` and other artifact URIs); the model's own load then checks the input."""
-    from flows.registry import INPUT_KIND_TAG
+    from flows.registry.versions import INPUT_KIND_TAG
 
     if ":/" not in model:
         import onnx

@@ -2,8 +2,9 @@
 
 :func:`serve_deployments` runs them from this process against the Prefect server the
 caller chose (``cord-ops schedule`` uses PREFECT_API_URL's, else its managed local server,
-:mod:`flows.server`: a server whose scheduler creates the runs); ``deploy_to_work_pool``
-registers them with a work pool instead, for a ``prefect worker`` on this host to run.
+:mod:`flows.runtime.managed_server`: a server whose scheduler creates the runs);
+``deploy_to_work_pool`` registers them with a work pool instead, for a ``prefect worker`` on
+this host to run.
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLi
 from prefect.deployments.runner import EntrypointType
 from prefect.runner import Runner
 
-from flows.inputs import InputError, monitor_cron_for
-from flows.monitor import monitor
-from flows.recalibrate import recalibrate
+from flows.preflight.checks import InputError, monitor_cron_for
+from flows.recalibration.flow import recalibrate
+from flows.recalibration.monitor import monitor
 
 RECALIBRATE_DEPLOYMENT = "cord-ops-recalibrate"
 MONITOR_DEPLOYMENT = "cord-ops-monitor"
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: A SIGTERM stops serving within this many seconds (the signal reaches the handler late
 #: on a busy machine, and an operator expects the service gone within 5 s).
 STOP_WITHIN_S = 3.0
 #: Each deployment runs one flow at a time (the registry section is serialised by
-#: flows.lock whatever runs it; this only avoids piling up runs of one schedule); a
+#: flows.registry.lock whatever runs it; this only avoids piling up runs of one schedule); a
 #: tick that comes while the previous run is still going is cancelled, not queued, so a
 #: slow run or a stopped runner never leaves a backlog that fires all at once later.
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1,
@@ -45,7 +46,7 @@ POLL_S = 2.0
 def prefect_cron(cron: str) -> str:
     """``cron`` as Prefect's own parser accepts it; one line naming it otherwise.
 
-    The CLI already checked the common grammar (:func:`flows.inputs.check_cron`); this is
+    The CLI already checked the common grammar (:func:`flows.preflight.checks.check_cron`); this is
     Prefect's word on it, still before anything is registered with the server.
     """
     from prefect.client.schemas.schedules import CronSchedule
@@ -61,10 +62,10 @@ def prefect_cron(cron: str) -> str:
 def build_deployments(cron: str, recalibrate_parameters: dict,
                       monitor_parameters: dict | None = None, monitor_cron: str | None = None):
     """The runner deployments: recalibration on ``cron``; monitoring on ``monitor_cron``
-    (default: ``cron`` shifted by :func:`flows.inputs.monitor_cron_for`, so the two never
+    (default: ``cron`` shifted by :func:`flows.preflight.checks.monitor_cron_for`, so the two never
     start together) when ``monitor_parameters`` are given.
 
-    Entrypoints are module paths (``flows.recalibrate.recalibrate``), so the run process
+    Entrypoints are module paths (``flows.recalibration.flow.recalibrate``), so the run process
     imports the installed package whatever its working directory. Each deployment runs
     one flow at a time (:data:`ONE_AT_A_TIME`).
     """
@@ -135,7 +136,7 @@ class _BoundedStopRunner(Runner):
         time.sleep(max(0.0, deadline - time.monotonic()))
         import psutil
 
-        from flows.owner import OWNER_ENV
+        from flows.registry.owner import OWNER_ENV
 
         def started_here(process) -> bool:
             """A flow run carries this command's owner marker; the managed server and the
@@ -167,10 +168,10 @@ def deploy_to_work_pool(work_pool: str, cron: str, recalibrate_parameters: dict,
     """
     from prefect import Flow
 
-    specs = [("flows/recalibrate.py:recalibrate", RECALIBRATE_DEPLOYMENT, cron,
+    specs = [("flows/recalibration/flow.py:recalibrate", RECALIBRATE_DEPLOYMENT, cron,
               recalibrate_parameters)]
     if monitor_parameters is not None:
-        specs.append(("flows/monitor.py:monitor", MONITOR_DEPLOYMENT,
+        specs.append(("flows/recalibration/monitor.py:monitor", MONITOR_DEPLOYMENT,
                       monitor_cron or monitor_cron_for(cron),
                       monitor_parameters))
     ids = []

@@ -21,7 +21,7 @@ Order of events, so that a failure leaves nothing behind:
    removed. ``output`` must not exist beforehand.
 
 A client killed with ``kill -9`` cannot remove its partial folder. Each one therefore holds
-its owner (host, pid, process start time; ``flows.owner``) in ``OWNER_FILE``, and the next
+its owner (host, pid, process start time; ``flows.registry.owner``) in ``OWNER_FILE``, and the next
 batch job for the same output removes the partial folders whose owner is dead, never one
 whose owner still runs.
 """
@@ -41,8 +41,8 @@ from distributed import Client, LocalCluster, WorkerPlugin, get_worker
 
 from cord_ops import data
 from cord_ops.atomic import write_json_atomic
-from flows.inputs import GLOB_CHARS
-from flows.owner import Owner, alive
+from flows.preflight.checks import GLOB_CHARS
+from flows.registry.owner import Owner, alive
 
 #: Name under which the session plugin is registered on the workers, per model digest.
 PLUGIN_PREFIX = "cord-ops-session-"

@@ -35,7 +35,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows import owner
+from flows.registry import owner
 
 STATE_DIR = "prefect"
 START_TIMEOUT_S = 120.0  # the first start runs Prefect's database migrations
@@ -50,11 +50,11 @@ class ServerError(RuntimeError):
 def state_folder(tracking_uri: str, cwd: str | os.PathLike | None = None) -> Path:
     """Where the managed server of the MLflow store ``tracking_uri`` keeps its state.
 
-    A local store keeps it in its own folder (:func:`flows.tracking.local_store_folder`,
+    A local store keeps it in its own folder (:func:`flows.registry.tracking.local_store_folder`,
     e.g. ``DIR/prefect`` for ``sqlite:///DIR/mlflow.db``); a remote store (``http://...``,
     a database server) has no folder here, so the state goes to ``<cwd>/mlruns/prefect``.
     """
-    from flows import tracking
+    from flows.registry import tracking
 
     folder = tracking.local_store_folder(tracking_uri)
     if folder is None:
@@ -203,9 +203,9 @@ def start(folder: Path, timeout: float = START_TIMEOUT_S) -> tuple[RunningServer
 
 
 def start_runner(folder: Path) -> int | None:
-    """Start the warm runner of ``folder`` (:mod:`flows.warm`) unless one from the same
+    """Start the warm runner of ``folder`` (:mod:`flows.runtime.warm`) unless one from the same
     sources and settings is running; returns the pid of the one that runs, or None."""
-    from flows import warm
+    from flows.runtime import warm
 
     with _locked(folder):
         record = warm.running(folder)
@@ -217,7 +217,7 @@ def start_runner(folder: Path) -> int | None:
 def stop(folder: Path, timeout: float = STOP_TIMEOUT_S) -> int | None:
     """Stop the managed server of ``folder``; returns its pid, or None if none was running.
     A stale state file (dead or recycled pid) is removed either way."""
-    from flows import warm
+    from flows.runtime import warm
 
     with _locked(folder):
         warm.stop(folder, timeout)

@@ -248,7 +248,7 @@ def http_environment(store_timeout: float = DEFAULT_STORE_TIMEOUT) -> dict[str, 
     sixth of it. MLflow reads them only from the environment, so the CLI, as the process
     entry point, installs them with :func:`os.environ.setdefault` (a user's value wins).
 
-    The Prefect tasks do not retry what these already retried (see :mod:`flows.retries`),
+    The Prefect tasks do not retry what these already retried (see :mod:`flows.registry.retries`),
     so there is one retry layer, not two multiplied.
     """
     return {

@@ -7,10 +7,10 @@ a recalibration when ECE rose by more than ``max_ece_increase`` or NLL by more t
 ``max_nll_increase``.
 
 A champion that cannot be scored on the batch (broken artifact, foreign model, other K or
-input kind) stops the monitor with :class:`flows.gate.ChampionUnhealthyError` and records
+input kind) stops the monitor with :class:`flows.promotion.gate.ChampionUnhealthyError` and records
 the problem in the registered-model tag ``cord.champion.health``. A drift-triggered
 recalibration fits on the batch but reaches ``@champion`` only through the gate of
-:mod:`flows.gate`, which also scores it on the champion's pinned reference split: a batch
+:mod:`flows.promotion.gate`, which also scores it on the champion's pinned reference split: a batch
 with broken labels cannot promote a model that learned them.
 """
 
@@ -23,9 +23,11 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from cord_ops import data, metrics
-from flows import gate, registry, tracking
-from flows.recalibrate import RecalibrationResult, load_dataset, recalibrate
-from flows.tasks import compute_task, store_task
+from flows.promotion import gate
+from flows.recalibration.flow import RecalibrationResult, load_dataset, recalibrate
+from flows.registry import tracking
+from flows.registry import versions as registry
+from flows.runtime.tasks import compute_task, store_task
 
 DRIFT_METRICS = ("ece", "nll")
 
@@ -143,9 +145,9 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
     it.
 
     When ECE or NLL rose past its threshold and ``recalibrate_on_drift`` is set, runs
-    :func:`flows.recalibrate.recalibrate` on the batch as a subflow (its gate still decides
+    :func:`flows.recalibration.flow.recalibrate` on the batch as a subflow (its gate still decides
     whether the new version takes ``@champion``; ``gate_options`` are its threshold
-    overrides, as :func:`flows.recalibrate.recalibrate` takes them).
+    overrides, as :func:`flows.recalibration.flow.recalibrate` takes them).
 
     ``skip_without_champion`` (set by ``cord-ops schedule``): while the model has no
     champion yet (the first scheduled recalibration has not finished), log that and return

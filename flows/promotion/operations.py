@@ -35,7 +35,9 @@ import numpy as np
 
 from cord_ops import metrics
 from cord_ops.validation import top1
-from flows import gate, reference, registry
+from flows.promotion import gate
+from flows.registry import reference
+from flows.registry import versions as registry
 
 PROMOTED_BY_TAG = "cord.promoted_by"
 PROMOTED_AT_TAG = "cord.promoted_at"
@@ -62,10 +64,11 @@ class _StderrLog:
 @contextmanager
 def registry_section(client, uri: str, name: str,
                      timeout: float | None = None) -> Iterator[None]:
-    """Hold the model's registry lock (:mod:`flows.lock`, the one recalibrations take from
+    """Hold the model's registry lock (:mod:`flows.registry.lock`, the one recalibrations take from
     registration to the alias move) around an operator's alias move, so a promote or
     rollback never interleaves with a gate reading and moving ``@champion``."""
-    from flows import lock, owner, prefect_server, tracking
+    from flows.registry import lock, owner, tracking
+    from flows.runtime import temporary_server as prefect_server
 
     folder = tracking.local_store_folder(uri)
     kind = lock.choose(folder, prefect_server.configured_api_url())
@@ -292,7 +295,7 @@ def promote(client, uri: str, name: str, version: str, reason: str,
 def rollback(client, uri: str, name: str, reason: str | None = None,
              lock_timeout: float | None = None) -> tuple[str | None, str]:
     """Return ``@champion`` of ``name`` to the champion before the current one in the
-    history (:func:`flows.gate.champion_timeline`); returns (from, to). The move is
+    history (:func:`flows.promotion.gate.champion_timeline`); returns (from, to). The move is
     appended to the history as a ``rollback`` row, so a second rollback undoes the first
     (to go further back: ``promote --version N``). Versions deleted since are skipped; a
     target that fails :func:`check_promotable` refuses the rollback (say which, fix by

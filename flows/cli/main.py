@@ -1,14 +1,14 @@
 """The ``cord-ops`` command line: recalibrate, monitor, schedule, predict, demo, ui, server
 (and reproduce / bench from :mod:`flows.reproduce.cli`, status / promote / rollback from
-:mod:`flows.operator_cli`).
+:mod:`flows.cli.operator`).
 
 How every command runs (:func:`run`):
 
 1. ``validate``: the command's own check of its files, keys, shapes, classes, options,
-   cron expressions and model names (:mod:`flows.inputs`). Nothing is started, contacted
+   cron expressions and model names (:mod:`flows.preflight.checks`). Nothing is started, contacted
    or written before it passes, so a bad input exits in about a second.
 2. The command, against the Prefect server ``PREFECT_API_URL`` names, else the local
-   server cord-ops manages (:mod:`flows.server`) when it is running, else Prefect's
+   server cord-ops manages (:mod:`flows.runtime.managed_server`) when it is running, else Prefect's
    temporary per-command server. MLflow is used through the tracking URI resolved once
    (``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``./mlruns/mlflow.db``) and
    handed down explicitly.
@@ -32,8 +32,12 @@ import traceback
 from pathlib import Path
 
 from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
-from flows import inputs, operator_cli, owner, server, tracking, warm
+from flows.cli import operator as operator_cli
+from flows.preflight import checks as inputs
+from flows.registry import owner, tracking
 from flows.reproduce import cli as reproduce_cli
+from flows.runtime import managed_server as server
+from flows.runtime import warm
 
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
@@ -47,7 +51,7 @@ NAMED_ERRORS = ("RecalibrationError", "ChampionUnhealthyError", "PromotionRefuse
                 "TemporaryServerError")
 #: Packages whose exceptions mean the tracking store failed (their errors name the URI).
 STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "alembic")
-#: flows.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
+#: flows.registry.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
 DEFAULT_LOCK_TIMEOUT = 600.0
 
 
@@ -148,13 +152,13 @@ def prefect_api(args, start_managed: bool = False):
     ``PREFECT_API_URL`` (environment or Prefect profile) wins, and must answer. Otherwise
     the managed server of this store is used when it is running, or started when
     ``start_managed``; failing both, a temporary server that dies with this process
-    (:func:`flows.prefect_server.temporary_api`). The managed server's URL is set for the
+    (:func:`flows.runtime.temporary_server.temporary_api`). The managed server's URL is set for the
     body through Prefect's settings context (this process's environment is untouched)
     and is inherited by the flow-run processes Prefect starts.
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows import prefect_server
+    from flows.runtime import temporary_server as prefect_server
 
     configured = prefect_server.configured_api_url()
     if configured:
@@ -191,11 +195,12 @@ def _drain_prefect_workers(timeout: float = 10.0) -> None:
 @contextlib.contextmanager
 def flow_context(args, start_managed: bool = False):
     """What a command that runs flows needs, after its inputs passed: the store made ready
-    (created or upgraded once, under a lock: :func:`flows.tracking.prepare_store`), a
+    (created or upgraded once, under a lock: :func:`flows.registry.tracking.prepare_store`), a
     Prefect API (:func:`prefect_api`), the registry lock's kind for it (``args.lock``) and
     Prefect's console log without tracebacks unless ``--verbose``. Yields the managed
     server in use, or None."""
-    from flows import lock, prefect_server
+    from flows.registry import lock
+    from flows.runtime import temporary_server as prefect_server
 
     timeout = getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT)
     tracking.prepare_store(args.tracking_uri, timeout)
@@ -268,7 +273,7 @@ def validate_shard_recalibrate(args):
                                 f"{args.dask_workers}")
     inputs.shard_options(args.calibrator, args.eval_sample)
     args.dask_address = inputs.dask_scheduler(args.dask_address)
-    from flows.distributed import plan_shards
+    from flows.shards.distributed import plan_shards
 
     try:
         plan = plan_shards(args.data, args.eval_data, args.input_kind, args.seed,
@@ -335,7 +340,7 @@ def validate_schedule(args) -> None:
 
 def validate_predict(args) -> None:
     if _batch_predict_requested(args):
-        from flows.batch_predict import expand_inputs
+        from flows.serving.batch import expand_inputs
 
         try:
             expand_inputs(args.input)
@@ -396,7 +401,7 @@ def _gate_options(args) -> dict:
 
 
 def cmd_recalibrate(args) -> int:
-    from flows.recalibrate import recalibrate
+    from flows.recalibration.flow import recalibrate
 
     shards = ({"dask_address": args.dask_address, "dask_workers": args.dask_workers,
                "eval_sample": args.eval_sample} if _on_shards(args) else {})
@@ -412,7 +417,7 @@ def cmd_recalibrate(args) -> int:
 def cmd_demo(args) -> int:
     """Digits classifier (or ``--data``) -> full flow -> ``cord-ops-demo`` -> table."""
     from cord_ops import data
-    from flows.recalibrate import recalibrate
+    from flows.recalibration.flow import recalibrate
 
     if args.data is None:
         folder = Path.cwd() / tracking.STORE_DIR / "demo"
@@ -431,7 +436,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_monitor(args) -> int:
-    from flows.monitor import monitor
+    from flows.recalibration.monitor import monitor
 
     result = monitor(data=str(args.data), model_name=args.model_name,
                      max_ece_increase=args.max_ece_increase,
@@ -459,7 +464,7 @@ def cmd_schedule(args) -> int:
     # SIGTERM before serving starts (while the managed server comes up) ends the command
     # like Ctrl-C; once serving, Prefect's runner takes SIGTERM over and shuts down.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    from flows import schedule
+    from flows.recalibration import schedule
 
     # Absolute paths: runs start later, from the runner's or the worker's directory.
     recal = {"data": str(args.data.resolve()),
@@ -559,10 +564,10 @@ def _batch_predict_requested(args) -> bool:
 
 
 def cmd_predict_batch(args) -> int:
-    """``predict`` over many Parquet files on a Dask cluster (:mod:`flows.batch_predict`)."""
+    """``predict`` over many Parquet files on a Dask cluster (:mod:`flows.serving.batch`)."""
     import tempfile
 
-    from flows.batch_predict import predict_batch
+    from flows.serving.batch import predict_batch
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as folder:
         path = local_model_path(args.model, Path(folder), args.tracking_uri)
@@ -591,7 +596,7 @@ def cmd_ui(args) -> int:
 def validate_serve(args) -> None:
     """Options, then the port (a taken one is a second's mistake, not one found after the
     model loaded), then the registered model."""
-    from flows.serve import bind, check_options
+    from flows.serving.http import bind, check_options
 
     check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
                   args.batch_max_rows)
@@ -604,7 +609,7 @@ def validate_serve(args) -> None:
 
 
 def cmd_serve(args) -> int:
-    from flows.serve import serve
+    from flows.serving.http import serve
 
     serve(args.tracking_uri, args.model_name, alias=args.alias, host=args.host,
           port=args.port, poll_interval=args.poll_interval,
@@ -657,7 +662,8 @@ def _add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-o
 
 
 def _add_gate_options(parser: argparse.ArgumentParser) -> None:
-    """Overrides of the champion gate's evidence rules (defaults depend on K; flows.gate)."""
+    """Overrides of the champion gate's evidence rules (defaults depend on K;
+    flows.promotion.gate)."""
     parser.add_argument("--min-calibration", type=int, default=None,
                         help="calibration rows needed to promote (default: max(100, 10 K))")
     parser.add_argument("--min-evaluation", type=int, default=None,
@@ -824,9 +830,9 @@ def describe_error(exc: BaseException, tracking_uri: str) -> str:
 def run(args: argparse.Namespace, forward: bool = False, watch: bool = False) -> int:
     """Validate, then run ``args.func``; every failure becomes the last line ``error: ...``.
     With ``forward``, a flow command whose inputs passed goes to the managed server's warm
-    runner when one is ready for it (:mod:`flows.warm`), else runs here. With ``watch``
+    runner when one is ready for it (:mod:`flows.runtime.warm`), else runs here. With ``watch``
     (this process is the command's), once the inputs passed a watchdog is started that
-    kills what the command started when it ends (:func:`flows.owner.watch_command`)."""
+    kills what the command started when it ends (:func:`flows.registry.owner.watch_command`)."""
     args.tracking_uri_given = args.tracking_uri
     args.tracking_uri = args.tracking_uri or tracking.tracking_uri()
     try:
@@ -861,7 +867,7 @@ def main(argv: list[str] | None = None, started: float | None = None,
     start in the process that received it, and no forwarding from the runner itself.
     ``owns_process`` (default: when ``argv`` is None, i.e. the console script): this
     process exists for the command, so it marks what it starts and starts the watchdog
-    that kills those processes when it ends (:func:`flows.owner.watch_command`)."""
+    that kills those processes when it ends (:func:`flows.registry.owner.watch_command`)."""
     started = time.perf_counter() if started is None else started
     argv_given = argv
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -45,7 +45,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from cord_ops.atomic import write_json_atomic
-from flows import owner
+from flows.registry import owner
 
 LOCK_FOLDER = ".cord-locks"
 #: Registered-model tag naming the holder (``prefect`` and ``lease`` locks).

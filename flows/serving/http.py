@@ -13,9 +13,9 @@ version without a restart:
   was validated against. A version that fails to load or verify is never served, is
   remembered (``/version``, ``/metrics``) and is not retried until the alias moves again;
   a store that cannot be reached is retried at the next poll.
-- ``POST /invocations`` takes MLflow's scoring payloads (:func:`flows.scoring_input.
+- ``POST /invocations`` takes MLflow's scoring payloads (:func:`flows.serving.contract.
   from_payload`), refuses bad input with HTTP 400 and a one-line ``error`` (the rules of
-  :mod:`flows.scoring_input`, shared with the registered model's pyfunc flavour), and
+  :mod:`flows.serving.contract`, shared with the registered model's pyfunc flavour), and
   answers ``{"predictions": {"repaired", "label", "confidence"}, "model": {"name",
   "version"}}`` with the version also in the ``X-Model-Version`` header.
 - concurrent requests are micro-batched (:class:`MicroBatcher`): one session run scores every
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flows.scoring_input import REASONS, InputContract, InputError, from_payload, score_matrix
+from flows.serving.contract import REASONS, InputContract, InputError, from_payload, score_matrix
 
 DEFAULT_PORT = 5005
 DEFAULT_POLL_INTERVAL = 10.0
@@ -158,7 +158,7 @@ def verify(session, contract: InputContract, state=None) -> dict:
     ``state`` (calibrator, CORD), ``repaired`` matches cord_ops within the export's parity
     tolerance. Returns what was checked; raises VersionRejected naming the failure."""
     from cord_ops.validation import top1
-    from flows.gate import FIXED_PARITY_TOLERANCE, parity_tolerance
+    from flows.promotion.gate import FIXED_PARITY_TOLERANCE, parity_tolerance
 
     # The graph's own input, upcast: parity is defined against cord_ops on the same inputs.
     probe = _probe_scores(contract).astype(contract.dtype).astype(np.float64)

@@ -34,7 +34,7 @@ def prefect_api():
     """Inside: a Prefect API every process of the flow reaches.
 
     Yields the API URL. When one is configured already it is used as it is; otherwise the
-    command's temporary server is started (:func:`flows.prefect_server.temporary_api`:
+    command's temporary server is started (:func:`flows.runtime.temporary_server.temporary_api`:
     the first use of a new database serialised, dead with this process however it dies),
     made current through the settings context, and stopped on exit after the log queue
     has drained. Call it from the main thread.
@@ -45,7 +45,7 @@ def prefect_api():
         return
     from prefect.logging.handlers import APILogWorker
 
-    from flows.prefect_server import temporary_api
+    from flows.runtime.temporary_server import temporary_api
 
     with temporary_api(timeout=SERVER_STARTUP_SECONDS):
         yield current_api_url()

@@ -54,7 +54,7 @@ from cord_ops.reduce import (
     split_rows,
     temperature_step,
 )
-from flows.batch_predict import expand_inputs
+from flows.serving.batch import expand_inputs
 
 #: Size of one row block's float64 scores during a pass (the worker's working set). Small
 #: enough that a block's temporaries stay in the caches two workers share: the TS moment

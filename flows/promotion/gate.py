@@ -70,7 +70,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from cord_ops import data, metrics
-from flows import reference, registry
+from flows.registry import reference
+from flows.registry import versions as registry
 
 #: Below these a split is too small to fit and evaluate at all: the recalibration fails
 #: before any run exists. 5 calibration rows is what the most demanding calibrator

@@ -1,6 +1,6 @@
 """What a served cord-ops model accepts, in one place: the registered model's pyfunc flavour
 (:mod:`flows.pyfunc_model`, also under ``mlflow models serve`` and ``spark_udf``) and
-``cord-ops serve`` (:mod:`flows.serve`) both turn their input into a score matrix here, so
+``cord-ops serve`` (:mod:`flows.serving.http`) both turn their input into a score matrix here, so
 the two refuse the same inputs with the same one-line messages.
 
 Accepted forms of a batch of ``n`` rows for a model of ``K`` classes:

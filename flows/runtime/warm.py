@@ -13,7 +13,7 @@ MLflow and cord-ops environment variables (:func:`fingerprint`), the command sen
 arguments, working folder and environment, and passes its own stdin, stdout and stderr
 (``SCM_RIGHTS``). The runner forks a child that adopts those descriptors, folder and
 environment and runs the command exactly as the CLI runs it in-process
-(:func:`flows.cli.main`, handed to :func:`serve` by ``flows/warm_main.py``), then reports
+(:func:`flows.cli.main.main`, handed to :func:`serve` by ``flows/cli/warm_main.py``), then reports
 the exit status. Output, terminal detection, exit status and the ``error:`` contract are
 the command's own. Anything that does not match sends the command down the ordinary
 in-process path; nothing is half-forwarded (a runner that refuses answers before any work
@@ -33,7 +33,7 @@ Operator promises, each tested in ``tests/flows/test_warm_runner.py``:
 Forking is safe here because the runner's parent loop is single-threaded (checked before
 every fork; a runner that has grown a thread refuses, and the command runs in-process).
 
-State, next to the managed server's (:mod:`flows.server`)::
+State, next to the managed server's (:mod:`flows.runtime.managed_server`)::
 
     <store folder>/prefect/runner.json   pid, start time, socket path, fingerprint
     <store folder>/prefect/runner.sock   the Unix socket (mode 0600: this user only)
@@ -57,7 +57,7 @@ import threading
 import time
 from pathlib import Path
 
-from flows import owner
+from flows.registry import owner
 
 #: Commands the runner serves: the ones that run flows and pay the start-up.
 COMMANDS = ("recalibrate", "monitor", "demo")
@@ -75,7 +75,7 @@ WARM_MODULES = (
     "mlflow.store.model_registry.sqlalchemy_store", "mlflow.store.db.utils",
     "alembic.command", "alembic.runtime.migration",
     "onnx", "onnxruntime", "skl2onnx",
-    "flows.cli", "flows.recalibrate", "flows.monitor",
+    "flows.cli.main", "flows.recalibration.flow", "flows.recalibration.monitor",
 )
 _HEADER = struct.Struct("!I")
 
@@ -98,7 +98,7 @@ def fingerprint(environ: dict[str, str] | None = None) -> str:
     that Prefect, MLflow and cord-ops read. Equal fingerprints: a forked child runs the
     command as a fresh process would."""
     environ = dict(os.environ if environ is None else environ)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256(f"{sys.executable}\0{root}".encode())
     for package in ("cord_ops", "onnx_export", "flows"):
         for path in sorted((root / package).rglob("*.py")):
@@ -134,7 +134,7 @@ def spawn(folder: Path) -> int:
     are done: :func:`wait_ready`."""
     folder.mkdir(parents=True, exist_ok=True)
     stop(folder)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = owner.detached_environment(os.environ)  # it outlives the command that starts it
     # The runner must import this checkout's modules, whichever folder it runs from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -143,7 +143,7 @@ def spawn(folder: Path) -> int:
         log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} warm runner\n".encode())
         log.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", "flows.warm_main", str(folder), expected],
+            [sys.executable, "-m", "flows.cli.warm_main", str(folder), expected],
             cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     # Recorded at once, so a second ``server start`` finds this one instead of starting
@@ -302,7 +302,7 @@ def _warm_up() -> None:
 
     import numpy as np
 
-    from flows import plots
+    from flows.recalibration import plots
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-warm-") as folder:
         plots.reliability_png(np.array([[0.75, 0.25], [0.4, 0.6]]), np.array([0, 1]),

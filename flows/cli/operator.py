@@ -1,6 +1,6 @@
 """``cord-ops status | promote | rollback``: the operator's commands on a registered model
-(logic in :mod:`flows.champion_ops`). None of them imports Prefect; each talks to the tracking
-store :func:`flows.tracking.tracking_uri` names."""
+(logic in :mod:`flows.promotion.operations`). None of them imports Prefect; each talks to the
+tracking store :func:`flows.registry.tracking.tracking_uri` names."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 def _client(args):
     """(client, uri) of the store ``--tracking-uri`` or the environment names, checked
     (and created) first."""
-    from flows import tracking
+    from flows.registry import tracking
 
     uri = tracking.store_uri(getattr(args, "tracking_uri", None))
     tracking.prepare_store(uri)
@@ -18,7 +18,7 @@ def _client(args):
 
 
 def cmd_status(args) -> int:
-    from flows import champion_ops
+    from flows.promotion import operations as champion_ops
 
     client, _ = _client(args)
     print(champion_ops.format_status(champion_ops.status(client, args.model_name, args.limit)))
@@ -26,7 +26,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_promote(args) -> int:
-    from flows import champion_ops
+    from flows.promotion import operations as champion_ops
 
     client, uri = _client(args)
     previous = champion_ops.promote(client, uri, args.model_name, str(args.version), args.reason,
@@ -38,7 +38,7 @@ def cmd_promote(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from flows import champion_ops
+    from flows.promotion import operations as champion_ops
 
     client, uri = _client(args)
     current, target = champion_ops.rollback(client, uri, args.model_name, args.reason,

@@ -7,7 +7,7 @@ those of the champion's run (:func:`skip_if_unchanged`) -> split -> fit calibrat
 CORD -> evaluate uncal / base / cord on the evaluation split -> export ONNX -> verify ONNX
 parity with onnxruntime on the evaluation split -> log to MLflow (with the evaluation split
 pinned as the run's reference dataset input) -> register -> gate (rules in
-:mod:`flows.gate`).
+:mod:`flows.promotion.gate`).
 
 Splits too small to fit at all fail before any run exists; splits large enough to fit but
 not to trust are registered and rejected by the gate with the reason. Warnings the
@@ -18,16 +18,16 @@ Failure contract: a bad data file or option, or a store that cannot be used, rai
 before any MLflow run exists. After the run is created, any failing task marks it FAILED,
 withdraws a version it registered (the alias goes back to where it was) and raises
 :class:`RecalibrationError` naming the step; when the store itself is what failed, that
-record goes to a local journal (:mod:`flows.journal`) that the next command replays.
+record goes to a local journal (:mod:`flows.registry.journal`) that the next command replays.
 
 Concurrency contract: fitting, evaluation and logging run in parallel with other
 recalibrations; the registry section (clean-up -> register -> score the champion ->
-decide -> move the alias -> finish) holds the model's registry lock (:mod:`flows.lock`)
+decide -> move the alias -> finish) holds the model's registry lock (:mod:`flows.registry.lock`)
 and reads the champion only after acquiring it. Every run records its owner process
-(:mod:`flows.owner`), so clean-up touches only what a dead process left.
+(:mod:`flows.registry.owner`), so clean-up touches only what a dead process left.
 
 Tasks that talk to the tracking store retry only a momentarily locked sqlite database
-(:mod:`flows.retries`); with MLflow's bounded HTTP retries, a store that is down fails the
+(:mod:`flows.registry.retries`); with MLflow's bounded HTTP retries, a store that is down fails the
 command within ``store_timeout`` seconds.
 """
 
@@ -49,11 +49,15 @@ from prefect import flow, get_run_logger
 from cord_ops import CORD, cord, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
-from flows import faults, inputs, journal, owner, plots, reference, registry, tracking
-from flows import gate as gating
-from flows import lock as registry_lock
-from flows.retries import is_store_outage
-from flows.tasks import compute_task, store_task
+from flows.preflight import checks as inputs
+from flows.promotion import gate as gating
+from flows.recalibration import plots
+from flows.registry import journal, owner, reference, tracking
+from flows.registry import lock as registry_lock
+from flows.registry import versions as registry
+from flows.registry.retries import is_store_outage
+from flows.runtime import faults
+from flows.runtime.tasks import compute_task, store_task
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
@@ -182,7 +186,8 @@ def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
     """Reject a bad option before a run exists: unknown calibrator or dtype, a seed or
     fraction the split refuses, an evaluation file that does not match ``dataset``, a gate
     threshold out of range, splits too small to fit at all (the check the CLI runs before
-    anything starts, :func:`flows.inputs.check_recalibration`). Returns the gate's policy."""
+    anything starts, :func:`flows.preflight.checks.check_recalibration`). Returns the gate's
+    policy."""
     if dtype not in gating.DTYPES:
         raise ValueError(f"dtype: expected one of {gating.DTYPES}, got {dtype!r}")
     return inputs.check_recalibration(dataset, eval_dataset, calibrator, fraction, seed,
@@ -243,7 +248,7 @@ def no_harm_warning(calibration: data.Dataset, calibrator, repair: CORD,
     rows, a floor other than the shared one) is kept, and said: the warning goes to the
     run tags (``cord.fit.warnings``, ``cord.fit.harm``) and the summary, and the gate
     refuses any version worse than the uncalibrated model on the evaluation split
-    (:mod:`flows.gate`, rule 4). Keeping it, rather than falling back to the identity map,
+    (:mod:`flows.promotion.gate`, rule 4). Keeping it, rather than falling back to the identity map,
     leaves the registered calibrator the one that was asked for, so what the operator
     reads is what was fitted. CORD repairs after the calibrator, so both are reported.
     """
@@ -293,8 +298,8 @@ def evaluate_reports(evaluation: data.Dataset, calibrator, repair: CORD) -> Eval
 def plan_shard_inputs(data: str, eval_data: str | None, input_kind: str, seed: int,
                       fraction: float):
     """The shards' layout, K and exact split sizes from their footers
-    (:func:`flows.distributed.plan_shards`); errors name the shard."""
-    from flows.distributed import plan_shards
+    (:func:`flows.shards.distributed.plan_shards`); errors name the shard."""
+    from flows.shards.distributed import plan_shards
 
     return plan_shards(data, eval_data, input_kind, seed, fraction)
 
@@ -303,7 +308,7 @@ def plan_shard_inputs(data: str, eval_data: str | None, input_kind: str, seed: i
 def check_shard_options(calibrator: str, dtype: str, eval_sample: int, plan,
                         gate_options: dict | None = None) -> gating.Policy:
     """:func:`check_options` for shards: the calibrator must be fittable from partition
-    sums (:func:`flows.inputs.check_shard_recalibration`)."""
+    sums (:func:`flows.preflight.checks.check_shard_recalibration`)."""
     if dtype not in gating.DTYPES:
         raise ValueError(f"dtype: expected one of {gating.DTYPES}, got {dtype!r}")
     return inputs.check_shard_recalibration(plan, calibrator, eval_sample, gate_options)
@@ -312,8 +317,9 @@ def check_shard_options(calibrator: str, dtype: str, eval_sample: int, plan,
 @compute_task
 def load_shards(plan, dask_address: str | None, dask_workers: int):
     """Connect to the Dask cluster (or start a local one) and read, validate and split
-    every shard once on the workers; returns the open :class:`flows.distributed.ShardSession`."""
-    from flows.distributed import open_session
+    every shard once on the workers; returns the open
+    :class:`flows.shards.distributed.ShardSession`."""
+    from flows.shards.distributed import open_session
 
     return open_session(plan, dask_address=dask_address, n_workers=dask_workers)
 
@@ -322,7 +328,7 @@ def load_shards(plan, dask_address: str | None, dask_workers: int):
 def fit_calibrator_on_shards(session, name: str):
     """Fit calibrator ``name`` on every calibration row from partition sums; returns
     (fitted, warnings)."""
-    from flows.distributed import fit_calibrator_on
+    from flows.shards.distributed import fit_calibrator_on
 
     return _capturing_warnings(lambda: fit_calibrator_on(session, name))
 
@@ -332,7 +338,7 @@ def fit_cord_on_shards(session, calibrator):
     """eta* (paper eq. 18) from exact sums over every calibration row, on the pass that
     also confirms a TS fit's beta; returns ((CORD, calibrator), warnings): the calibrator
     given, or the TS fit resumed when the pass did not confirm it."""
-    from flows.distributed import fit_cord_on
+    from flows.shards.distributed import fit_cord_on
 
     return _capturing_warnings(lambda: fit_cord_on(session, calibrator)[:2])
 
@@ -342,7 +348,7 @@ def evaluate_shards(session, calibrator, repair: CORD, eval_sample: int):
     """(Evaluation, sample, label counts): ECE, NLL, Brier, accuracy, TPCR and the
     prediction-change counts over every evaluation row; ECE-EM and smECE, and the
     Evaluation's arrays, on the evaluation sample (docs/scale.md)."""
-    from flows.distributed import evaluate_on
+    from flows.shards.distributed import evaluate_on
 
     found = evaluate_on(session, calibrator, repair, eval_sample)
     sample = found.sample
@@ -427,7 +433,7 @@ def skip_if_unchanged(uri: str, run_id: str, model_name: str) -> str | None:
 
     A scheduled recalibration of unchanged data would refit the same graph, register a
     version that ties the champion and churn the registry; the gate would reject the tie
-    (:mod:`flows.gate`), but only after minutes of fitting and logging.
+    (:mod:`flows.promotion.gate`), but only after minutes of fitting and logging.
     """
     client = tracking.client(uri)
     holder = registry.champion_version(client, model_name)
@@ -746,12 +752,12 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     float type. With ``promote=False`` the gate is evaluated and recorded but the alias
     never moves. ``lock_timeout``: seconds to wait for the model's registry lock;
     ``store_timeout``: seconds a store that is down may take to fail the flow; ``lock``:
-    the registry lock's kind (``auto``: :func:`flows.lock.choose`). Raises
+    the registry lock's kind (``auto``: :func:`flows.registry.lock.choose`). Raises
     :class:`RecalibrationError` naming the failed step. ``min_calibration``,
     ``min_evaluation``, ``max_class_share`` and ``max_label_shift`` override the gate's
-    defaults for K (:class:`flows.gate.Policy`). When the champion could not be scored,
+    defaults for K (:class:`flows.promotion.gate.Policy`). When the champion could not be scored,
     the candidate is registered as rejected, the run finished, and then
-    :class:`flows.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
+    :class:`flows.promotion.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
     store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
 
     ``data`` a folder or glob of Parquet shards, or ``dask_address`` given: the fits and
@@ -972,7 +978,7 @@ def _uri_if_store(step: str, uri: str) -> str | None:
 
 def _prefect_api_url() -> str | None:
     """A Prefect server other processes share, if one is configured."""
-    from flows.prefect_server import configured_api_url
+    from flows.runtime.temporary_server import configured_api_url
 
     return configured_api_url()
 

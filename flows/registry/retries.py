@@ -2,7 +2,7 @@
 
 One retry layer, not two multiplied. Against a tracking server, MLflow's HTTP client
 already retries refused connections, timeouts and 429/5xx answers (bounded by the
-settings of :func:`flows.tracking.http_environment`); a Prefect task retry on top would
+settings of :func:`flows.registry.tracking.http_environment`); a Prefect task retry on top would
 repeat that whole sequence. So the Prefect store tasks retry only what no lower layer
 does: an embedded sqlite database briefly locked by another process's write.
 

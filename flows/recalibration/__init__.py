@@ -1,0 +1,1 @@
+"""The recalibration product: the Prefect flow, its monitor and schedule, and its plots."""

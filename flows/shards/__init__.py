@@ -1,0 +1,1 @@
+"""Fitting and evaluating on shards held by Dask workers (too large for one process)."""
