@@ -1,0 +1,270 @@
+"""Label-free estimates of a classifier's accuracy on a new batch, the batch's class priors,
+and drift statistics against a labelled reference split.
+
+Every estimate reads probability rows (n x K, the champion's repaired output in cord-ops)
+and the top-1 under the paper's tie rule (``cord_ops.validation.top1``). With ``c_i`` the
+top-1 probability of row ``i`` of the batch and, on the reference split, ``c^r_j`` and
+``a^r`` its top-1 probabilities and accuracy:
+
+- **CBPE** (NannyML's confidence-based performance estimation, accuracy case): the mean of
+  ``c_i``. Unbiased for the accuracy when the probabilities are calibrated on the batch's
+  distribution, which is why NannyML calibrates on reference data first and why cord-ops
+  applies it to a champion calibrated on labelled data (the raw classifier's CBPE is
+  reported beside it).
+- **ATC** (average thresholded confidence, Garg et al., ICLR 2022): the threshold ``t`` is
+  the ``e``-th smallest reference confidence, ``e`` the number of reference errors, so the
+  share of reference confidences below ``t`` equals the reference error (up to ties); the
+  batch's estimated accuracy is the share of ``c_i >= t``.
+- **DoC** (difference of confidences, Guillory et al., 2021): ``a^r + mean(c) - mean(c^r)``,
+  clipped to [0, 1].
+- **EM priors** (Saerens, Latinne and Decaestecker, 2002, eqs. 2.9-2.10): with source
+  priors ``pi^s`` and posteriors ``p_i`` under them, iterate
+  ``p^(t)_ik ∝ (pi^(t)_k / pi^s_k) p_ik`` (rows renormalised) and
+  ``pi^(t+1)_k = mean_i p^(t)_ik`` from ``pi^(0) = pi^s``. The source priors used by
+  :class:`ReferenceProfile` are the mean probability rows on the reference split (the
+  priors the probabilities themselves imply), so EM on reference-like data returns them
+  after one step. A class of source prior 0 keeps prior 0.
+- **Prior-corrected CBPE**: the mean over rows of the prior-corrected probability at the
+  *kept* top-1 (the classifier's decision, not the corrected argmax): the accuracy of the
+  decisions served, under label shift.
+
+Drift statistics (the tests evidently and alibi-detect run on model outputs):
+two-sample Kolmogorov-Smirnov on the top-1 confidences (``scipy.stats.ks_2samp``) and
+Pearson's chi-squared test of homogeneity on the predicted-class counts, reference vs
+batch (``scipy.stats.chi2_contingency`` without Yates' correction; classes predicted in
+neither are dropped, and one class left means statistic 0 and p-value 1).
+
+Pure numpy/scipy; nothing here reads files or talks to a store.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from sklearn.base import BaseEstimator
+
+from cord_ops.validation import check_labels, check_probabilities, top1
+
+#: EM stops when no prior moves by more than this between two iterations.
+EM_TOL = 1e-10
+EM_MAX_ITER = 10_000
+
+
+class EMResult(NamedTuple):
+    """The batch's class priors estimated by EM, the iterations taken and whether the last
+    step moved every prior by at most the tolerance."""
+
+    priors: np.ndarray
+    n_iter: int
+    converged: bool
+
+
+class DriftTest(NamedTuple):
+    """One two-sample test, reference vs batch."""
+
+    test: str
+    statistic: float
+    p_value: float
+
+
+def top1_confidence(probs) -> np.ndarray:
+    """The probability of each row's top-1 class (n,)."""
+    p = check_probabilities(probs, "probs")
+    return p[np.arange(p.shape[0]), top1(p)]
+
+
+def cbpe_accuracy(probs) -> float:
+    """CBPE's estimated accuracy: the mean top-1 probability."""
+    return float(top1_confidence(probs).mean())
+
+
+def atc_threshold(confidence, correct) -> float:
+    """ATC's threshold from reference confidences and correctness: the ``e``-th smallest
+    confidence (0-based), ``e`` the number of errors; +inf when every row is wrong."""
+    conf = np.asarray(confidence, dtype=np.float64)
+    right = np.asarray(correct, dtype=bool)
+    if conf.ndim != 1 or conf.shape != right.shape or conf.size == 0:
+        raise ValueError(f"confidence, correct: expected two (n,) arrays with n >= 1, got "
+                         f"shapes {conf.shape} and {right.shape}")
+    errors = int(np.count_nonzero(~right))
+    if errors == conf.size:
+        return float("inf")
+    return float(np.partition(conf, errors)[errors])
+
+
+def atc_accuracy(threshold: float, confidence) -> float:
+    """ATC's estimated accuracy: the share of batch confidences at or above the threshold."""
+    return float(np.mean(np.asarray(confidence, dtype=np.float64) >= threshold))
+
+
+def doc_accuracy(reference_accuracy: float, reference_confidence: float, confidence) -> float:
+    """DoC's estimated accuracy: the reference accuracy moved by the change of the mean
+    confidence, clipped to [0, 1]."""
+    shift = float(np.mean(np.asarray(confidence, dtype=np.float64))) - reference_confidence
+    return float(np.clip(reference_accuracy + shift, 0.0, 1.0))
+
+
+def check_priors(priors, n_classes: int, name: str) -> np.ndarray:
+    pi = np.asarray(priors, dtype=np.float64)
+    if pi.shape != (n_classes,) or not np.isfinite(pi).all() or pi.min() < 0 \
+            or abs(pi.sum() - 1.0) > 1e-6:
+        raise ValueError(f"{name}: expected {n_classes} non-negative priors summing to 1, "
+                         f"got {np.array2string(pi, precision=4, threshold=8)}")
+    return pi / pi.sum()
+
+
+def prior_weights(source_priors, target_priors) -> np.ndarray:
+    """``pi^t_k / pi^s_k`` per class (0 where the source prior is 0)."""
+    source = np.asarray(source_priors, dtype=np.float64)
+    target = np.asarray(target_priors, dtype=np.float64)
+    return np.divide(target, source, out=np.zeros_like(target), where=source > 0)
+
+
+def reweighted(probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Rows of ``probs`` times ``weights``, renormalised (Saerens et al., eq. 2.4); a row the
+    weights send to zero everywhere stays as it was. Equal weights change nothing, so the rows
+    come back as they are, without a renormalisation's rounding."""
+    if np.all(weights == weights[0]) and weights[0] > 0:
+        return probs.copy()
+    q = probs * weights
+    sums = q.sum(axis=1, keepdims=True)
+    dead = sums[:, 0] <= 0
+    if dead.any():
+        q[dead], sums[dead] = probs[dead], 1.0
+    return q / sums
+
+
+def em_priors(probs, source_priors, tol: float = EM_TOL,
+              max_iter: int = EM_MAX_ITER) -> EMResult:
+    """Saerens et al.'s EM estimate of the batch's class priors (module docstring)."""
+    p = check_probabilities(probs, "probs")
+    source = check_priors(source_priors, p.shape[1], "source_priors")
+    if not (tol > 0 and max_iter >= 1):
+        raise ValueError(f"tol, max_iter: expected tol > 0 and max_iter >= 1, got {tol!r}, "
+                         f"{max_iter!r}")
+    current = source
+    for step in range(1, max_iter + 1):
+        updated = reweighted(p, prior_weights(source, current)).mean(axis=0)
+        moved = float(np.abs(updated - current).max())
+        current = updated
+        if moved <= tol:
+            return EMResult(current, step, True)
+    return EMResult(current, max_iter, False)
+
+
+def prior_corrected_accuracy(probs, source_priors, target_priors) -> float:
+    """Mean prior-corrected probability of each row's *original* top-1: the estimated
+    accuracy of the decisions kept, under label shift to ``target_priors``."""
+    p = check_probabilities(probs, "probs")
+    weights = prior_weights(check_priors(source_priors, p.shape[1], "source_priors"),
+                            check_priors(target_priors, p.shape[1], "target_priors"))
+    q = reweighted(p, weights)
+    return float(q[np.arange(p.shape[0]), top1(p)].mean())
+
+
+def ks_confidence(reference_confidence, confidence) -> DriftTest:
+    """Two-sample KS test of the top-1 confidences."""
+    from scipy.stats import ks_2samp
+
+    result = ks_2samp(np.asarray(reference_confidence, dtype=np.float64),
+                      np.asarray(confidence, dtype=np.float64))
+    return DriftTest("ks", float(result.statistic), float(result.pvalue))
+
+
+def chi2_predicted(reference_counts, counts) -> DriftTest:
+    """Chi-squared test of homogeneity of two predicted-class count vectors."""
+    from scipy.stats import chi2_contingency
+
+    table = np.vstack([np.asarray(reference_counts, dtype=np.float64),
+                       np.asarray(counts, dtype=np.float64)])
+    if table.ndim != 2 or table.shape[1] < 2 or (table < 0).any() \
+            or (table.sum(axis=1) == 0).any():
+        raise ValueError(f"counts: expected two non-empty count vectors of one length >= 2, "
+                         f"got shape {table.shape}")
+    table = table[:, table.sum(axis=0) > 0]
+    if table.shape[1] < 2:
+        return DriftTest("chi2", 0.0, 1.0)
+    result = chi2_contingency(table, correction=False)
+    return DriftTest("chi2", float(result.statistic), float(result.pvalue))
+
+
+def total_variation(p, q) -> float:
+    """Half the L1 distance between two distributions."""
+    return 0.5 * float(np.abs(np.asarray(p, dtype=np.float64)
+                              - np.asarray(q, dtype=np.float64)).sum())
+
+
+class Estimates(NamedTuple):
+    """What :meth:`ReferenceProfile.estimate` returns for one batch."""
+
+    n: int
+    cbpe: float
+    atc: float
+    doc: float
+    prior_corrected: float
+    priors: np.ndarray
+    em_iterations: int
+    em_converged: bool
+    prior_shift: float
+    mean_confidence: float
+    predicted_counts: np.ndarray
+    drift: tuple[DriftTest, ...]
+
+
+class ReferenceProfile(BaseEstimator):
+    """What label-free monitoring needs from a labelled reference split, and the batch
+    estimates against it (module docstring).
+
+    ``fit(probs, labels)`` on the reference split's probability rows (the champion's
+    output) sets ``accuracy_``, ``confidence_`` (sorted top-1 confidences),
+    ``mean_confidence_``, ``atc_threshold_``, ``priors_`` (mean probability row, the EM
+    source priors), ``label_priors_`` (label frequencies), ``predicted_counts_`` and
+    ``n_classes_``.
+    """
+
+    def __init__(self, em_tol: float = EM_TOL, em_max_iter: int = EM_MAX_ITER):
+        self.em_tol = em_tol
+        self.em_max_iter = em_max_iter
+
+    def fit(self, probs, labels) -> ReferenceProfile:
+        if not (self.em_tol > 0 and int(self.em_max_iter) >= 1):
+            raise ValueError(f"em_tol, em_max_iter: expected em_tol > 0 and em_max_iter >= 1, "
+                             f"got {self.em_tol!r}, {self.em_max_iter!r}")
+        p = check_probabilities(probs, "probs")
+        n, k = p.shape
+        y = check_labels(labels, n, k, "labels")
+        predicted = top1(p)
+        confidence = p[np.arange(n), predicted]
+        correct = predicted == y
+        self.n_classes_ = k
+        self.accuracy_ = float(correct.mean())
+        self.confidence_ = np.sort(confidence)
+        self.mean_confidence_ = float(confidence.mean())
+        self.atc_threshold_ = atc_threshold(confidence, correct)
+        self.priors_ = p.mean(axis=0)
+        self.label_priors_ = np.bincount(y, minlength=k) / n
+        self.predicted_counts_ = np.bincount(predicted, minlength=k)
+        return self
+
+    def estimate(self, probs) -> Estimates:
+        """The label-free estimates and drift statistics of the batch ``probs``."""
+        if not hasattr(self, "accuracy_"):
+            raise ValueError("ReferenceProfile: fit it on the reference split first")
+        p = check_probabilities(probs, "probs", n_classes=self.n_classes_)
+        predicted = top1(p)
+        confidence = p[np.arange(p.shape[0]), predicted]
+        em = em_priors(p, self.priors_, self.em_tol, int(self.em_max_iter))
+        counts = np.bincount(predicted, minlength=self.n_classes_)
+        return Estimates(
+            n=int(p.shape[0]),
+            cbpe=float(confidence.mean()),
+            atc=atc_accuracy(self.atc_threshold_, confidence),
+            doc=doc_accuracy(self.accuracy_, self.mean_confidence_, confidence),
+            prior_corrected=prior_corrected_accuracy(p, self.priors_, em.priors),
+            priors=em.priors, em_iterations=em.n_iter, em_converged=em.converged,
+            prior_shift=total_variation(em.priors, self.priors_),
+            mean_confidence=float(confidence.mean()),
+            predicted_counts=counts,
+            drift=(ks_confidence(self.confidence_, confidence),
+                   chi2_predicted(self.predicted_counts_, counts)))

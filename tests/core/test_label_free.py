@@ -1,0 +1,212 @@
+"""Label-free estimates (CBPE, ATC, DoC, EM priors), drift statistics and the prior-shift
+repair: hand-checked values, and properties on probability rows with exact 0/1 entries,
+ties at the top and K = 2."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from scipy.optimize import minimize
+from scipy.special import softmax
+
+from cord_ops import label_free as lf
+from cord_ops.prior_shift import PriorShiftRepair
+
+
+@st.composite
+def probability_rows(draw, max_rows: int = 40, max_classes: int = 6, k: int | None = None):
+    """n x K rows with frequent exact ties (half-integer logits), and with exact 0/1 rows
+    (one-hot votes) mixed in."""
+    n = draw(st.integers(1, max_rows))
+    k = k or draw(st.integers(2, max_classes))
+    steps = draw(hnp.arrays(np.int64, (n, k), elements=st.integers(-6, 6)))
+    rows = softmax(steps / 2.0, axis=1)
+    hard = draw(hnp.arrays(np.bool_, (n,)))
+    votes = draw(hnp.arrays(np.int64, (n,), elements=st.integers(0, k - 1)))
+    rows[hard] = np.eye(k)[votes[hard]]
+    return rows
+
+
+@st.composite
+def labelled_rows(draw):
+    rows = draw(probability_rows())
+    labels = draw(hnp.arrays(np.int64, (rows.shape[0],),
+                             elements=st.integers(0, rows.shape[1] - 1)))
+    return rows, labels
+
+
+def _priors(draw, k: int, zeros: bool = True) -> np.ndarray:
+    weights = np.asarray(draw(st.lists(st.integers(0 if zeros else 1, 9), min_size=k,
+                                       max_size=k)), dtype=np.float64)
+    if weights.sum() == 0:
+        weights[0] = 1.0
+    return weights / weights.sum()
+
+
+# ---------------------------------------------------------------- hand-checked values
+def test_cbpe_is_the_mean_top1_probability():
+    assert lf.cbpe_accuracy([[0.7, 0.3], [0.4, 0.6]]) == pytest.approx(0.65, abs=1e-15)
+    # a tie at the top counts once, with its value
+    assert lf.cbpe_accuracy([[0.5, 0.5], [1.0, 0.0]]) == pytest.approx(0.75, abs=1e-15)
+
+
+def test_atc_threshold_leaves_the_reference_error_below_it():
+    # two errors among four: the third smallest confidence (0-based index 2)
+    t = lf.atc_threshold([0.9, 0.6, 0.8, 0.5], [True, False, True, False])
+    assert t == 0.8
+    assert lf.atc_accuracy(t, [0.85, 0.7, 0.8]) == pytest.approx(2 / 3)
+    assert lf.atc_threshold([0.9, 0.2], [False, False]) == math.inf
+    assert lf.atc_accuracy(math.inf, [1.0]) == 0.0
+    assert lf.atc_threshold([0.9, 0.2], [True, True]) == 0.2
+    with pytest.raises(ValueError, match="expected two"):
+        lf.atc_threshold([], [])
+
+
+def test_doc_moves_the_reference_accuracy_by_the_confidence_change():
+    assert lf.doc_accuracy(0.8, 0.7, [0.5, 0.7]) == pytest.approx(0.7)
+    assert lf.doc_accuracy(0.95, 0.6, [0.9]) == 1.0
+    assert lf.doc_accuracy(0.1, 0.9, [0.5]) == 0.0
+
+
+def test_em_priors_hand_checked_fixed_points():
+    # symmetric rows: the source priors are the fixed point, reached in one step
+    em = lf.em_priors([[0.8, 0.2], [0.2, 0.8]], [0.5, 0.5])
+    assert em.converged and em.n_iter == 1 and np.allclose(em.priors, [0.5, 0.5], atol=1e-15)
+    # every row sure of class 0: the priors go to (1, 0) and stay
+    em = lf.em_priors([[1.0, 0.0]] * 3, [0.5, 0.5])
+    assert em.converged and em.n_iter == 2 and np.array_equal(em.priors, [1.0, 0.0])
+    # identical rows (0.6, 0.4): the likelihood's only interior stationary point is gone,
+    # pi_0 = 0.6 pi_0 / (0.2 pi_0 + 0.4) holds only at 0 and 1, and EM climbs to 1
+    em = lf.em_priors([[0.6, 0.4]] * 5, [0.5, 0.5])
+    assert em.converged and em.priors[0] == pytest.approx(1.0, abs=1e-8)
+    # a source prior of 0 keeps its class at 0
+    em = lf.em_priors([[0.5, 0.5, 0.0], [0.1, 0.9, 0.0]], [0.4, 0.6, 0.0])
+    assert em.priors[2] == 0.0
+    with pytest.raises(ValueError, match="source_priors: expected 2 non-negative priors"):
+        lf.em_priors([[0.5, 0.5]], [0.7, 0.7])
+
+
+def test_prior_corrected_accuracy_reads_the_kept_top1():
+    # w = (0.5, 1.5): the row becomes (1/3, 2/3); the decision stays class 0
+    assert lf.prior_corrected_accuracy([[0.6, 0.4]], [0.5, 0.5], [0.25, 0.75]) == \
+        pytest.approx(1 / 3, abs=1e-15)
+
+
+def test_drift_tests_hand_checked():
+    # 2 x 2 table [[10, 10], [20, 0]]: expected [[15, 5], [15, 5]], chi2 = 2 (25/15 + 25/5)
+    test = lf.chi2_predicted([10, 10], [20, 0])
+    assert test.test == "chi2" and test.statistic == pytest.approx(40 / 3, rel=1e-12)
+    assert test.p_value == pytest.approx(math.erfc(math.sqrt(20 / 3)), rel=1e-9)
+    # a class predicted in neither is dropped; one class left: no evidence of a change
+    assert lf.chi2_predicted([5, 0, 0], [7, 0, 0]) == ("chi2", 0.0, 1.0)
+    assert lf.chi2_predicted([5, 0, 3], [10, 0, 6]).statistic == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="non-empty count vectors"):
+        lf.chi2_predicted([0, 0], [1, 2])
+    # fully separated samples of 3 and 2: D = 1 and, exactly, P = 2 / C(5, 2)
+    test = lf.ks_confidence([0.1, 0.2, 0.3], [0.4, 0.5])
+    assert test == ("ks", 1.0, pytest.approx(0.2))
+    assert lf.total_variation([0.5, 0.5, 0.0], [0.2, 0.5, 0.3]) == pytest.approx(0.3)
+
+
+def test_cbpe_of_calibrated_rows_meets_the_accuracy():
+    rng = np.random.default_rng(3)
+    probs = softmax(rng.normal(size=(20_000, 5)) * 1.5, axis=1)
+    labels = (rng.random((20_000, 1)) > probs.cumsum(axis=1)).sum(axis=1)  # y ~ probs
+    accuracy = float(np.mean(probs.argmax(axis=1) == labels))
+    assert abs(lf.cbpe_accuracy(probs) - accuracy) < 0.01  # 3.5 standard errors
+
+
+# ---------------------------------------------------------------- properties
+@settings(max_examples=150, deadline=None)
+@given(labelled_rows())
+def test_profile_on_its_own_reference_sees_no_shift(case):
+    probs, labels = case
+    profile = lf.ReferenceProfile().fit(probs, labels)
+    est = profile.estimate(probs)
+    correct = probs.argmax(axis=1) == labels
+    assert est.doc == pytest.approx(correct.mean(), abs=1e-12)
+    assert est.atc >= correct.mean() - 1e-12  # equal but for ties at the threshold
+    assert est.cbpe == pytest.approx(probs.max(axis=1).mean(), abs=1e-12)
+    assert est.em_converged and est.em_iterations <= 2
+    assert est.priors == pytest.approx(probs.mean(axis=0), abs=1e-9)
+    assert est.prior_shift <= 1e-9 and est.prior_corrected == pytest.approx(est.cbpe, abs=1e-9)
+    assert [d.test for d in est.drift] == ["ks", "chi2"]
+    assert all(d.statistic == pytest.approx(0, abs=1e-9) and d.p_value == pytest.approx(1)
+               for d in est.drift)
+
+
+def _log_likelihood(priors, probs, source):
+    weights = lf.prior_weights(source, priors)
+    return float(np.log(np.maximum((probs * weights).sum(axis=1), 1e-300)).sum())
+
+
+@settings(max_examples=100, deadline=None)
+@given(probability_rows(), st.data())
+def test_em_priors_maximise_the_batch_likelihood(probs, data):
+    """Saerens et al.'s EM maximises sum_i log sum_k (pi_k / pi^s_k) p_ik, a concave
+    function of pi: no other prior vector does better (checked against scipy's own
+    maximiser over the simplex, an independent route to the same optimum)."""
+    k = probs.shape[1]
+    source = _priors(data.draw, k, zeros=False)
+    em = lf.em_priors(probs, source, tol=1e-12, max_iter=200_000)
+    assert em.priors.min() >= 0 and em.priors.sum() == pytest.approx(1.0, abs=1e-12)
+    best = _log_likelihood(em.priors, probs, source)
+    found = minimize(lambda z: -_log_likelihood(softmax(z), probs, source), np.zeros(k),
+                     method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-12})
+    assert best >= -found.fun - 1e-6 * max(1.0, abs(best))
+    other = _priors(data.draw, k)
+    assert best >= _log_likelihood(other, probs, source) - 1e-9 * max(1.0, abs(best))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(probability_rows(k=2), probability_rows()), st.data())
+def test_prior_shift_repair_keeps_every_top1(original, data):
+    """Whatever the calibrated rows and the priors (zeros allowed), the reweighted,
+    repaired rows keep the original classifier's top-1, ties resolved by its tie rule."""
+    n, k = original.shape
+    calibrated = data.draw(probability_rows(k=k).filter(lambda r: r.shape[0] >= 1)
+                           .map(lambda r: np.resize(r, (n, k))))
+    calibrated = calibrated / calibrated.sum(axis=1, keepdims=True)
+    source = _priors(data.draw, k, zeros=False)
+    target = data.draw(st.one_of(st.none(), st.just(_priors(data.draw, k))))
+    repair = PriorShiftRepair().fit(original, calibrated, source, target)
+    out = repair.transform(original, calibrated)
+    assert out.shape == (n, k) and np.isfinite(out).all() and out.min() >= 0
+    assert np.allclose(out.sum(axis=1), 1.0, atol=1e-9)
+    assert np.array_equal(out.argmax(axis=1), original.argmax(axis=1))
+    if target is not None:
+        assert repair.priors_ == pytest.approx(target, abs=1e-15)
+
+
+def test_prior_shift_repair_without_a_shift_changes_nothing():
+    """Target = source priors and calibrated rows that keep the top-1: eta* = 0, rows as
+    given."""
+    rng = np.random.default_rng(5)
+    original = softmax(rng.normal(size=(300, 3)) * 2, axis=1)
+    calibrated = softmax(np.log(original) * 0.7, axis=1)  # temperature: same top-1
+    source = calibrated.mean(axis=0)
+    repair = PriorShiftRepair().fit(original, calibrated, source, source)
+    assert repair.cord_.eta_ == 0.0
+    assert np.array_equal(repair.transform(original, calibrated), calibrated)
+
+
+def test_prior_shift_repair_follows_a_label_shift():
+    """Rows drawn with class 0 three times as frequent as in the source: EM finds the new
+    priors and the repaired rows' mean moves to them, top-1s kept."""
+    rng = np.random.default_rng(8)
+    n, k = 6000, 3
+    labels = rng.choice(k, size=n, p=[0.6, 0.2, 0.2])
+    logits = rng.normal(size=(n, k)) + 2.0 * np.eye(k)[labels]
+    source = np.full(k, 1 / k)
+    # posteriors under uniform priors, from the class-conditional Gaussians
+    posteriors = softmax(2.0 * logits, axis=1)  # exp(2 x_k - 2) ∝ p(x | y = k)
+    repair = PriorShiftRepair().fit(posteriors, posteriors, source)
+    assert repair.priors_ == pytest.approx([0.6, 0.2, 0.2], abs=0.03)
+    out = repair.transform(posteriors, posteriors)
+    assert np.array_equal(out.argmax(axis=1), posteriors.argmax(axis=1))
+    assert out.mean(axis=0)[0] > posteriors.mean(axis=0)[0] + 0.05
