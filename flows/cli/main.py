@@ -35,6 +35,7 @@ from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
 from flows.cli import operator as operator_cli
 from flows.preflight import checks as inputs
 from flows.registry import owner, tracking
+from flows import label_free_cli
 from flows.reproduce import cli as reproduce_cli
 from flows.runtime import managed_server as server
 from flows.runtime import warm
@@ -310,6 +311,9 @@ def validate_demo(args) -> None:
 
 
 def validate_monitor(args) -> None:
+    args.label_free = label_free_cli.is_label_free(args)
+    if args.label_free:
+        return label_free_cli.validate(args)
     inputs.data_file(args.data, "--data")
     _check_flow_options(args)
     inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
@@ -438,6 +442,8 @@ def cmd_demo(args) -> int:
 def cmd_monitor(args) -> int:
     from flows.recalibration.monitor import monitor
 
+    if getattr(args, "label_free", False):
+        return label_free_cli.run(args)
     result = monitor(data=str(args.data), model_name=args.model_name,
                      max_ece_increase=args.max_ece_increase,
                      max_nll_increase=args.max_nll_increase, input_kind=args.input_kind,
@@ -451,6 +457,9 @@ def cmd_monitor(args) -> int:
         print(f"  {name}: {result.metrics[name]:.5f} (baseline {result.baseline[name]:.5f}, "
               f"drift {result.drift[name]:+.5f})")
     print("drift: " + ("; ".join(result.reasons) if result.reasons else "none"))
+    for run_id, values in result.settled.items():
+        print(f"labels met label-free run {run_id}: realised accuracy "
+              f"{values['realised.accuracy']:.4f}, CBPE error {values['error.cbpe']:+.4f}")
     if result.recalibration is not None:
         _print_result(result.recalibration, args.started, args.data)
     return 0
@@ -710,9 +719,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="record the gate decision but never move @champion")
     p.set_defaults(func=cmd_recalibrate, validate=validate_recalibrate, prefect=True)
 
-    p = sub.add_parser("monitor", help="score @champion on a labelled batch; recalibrate on drift")
-    p.add_argument("--data", required=True, type=Path, help="labelled batch (.npz or .parquet)")
+    p = sub.add_parser("monitor", help="score @champion on a labelled batch (recalibrate on "
+                                       "drift) or on batches without labels (estimate, alert)")
+    p.add_argument("--data", required=True, type=Path,
+                   help="labelled batch (.npz or .parquet); or a file without labels, a folder "
+                        "or a glob: label-free monitoring (exit 3 on an alert)")
     _add_thresholds(p)
+    label_free_cli.add_options(p)
     p.add_argument("--no-recalibrate", action="store_true",
                    help="only report drift, never start a recalibration")
     _add_flow_options(p)

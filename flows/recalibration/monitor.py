@@ -16,7 +16,7 @@ with broken labels cannot promote a model that learned them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ from prefect import flow, get_run_logger
 
 from cord_ops import data, metrics
 from flows.promotion import gate
+from flows.label_free_monitor import settle_labelled
 from flows.recalibration.flow import RecalibrationResult, load_dataset, recalibrate
 from flows.registry import tracking
 from flows.registry import versions as registry
@@ -52,6 +53,8 @@ class MonitorResult:
     drift: dict[str, float]
     reasons: list[str]
     recalibration: RecalibrationResult | None
+    #: label-free runs of the same scores settled by this batch's labels, by run id
+    settled: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def degraded(self) -> bool:
@@ -163,6 +166,7 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
     drift, reasons = find_drift(scored, max_ece_increase, max_nll_increase)
     thresholds = {"max_ece_increase": max_ece_increase, "max_nll_increase": max_nll_increase}
     run_id = log_monitoring(uri, model_name, batch, scored, drift, reasons, thresholds)
+    settled = settle_labelled(uri, model_name, batch)
     recalibration = None
     if reasons:
         get_run_logger().warning("champion v%s drifted: %s", scored.version, "; ".join(reasons))
@@ -172,4 +176,4 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
                                         input_kind=batch.input_kind, dtype=dtype,
                                         tracking_uri=uri, **(gate_options or {}))
     return MonitorResult(run_id, scored.version, scored.metrics, scored.baseline, drift,
-                         reasons, recalibration)
+                         reasons, recalibration, settled)

@@ -1,0 +1,334 @@
+"""Label-free monitoring: score ``@champion`` on batches without labels, estimate its accuracy,
+the batches' class priors and their drift against the champion's pinned reference split,
+and alert; when the labels of a batch arrive, log what was realised beside the estimates.
+
+The numerics are :mod:`cord_ops.label_free` (CBPE, ATC, DoC, Saerens EM priors, KS and
+chi-squared drift) and :mod:`cord_ops.prior_shift`; docs/label-free.md says when they hold.
+
+One MLflow run per batch (tag ``cord.kind=monitor-label-free``) in the model's monitoring
+experiment ``<model>-monitoring``, with the estimates, the EM priors, each drift test's
+statistic and p-value, the batch's size, the file's SHA-256 and the digest of its scores
+(:func:`scores_digest`, the same whether the file holds labels or not, .npz or Parquet),
+the thresholds as params and ``monitor.alert`` / ``monitor.alerts`` tags. A batch is an
+alert when a drift test's p-value is below ``alpha``, the estimated accuracy (CBPE on the
+champion) is more than ``max_accuracy_drop`` below the champion's accuracy on its reference
+split, or the EM priors moved more than ``max_prior_shift`` (total variation) from the
+reference's.
+
+Estimates meet labels (:func:`meet_labels`): a labelled batch whose scores digest matches
+earlier label-free runs of the model is scored again with the version each run recorded;
+its realised accuracy, ECE, NLL and Brier score and every estimate's signed error
+(estimate - realised) are logged on those runs, tag ``monitor.labels=arrived``.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cord_ops import data, label_free, metrics
+
+KIND = "monitor-label-free"
+EXPERIMENT_SUFFIX = "-monitoring"
+SCORES_DIGEST_TAG = "monitor.scores_sha256"
+ALERT_TAG = "monitor.alert"
+ALERTS_TAG = "monitor.alerts"
+LABELS_TAG = "monitor.labels"
+LABELS_RUN_TAG = "monitor.labels_run"
+#: Defaults of the alert thresholds (docs/label-free.md): a p-value below 0.01 in either
+#: drift test, an estimated accuracy 3 points below the reference's, EM priors 0.1 (total
+#: variation) away from the reference's.
+DEFAULT_ALPHA = 0.01
+DEFAULT_MAX_ACCURACY_DROP = 0.03
+DEFAULT_MAX_PRIOR_SHIFT = 0.1
+#: Estimated priors are logged as one metric per class up to this K (always in the
+#: ``monitor/estimates.json`` artifact): MLflow takes at most 1,000 metrics per batch call.
+MAX_PRIOR_METRICS = 100
+#: Estimates a run logs (``estimate.<name>``) and whose error labels settle.
+ESTIMATES = ("cbpe", "cbpe_raw", "atc", "doc", "cbpe_prior")
+SCORE_SUFFIXES = (".npz", *data.PARQUET_SUFFIXES)
+GLOB_CHARS = "*?["
+
+
+def monitoring_experiment(model_name: str) -> str:
+    return f"{model_name}{EXPERIMENT_SUFFIX}"
+
+
+# ---------------------------------------------------------------- batches
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """A batch's float64 n x K scores, its labels when the file has them, the file's SHA-256
+    and the digest of its scores."""
+
+    path: str
+    scores: np.ndarray
+    labels: np.ndarray | None
+    sha256: str
+    scores_sha256: str
+
+    @property
+    def n(self) -> int:
+        return int(self.scores.shape[0])
+
+
+def scores_digest(scores: np.ndarray) -> str:
+    """SHA-256 of the shape and the float64 C-order bytes of the loaded scores: a batch's
+    identity across file formats and whether its labels are stored with it."""
+    arr = np.ascontiguousarray(scores, dtype=np.float64)
+    return hashlib.sha256(f"{arr.shape[0]}x{arr.shape[1]};".encode() + arr.tobytes()).hexdigest()
+
+
+def batch_files(spec) -> list[Path]:
+    """The files ``--data`` names: one file, the .npz/.parquet/.pq files of a folder
+    (recursively), or a glob's; sorted. ValueError when it names none."""
+    text = str(spec)
+    if any(c in text for c in GLOB_CHARS):
+        found = [Path(p) for p in glob.glob(text, recursive=True)]
+    elif Path(text).is_dir():
+        found = list(Path(text).rglob("*"))
+    elif Path(text).is_file():
+        return [Path(text)]
+    else:
+        raise ValueError(f"{text}: no such file, folder or matching glob")
+    files = sorted(p for p in found if p.is_file() and p.suffix.lower() in SCORE_SUFFIXES)
+    if not files:
+        raise ValueError(f"{text}: holds no .npz/.parquet/.pq file")
+    return files
+
+
+def has_labels(path) -> bool:
+    """Whether the file stores labels (an .npz array or a Parquet column ``labels``)."""
+    if data.is_parquet(path):
+        import pyarrow.parquet as pq
+
+        try:
+            return data.LABEL_COLUMN in pq.read_schema(path).names
+        except Exception as exc:  # pyarrow's errors vary; the message says what is wrong
+            raise ValueError(f"{path}: not a readable Parquet file ({exc})") from None
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return "labels" in archive.files
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a readable .npz archive ({exc})") from None
+
+
+def read_batch(path, n_classes: int, input_kind: str) -> Batch:
+    """The validated batch of ``path`` for a model of ``n_classes`` reading ``input_kind``:
+    the load rule of ``cord-ops predict`` (:func:`cord_ops.scoring_files.read_any_input`),
+    and when the file has labels, those of :func:`cord_ops.data.load` (integers in [0, K),
+    one per row). Raises ValueError/TypeError naming the file, array and row."""
+    from cord_ops.scoring_files import read_any_input
+
+    stored, _ = read_any_input(path, n_classes, input_kind, np.dtype(np.float64))
+    scores = np.asarray(stored.scores, dtype=np.float64)
+    labels = None
+    if has_labels(path):
+        labelled = data.load(path, input_kind=input_kind)
+        labels = np.asarray(labelled.labels)
+    raw = Path(path).read_bytes()
+    return Batch(str(path), scores, labels, hashlib.sha256(raw).hexdigest(),
+                 scores_digest(scores))
+
+
+# ---------------------------------------------------------------- thresholds and alerts
+@dataclass(frozen=True)
+class Thresholds:
+    alpha: float = DEFAULT_ALPHA
+    max_accuracy_drop: float = DEFAULT_MAX_ACCURACY_DROP
+    max_prior_shift: float = DEFAULT_MAX_PRIOR_SHIFT
+
+    def check(self) -> Thresholds:
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"--alpha: expected a p-value threshold in (0, 1), got {self.alpha}")
+        if not self.max_accuracy_drop >= 0:
+            raise ValueError(f"--max-accuracy-drop: expected a non-negative number, got "
+                             f"{self.max_accuracy_drop}")
+        if not 0 <= self.max_prior_shift <= 1:
+            raise ValueError(f"--max-prior-shift: expected a total-variation distance in "
+                             f"[0, 1], got {self.max_prior_shift}")
+        return self
+
+    def as_params(self) -> dict[str, str]:
+        return {f"threshold.{k}": repr(v) for k, v in vars(self).items()}
+
+
+def alert_reasons(est: label_free.Estimates, reference_accuracy: float,
+                  thresholds: Thresholds) -> list[str]:
+    """Why the batch is an alert, in words ([] for none)."""
+    reasons = [f"{test.test} drift: p = {test.p_value:.3g} < {thresholds.alpha:g} "
+               f"(statistic {test.statistic:.4g})"
+               for test in est.drift if test.p_value < thresholds.alpha]
+    drop = reference_accuracy - est.cbpe
+    if drop > thresholds.max_accuracy_drop:
+        reasons.append(f"estimated accuracy {est.cbpe:.4f} is {drop:.4f} below the reference "
+                       f"split's {reference_accuracy:.4f} (> {thresholds.max_accuracy_drop:g})")
+    if est.prior_shift > thresholds.max_prior_shift:
+        reasons.append(f"class priors moved by {est.prior_shift:.4f} (total variation, "
+                       f"> {thresholds.max_prior_shift:g})")
+    return reasons
+
+
+# ---------------------------------------------------------------- champion side
+@dataclass
+class Scored:
+    """A version's ``repaired`` and ``original`` outputs on some rows."""
+
+    repaired: np.ndarray
+    original: np.ndarray
+
+
+def score_version(client, model_name: str, version: str, blocks: list[np.ndarray]) -> list[Scored]:
+    """Run version ``version`` once (one download, one predict) on the stacked ``blocks``;
+    its outputs, split back per block."""
+    from flows import registry
+
+    outputs = registry.run_registered_model(client, f"models:/{model_name}/{version}",
+                                            np.concatenate(blocks))
+    repaired = np.asarray(outputs["repaired"], dtype=np.float64)
+    original = np.asarray(outputs["original"], dtype=np.float64)
+    total = sum(len(b) for b in blocks)
+    if repaired.shape != (total, blocks[0].shape[1]) or original.shape != repaired.shape:
+        raise ValueError(f"'repaired' has shape {repaired.shape}, expected "
+                         f"{(total, blocks[0].shape[1])}")
+    # the graph computes in its own dtype; rows are renormalised here so float32 rounding
+    # does not fail the estimators' probability check
+    repaired /= repaired.sum(axis=1, keepdims=True)
+    original /= original.sum(axis=1, keepdims=True)
+    edges = np.cumsum([0, *(len(b) for b in blocks)])
+    return [Scored(repaired[a:b], original[a:b]) for a, b in zip(edges[:-1], edges[1:],
+                                                                  strict=True)]
+
+
+# ---------------------------------------------------------------- records
+@dataclass
+class BatchReport:
+    """One batch's label-free run."""
+
+    path: str
+    run_id: str
+    n: int
+    scores_sha256: str
+    estimates: label_free.Estimates
+    cbpe_raw: float
+    reasons: list[str]
+    realised: dict[str, float] | None = None
+
+    @property
+    def alert(self) -> bool:
+        return bool(self.reasons)
+
+
+@dataclass
+class LabelFreeResult:
+    champion_version: str
+    reference_accuracy: float
+    reference_rows: int
+    reports: list[BatchReport] = field(default_factory=list)
+
+    @property
+    def alert(self) -> bool:
+        return any(r.alert for r in self.reports)
+
+
+def estimate_values(est: label_free.Estimates, cbpe_raw: float,
+                    reference_accuracy: float, reference_priors: np.ndarray) -> dict[str, float]:
+    values = {"batch.n": est.n, "estimate.cbpe": est.cbpe, "estimate.cbpe_raw": cbpe_raw,
+              "estimate.atc": est.atc, "estimate.doc": est.doc,
+              "estimate.cbpe_prior": est.prior_corrected,
+              "estimate.accuracy_drop": reference_accuracy - est.cbpe,
+              "reference.accuracy": reference_accuracy,
+              "em.iterations": est.em_iterations, "em.converged": float(est.em_converged),
+              "prior.shift_tv": est.prior_shift}
+    for test in est.drift:
+        values[f"drift.{test.test}.statistic"] = test.statistic
+        values[f"drift.{test.test}.p_value"] = test.p_value
+    if len(est.priors) <= MAX_PRIOR_METRICS:
+        values.update({f"prior.estimated.{k}": float(v) for k, v in enumerate(est.priors)})
+        values.update({f"prior.reference.{k}": float(v) for k, v in enumerate(reference_priors)})
+    return values
+
+
+def log_batch_run(client, model_name: str, version: str, batch: Batch, report_values: dict,
+                  reasons: list[str], thresholds: Thresholds, est: label_free.Estimates,
+                  reference_priors: np.ndarray) -> str:
+    """One finished run for one batch; a failure while logging leaves it FAILED."""
+    from flows import tracking
+
+    run = client.create_run(
+        tracking.experiment_id(client, monitoring_experiment(model_name)),
+        run_name=f"label-free-v{version}-{Path(batch.path).name}",
+        tags={"cord.kind": KIND, "cord.model_name": model_name,
+              "cord.champion_version": version, "data.path": batch.path,
+              "data.sha256": batch.sha256, SCORES_DIGEST_TAG: batch.scores_sha256,
+              "data.shape": f"{batch.n}x{batch.scores.shape[1]}",
+              ALERT_TAG: str(bool(reasons)).lower(), ALERTS_TAG: "; ".join(reasons) or "none",
+              LABELS_TAG: "pending",
+              "drift.ks.test": "scipy.stats.ks_2samp on the top-1 confidence",
+              "drift.chi2.test": "scipy.stats.chi2_contingency on predicted-class counts"})
+    run_id = run.info.run_id
+    try:
+        tracking.log_values(client, run_id, metrics=report_values, params=thresholds.as_params())
+        summary = {"estimates": {k: report_values[f"estimate.{k}"] for k in ESTIMATES},
+                   "priors": {"estimated": est.priors.tolist(),
+                              "reference": np.asarray(reference_priors).tolist()},
+                   "predicted_counts": est.predicted_counts.tolist(),
+                   "drift": [t._asdict() for t in est.drift], "alerts": reasons}
+        with tempfile.TemporaryDirectory(prefix="cord-ops-monitor-") as tmp:
+            path = Path(tmp) / "estimates.json"
+            path.write_text(json.dumps(summary, indent=1))
+            client.log_artifact(run_id, str(path), "monitor")
+    except BaseException as exc:
+        client.set_tag(run_id, "cord.error", f"{type(exc).__name__}: {exc}"[:5000])
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def realised_values(scored: Scored, labels: np.ndarray) -> dict[str, float]:
+    found = metrics.evaluate(scored.repaired, labels, reference=scored.original)
+    return {f"realised.{k}": float(found[k]) for k in ("accuracy", "ece", "nll", "brier")}
+
+
+def meet_labels(client, model_name: str, batch: Batch,
+                scored_by: dict[str, Scored] | None = None) -> dict[str, dict[str, float]]:
+    """Log realised metrics and estimation errors on every earlier label-free run of
+    ``model_name`` whose scores digest is ``batch``'s (module docstring); returns them by
+    run id. ``scored_by`` holds outputs already computed, by version."""
+    from flows import tracking
+
+    if batch.labels is None:
+        return {}
+    experiment = client.get_experiment_by_name(monitoring_experiment(model_name))
+    if experiment is None:
+        return {}
+    runs = client.search_runs([experiment.experiment_id],
+                              f"tags.`{SCORES_DIGEST_TAG}` = '{batch.scores_sha256}' and "
+                              f"tags.`cord.kind` = '{KIND}' and attributes.status = 'FINISHED'")
+    scored_by = dict(scored_by or {})
+    settled = {}
+    for run in runs:
+        version = run.data.tags.get("cord.champion_version", "")
+        if version not in scored_by:
+            scored_by[version] = score_version(client, model_name, version, [batch.scores])[0]
+        values = realised_values(scored_by[version], batch.labels)
+        accuracy = values["realised.accuracy"]
+        logged = run.data.metrics
+        for name in ESTIMATES:
+            if f"estimate.{name}" in logged:
+                values[f"error.{name}"] = logged[f"estimate.{name}"] - accuracy
+        k = batch.scores.shape[1]
+        if f"prior.estimated.{k - 1}" in logged:
+            realised = np.bincount(batch.labels, minlength=k) / batch.n
+            estimated = [logged[f"prior.estimated.{c}"] for c in range(k)]
+            values["error.priors_tv"] = label_free.total_variation(estimated, realised)
+        tracking.log_values(client, run.info.run_id, metrics=values,
+                            tags={LABELS_TAG: "arrived", LABELS_RUN_TAG: batch.path})
+        settled[run.info.run_id] = values
+    return settled

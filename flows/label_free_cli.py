@@ -1,0 +1,107 @@
+"""``cord-ops monitor`` on batches without labels: its options, its checks (run before
+anything is started or written) and its summary. A ``--data`` that is a folder, a glob or a
+file without labels takes this path; a labelled file keeps the labelled monitor.
+
+Exit status 0, or :data:`ALERT_STATUS` (3) when any batch is an alert (thresholds:
+:mod:`flows.label_free`, docs/label-free.md), after every batch was logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from flows import inputs
+
+ALERT_STATUS = 3
+#: flows.label_free's defaults, restated so building the parser imports no numpy (a test
+#: keeps them equal).
+DEFAULT_ALPHA = 0.01
+DEFAULT_MAX_ACCURACY_DROP = 0.03
+DEFAULT_MAX_PRIOR_SHIFT = 0.1
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help="without labels: alert when a drift test's p-value is below this "
+                             f"(default: {DEFAULT_ALPHA:g})")
+    parser.add_argument("--max-accuracy-drop", type=float, default=DEFAULT_MAX_ACCURACY_DROP,
+                        help="without labels: alert when the estimated accuracy is this far "
+                             "below the reference split's "
+                             f"(default: {DEFAULT_MAX_ACCURACY_DROP:g})")
+    parser.add_argument("--max-prior-shift", type=float, default=DEFAULT_MAX_PRIOR_SHIFT,
+                        help="without labels: alert when the EM class priors move this far "
+                             "(total variation) from the reference split's "
+                             f"(default: {DEFAULT_MAX_PRIOR_SHIFT:g})")
+    parser.add_argument("--emit-event", action="store_true",
+                        help="without labels: also emit a Prefect event "
+                             "cord-ops.monitor.alert for every alert")
+
+
+def is_label_free(args) -> bool:
+    """Whether ``--data`` asks for the label-free monitor."""
+    if inputs.is_batch_input(args.data):
+        return True
+    path = inputs.data_file(args.data, "--data")
+    from flows import label_free
+
+    try:
+        return not label_free.has_labels(path)
+    except ValueError as exc:
+        raise inputs.InputError(f"{exc} (given as --data)") from exc
+
+
+def validate(args) -> None:
+    """Thresholds, files, the champion and every batch against what it reads."""
+    from flows import label_free
+
+    try:
+        label_free.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
+        files = label_free.batch_files(args.data)
+    except ValueError as exc:
+        raise inputs.InputError(f"{exc}" if str(exc).startswith("--") else
+                                f"{exc} (given as --data)") from exc
+    inputs.registered_model(args.tracking_uri, args.model_name, "champion")
+    reads = inputs.model_reads(args.tracking_uri, f"models:/{args.model_name}@champion")
+    if reads is None:
+        raise inputs.InputError(f"'{args.model_name}'@champion in {args.tracking_uri}: its "
+                                "classes and input kind are not recorded; label-free "
+                                "monitoring needs a version registered by cord-ops")
+    n_classes, input_kind, source = reads
+    if args.input_kind not in ("auto", input_kind):
+        raise inputs.InputError(f"--input-kind {args.input_kind}: {source} reads {input_kind}")
+    for path in files:
+        try:
+            label_free.read_batch(path, n_classes, input_kind)
+        except (ValueError, TypeError, OSError) as exc:
+            raise inputs.InputError(f"{exc} (given as --data; {source} reads {n_classes} "
+                                    f"classes of {input_kind})") from exc
+
+
+def summary(result) -> list[str]:
+    lines = [f"champion v{result.champion_version} (reference split: {result.reference_rows} "
+             f"rows, accuracy {result.reference_accuracy:.4f}), without labels:"]
+    for r in result.reports:
+        est = r.estimates
+        lines.append(f"{r.path} ({r.n} rows, run {r.run_id}):")
+        lines.append(f"  estimated accuracy: CBPE {est.cbpe:.4f} (raw classifier "
+                     f"{r.cbpe_raw:.4f}), ATC {est.atc:.4f}, DoC {est.doc:.4f}, "
+                     f"prior-corrected {est.prior_corrected:.4f}")
+        lines.append("  drift: " + ", ".join(f"{t.test} p={t.p_value:.3g} "
+                                             f"(statistic {t.statistic:.4g})" for t in est.drift)
+                     + f"; EM priors moved {est.prior_shift:.4f} (TV)")
+        if r.realised is not None:
+            lines.append(f"  labels: realised accuracy {r.realised['realised.accuracy']:.4f}, "
+                         f"CBPE error {r.realised['error.cbpe']:+.4f}")
+        lines.append("  alert: " + ("; ".join(r.reasons) if r.reasons else "none"))
+    return lines
+
+
+def run(args) -> int:
+    from flows.label_free_monitor import monitor_label_free
+
+    result = monitor_label_free(data=str(args.data), model_name=args.model_name,
+                                alpha=args.alpha, max_accuracy_drop=args.max_accuracy_drop,
+                                max_prior_shift=args.max_prior_shift,
+                                emit_events=args.emit_event, tracking_uri=args.tracking_uri)
+    print("\n".join(summary(result)), flush=True)
+    return ALERT_STATUS if result.alert else 0

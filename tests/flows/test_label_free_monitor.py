@@ -1,0 +1,140 @@
+"""Label-free monitoring against a real MLflow store: one run per batch with the estimates,
+EM priors and drift tests against the champion's pinned reference split; alerts (tag,
+summary line, exit status 3); bad input refused with one line before anything is written;
+and the labels of a batch meeting its earlier estimates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cord_ops import data
+from flows import label_free, label_free_cli
+from flows.cli import main
+from flows.label_free_monitor import monitor_label_free
+from flows.monitor import monitor
+from flows.recalibrate import recalibrate
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def _runs(client, name="m"):
+    found = client.get_experiment_by_name(label_free.monitoring_experiment(name))
+    return [] if found is None else client.search_runs([found.experiment_id])
+
+
+def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp_path, digits,
+                                                                       capsys):
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    first = recalibrate(data=str(data.save_npz(tmp_path / "d.npz", digits.scores,
+                                               digits.labels, "logits")), model_name="m")
+    rng = np.random.default_rng(0)
+    steady_rows = rng.choice(digits.n, size=400, replace=False)
+    shifted_rows = np.flatnonzero(digits.labels <= 2)  # classes 0-2 only: a label shift
+    batches = tmp_path / "batches"
+    batches.mkdir()
+    np.savez(batches / "a-steady.npz", logits=digits.scores[steady_rows])
+    pq.write_table(pa.table({"logits": list(digits.scores[shifted_rows])}),
+                   batches / "b-shifted.parquet")
+
+    # -------- bad input: one error line, nothing written (not even the good file's run)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    np.savez(bad / "a-good.npz", logits=digits.scores[:50])
+    np.savez(bad / "b-labels.npz", logits=digits.scores[:5], labels=np.array([0, 1, 2, 3, 10]))
+    np.savez(tmp_path / "probs.npz", probs=digits.probabilities()[:5])
+    np.savez(tmp_path / "empty.npz", logits=np.empty((0, 10)))
+    refusals = {str(bad): ("b-labels.npz", "labels"),
+                str(tmp_path / "probs.npz"): ("probs.npz", "the model reads logits"),
+                str(tmp_path / "empty.npz"): ("empty.npz", "at least one row")}
+    capsys.readouterr()
+    for spec, expected in refusals.items():
+        assert main(["monitor", "--data", spec, "--model-name", "m"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), err
+        assert all(text in err[0] for text in expected), err[0]
+    assert main(["monitor", "--data", str(batches), "--model-name", "m", "--alpha", "2"]) == 1
+    assert "--alpha: expected a p-value threshold in (0, 1)" in capsys.readouterr().err
+    assert _runs(client) == []
+
+    # -------- the flow on a folder: one run per batch, the shifted one an alert
+    result = monitor_label_free(data=str(batches), model_name="m")
+    assert result.champion_version == first.version and result.reference_rows == 449
+    steady, shifted = result.reports
+    assert not steady.alert and shifted.alert
+    assert any(r.startswith("chi2 drift: p = ") for r in shifted.reasons)
+    assert any(r.startswith("class priors moved by ") for r in shifted.reasons)
+    # the EM priors put (nearly) all mass on the three classes present
+    assert shifted.estimates.priors[:3].sum() > 0.9
+    logged = client.get_run(shifted.run_id).data
+    assert logged.tags["cord.kind"] == label_free.KIND
+    assert logged.tags[label_free.ALERT_TAG] == "true"
+    assert logged.tags[label_free.ALERTS_TAG] == "; ".join(shifted.reasons)
+    assert logged.tags[label_free.LABELS_TAG] == "pending"
+    assert logged.tags["cord.champion_version"] == first.version
+    assert logged.metrics["batch.n"] == len(shifted_rows)
+    assert logged.metrics["drift.chi2.p_value"] < 0.01
+    assert logged.metrics["estimate.cbpe"] == shifted.estimates.cbpe
+    assert logged.params["threshold.alpha"] == "0.01"
+    assert {f"prior.estimated.{k}" for k in range(10)} <= set(logged.metrics)
+    quiet = client.get_run(steady.run_id).data
+    assert quiet.tags[label_free.ALERT_TAG] == "false"
+    assert quiet.tags[label_free.ALERTS_TAG] == "none"
+    assert quiet.metrics["drift.ks.p_value"] >= 0.01
+    assert quiet.metrics["drift.chi2.p_value"] >= 0.01
+    # CBPE on the calibrated champion: within 3 points of the accuracy it will turn out to
+    # have (the digits classifier is overconfident; its raw CBPE is further off)
+    accuracy = float(np.mean(digits.scores[steady_rows].argmax(1) == digits.labels[steady_rows]))
+    assert abs(steady.estimates.cbpe - accuracy) < 0.03
+    assert abs(steady.estimates.cbpe - accuracy) < abs(steady.cbpe_raw - accuracy)
+    assert client.get_run(steady.run_id).info.status == "FINISHED"
+
+    # -------- the labels of the shifted batch arrive (as an .npz: the digest is the scores')
+    labelled = data.save_npz(tmp_path / "shifted-labelled.npz", digits.scores[shifted_rows],
+                             digits.labels[shifted_rows], "logits")
+    met = monitor(data=str(labelled), model_name="m", recalibrate_on_drift=False)
+    assert list(met.settled) == [shifted.run_id]
+    truth = float(np.mean(digits.scores[shifted_rows].argmax(1) == digits.labels[shifted_rows]))
+    settled = client.get_run(shifted.run_id).data
+    assert settled.metrics["realised.accuracy"] == pytest.approx(truth, abs=1e-12)
+    assert settled.metrics["error.cbpe"] == pytest.approx(shifted.estimates.cbpe - truth,
+                                                          abs=1e-12)
+    assert settled.metrics["error.cbpe_prior"] == pytest.approx(
+        shifted.estimates.prior_corrected - truth, abs=1e-12)
+    assert settled.metrics["error.priors_tv"] < 0.1
+    assert settled.tags[label_free.LABELS_TAG] == "arrived"
+    assert client.get_run(steady.run_id).data.tags[label_free.LABELS_TAG] == "pending"
+
+    # -------- the command: exit 3 on an alert with the summary, 0 without
+    capsys.readouterr()
+    assert main(["monitor", "--data", str(batches / "b-shifted.parquet"), "--model-name", "m",
+                 "--emit-event"]) == label_free_cli.ALERT_STATUS
+    out = capsys.readouterr().out
+    assert "alert: ks drift: p = " in out and "; chi2 drift: p = " in out
+    assert "estimated accuracy: CBPE " in out
+    assert main(["monitor", "--data", str(batches / "a-steady.npz"), "--model-name", "m",
+                 "--max-prior-shift", "0.5"]) == 0
+    assert "alert: none" in capsys.readouterr().out
+    assert len(_runs(client)) == 4
+
+
+def test_parser_defaults_are_the_modules():
+    assert label_free_cli.DEFAULT_ALPHA == label_free.DEFAULT_ALPHA
+    assert label_free_cli.DEFAULT_MAX_ACCURACY_DROP == label_free.DEFAULT_MAX_ACCURACY_DROP
+    assert label_free_cli.DEFAULT_MAX_PRIOR_SHIFT == label_free.DEFAULT_MAX_PRIOR_SHIFT
+
+
+def test_scores_digest_is_the_same_for_npz_and_parquet_with_or_without_labels(tmp_path, digits):
+    scores = digits.scores[:20]
+    np.savez(tmp_path / "a.npz", logits=scores)
+    data.save_npz(tmp_path / "b.npz", scores, digits.labels[:20], "logits")
+    pq.write_table(pa.table({"logits": list(scores)}), tmp_path / "c.parquet")
+    read = [label_free.read_batch(tmp_path / name, 10, "logits")
+            for name in ("a.npz", "b.npz", "c.parquet")]
+    assert len({b.scores_sha256 for b in read}) == 1 and len({b.sha256 for b in read}) == 3
+    assert read[0].labels is None and np.array_equal(read[1].labels, digits.labels[:20])
+    assert label_free.scores_digest(scores[:19]) != read[0].scores_sha256
