@@ -195,6 +195,18 @@ def total_variation(p, q) -> float:
                               - np.asarray(q, dtype=np.float64)).sum())
 
 
+def sampling_tv(p, n_p: int, q, n_q: int) -> float:
+    """The total variation expected by chance between class shares of ``n_p`` and ``n_q``
+    rows from one distribution (the pooled one): per class E|p1 - p2| under the normal
+    approximation, sqrt(2 / pi) sqrt(s (1 - s) (1 / n_p + 1 / n_q)), halved and summed (the
+    rule of ``flows.gate.sampling_tv`` for label counts). EM priors are noisier than label
+    shares, so this is a floor, not the noise itself."""
+    pooled = (np.asarray(p, dtype=np.float64) * n_p + np.asarray(q, dtype=np.float64) * n_q) \
+        / (n_p + n_q)
+    spread = np.sqrt(pooled * (1 - pooled) * (1 / n_p + 1 / n_q))
+    return float(0.5 * np.sqrt(2 / np.pi) * spread.sum())
+
+
 class Estimates(NamedTuple):
     """What :meth:`ReferenceProfile.estimate` returns for one batch."""
 
@@ -219,8 +231,8 @@ class ReferenceProfile(BaseEstimator):
     ``fit(probs, labels)`` on the reference split's probability rows (the champion's
     output) sets ``accuracy_``, ``confidence_`` (sorted top-1 confidences),
     ``mean_confidence_``, ``atc_threshold_``, ``priors_`` (mean probability row, the EM
-    source priors), ``label_priors_`` (label frequencies), ``predicted_counts_`` and
-    ``n_classes_``.
+    source priors), ``label_priors_`` (label frequencies), ``predicted_counts_``, ``n_``
+    (rows) and ``n_classes_``.
     """
 
     def __init__(self, em_tol: float = EM_TOL, em_max_iter: int = EM_MAX_ITER):
@@ -238,6 +250,7 @@ class ReferenceProfile(BaseEstimator):
         confidence = p[np.arange(n), predicted]
         correct = predicted == y
         self.n_classes_ = k
+        self.n_ = n
         self.accuracy_ = float(correct.mean())
         self.confidence_ = np.sort(confidence)
         self.mean_confidence_ = float(confidence.mean())

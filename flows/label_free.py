@@ -13,7 +13,7 @@ the thresholds as params and ``monitor.alert`` / ``monitor.alerts`` tags. A batc
 alert when a drift test's p-value is below ``alpha``, the estimated accuracy (CBPE on the
 champion) is more than ``max_accuracy_drop`` below the champion's accuracy on its reference
 split, or the EM priors moved more than ``max_prior_shift`` (total variation) from the
-reference's.
+reference's beyond what two samples of these sizes differ by chance.
 
 Estimates meet labels (:func:`meet_labels`): a labelled batch whose scores digest matches
 earlier label-free runs of the model is scored again with the version each run recorded;
@@ -158,19 +158,24 @@ class Thresholds:
         return {f"threshold.{k}": repr(v) for k, v in vars(self).items()}
 
 
-def alert_reasons(est: label_free.Estimates, reference_accuracy: float,
+def alert_reasons(est: label_free.Estimates, profile: label_free.ReferenceProfile,
                   thresholds: Thresholds) -> list[str]:
-    """Why the batch is an alert, in words ([] for none)."""
+    """Why the batch is an alert, in words ([] for none). The prior shift counts beyond
+    the total variation two samples of these sizes show by chance
+    (:func:`cord_ops.label_free.sampling_tv`), so a small batch or a large K does not
+    alarm on noise alone."""
     reasons = [f"{test.test} drift: p = {test.p_value:.3g} < {thresholds.alpha:g} "
                f"(statistic {test.statistic:.4g})"
                for test in est.drift if test.p_value < thresholds.alpha]
-    drop = reference_accuracy - est.cbpe
+    drop = profile.accuracy_ - est.cbpe
     if drop > thresholds.max_accuracy_drop:
         reasons.append(f"estimated accuracy {est.cbpe:.4f} is {drop:.4f} below the reference "
-                       f"split's {reference_accuracy:.4f} (> {thresholds.max_accuracy_drop:g})")
-    if est.prior_shift > thresholds.max_prior_shift:
+                       f"split's {profile.accuracy_:.4f} (> {thresholds.max_accuracy_drop:g})")
+    allowed = thresholds.max_prior_shift + label_free.sampling_tv(est.priors, est.n,
+                                                                  profile.priors_, profile.n_)
+    if est.prior_shift > allowed:
         reasons.append(f"class priors moved by {est.prior_shift:.4f} (total variation, "
-                       f"> {thresholds.max_prior_shift:g})")
+                       f"> {allowed:.4f})")
     return reasons
 
 

@@ -68,7 +68,7 @@ def estimate_batch(profile: estimators.ReferenceProfile, scored: label_free.Scor
                    thresholds: label_free.Thresholds):
     est = profile.estimate(scored.repaired)
     cbpe_raw = estimators.cbpe_accuracy(scored.original)
-    return est, cbpe_raw, label_free.alert_reasons(est, profile.accuracy_, thresholds)
+    return est, cbpe_raw, label_free.alert_reasons(est, profile, thresholds)
 
 
 @store_task

@@ -210,3 +210,10 @@ def test_prior_shift_repair_follows_a_label_shift():
     out = repair.transform(posteriors, posteriors)
     assert np.array_equal(out.argmax(axis=1), posteriors.argmax(axis=1))
     assert out.mean(axis=0)[0] > posteriors.mean(axis=0)[0] + 0.05
+
+
+def test_sampling_tv_hand_checked():
+    # two classes at 1/2, 100 rows each: 0.5 sqrt(2/pi) 2 sqrt(0.25 (0.02)) per the formula
+    expected = 0.5 * math.sqrt(2 / math.pi) * 2 * math.sqrt(0.25 * 0.02)
+    assert lf.sampling_tv([0.5, 0.5], 100, [0.5, 0.5], 100) == pytest.approx(expected)
+    assert lf.sampling_tv([1.0, 0.0], 10, [1.0, 0.0], 10) == 0.0

@@ -1,0 +1,234 @@
+"""How far the label-free estimates of ``cord-ops monitor`` are from the accuracy that the
+labels later show, and how often it alarms, on the shared CIFAR logits and the test corpus.
+
+Protocol, per model: calibration / reference / pool splits of 40 / 30 / 30 % (one fixed
+permutation). The champion is what ``cord-ops recalibrate`` fits (vector scaling, then
+CORD, on the calibration split); its reference profile is fitted on the reference split.
+Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
+
+- (i) at random (with replacement from the pool);
+- (ii) with class priors drawn from a Dirichlet of concentration 1 or 0.3 (per class, rows
+  with replacement);
+- (iii) selected by confidence: rows drawn with weight (1.05 - raw top-1 probability)^2,
+  a covariate-like shift towards hard inputs.
+
+For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
+probabilities), CBPE on the champion, ATC, DoC and CBPE after the EM prior correction; and
+whether ``flows.label_free.alert_reasons`` alarms at the default thresholds (false alarms
+on (i), detection on (ii) and (iii)). With ``--nannyml PYTHON`` (an interpreter with
+nannyml installed) NannyML's CBPE (accuracy, its own isotonic calibration on the
+reference split's raw probabilities) runs on the same batches.
+
+Usage: python benchmarks/bench_label_free.py [--repeats 40] [--batch 2000] [--no-corpus]
+       [--files cifar10_resnet56 ...] [--nannyml /path/to/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cord_ops import CORD
+from cord_ops import label_free as lf
+from cord_ops.calibrators import make_calibrator
+from cord_ops.calibrators._base import softmax
+from flows.label_free import Thresholds, alert_reasons
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+ESTIMATORS = ("cbpe_raw", "cbpe", "atc", "doc", "cbpe_prior")
+SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence")
+
+
+def champion(scores, labels, kind: str):
+    """(fitted calibrator, fitted CORD, original probabilities) as recalibrate fits them."""
+    cal = make_calibrator("vs", input_kind=kind).fit(scores, labels)
+    p0 = softmax(scores) if kind == "logits" else scores / scores.sum(axis=1, keepdims=True)
+    cord = CORD().fit(p0, cal.predict_proba(scores))
+    return cal, cord
+
+
+def outputs(cal, cord, scores, kind: str):
+    p0 = softmax(scores) if kind == "logits" else scores / scores.sum(axis=1, keepdims=True)
+    return p0, cord.transform(p0, cal.predict_proba(scores))
+
+
+def draw(rng, scenario: str, labels: np.ndarray, raw_conf: np.ndarray, size: int, k: int):
+    n = len(labels)
+    if scenario == "random":
+        return rng.choice(n, size=size, replace=True)
+    if scenario.startswith("dirichlet"):
+        alpha = float(scenario.split("-")[1])
+        present = np.unique(labels)
+        priors = rng.dirichlet(np.full(present.size, alpha))
+        counts = rng.multinomial(size, priors)
+        return np.concatenate([rng.choice(np.flatnonzero(labels == c), size=m, replace=True)
+                               for c, m in zip(present, counts, strict=True) if m])
+    weights = (1.05 - raw_conf) ** 2
+    return rng.choice(n, size=size, replace=True, p=weights / weights.sum())
+
+
+def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rng,
+              nannyml_jobs: list | None) -> dict:
+    k = int(labels.max()) + 1
+    perm = np.random.default_rng(0).permutation(len(labels))
+    a, b = int(0.4 * len(labels)), int(0.7 * len(labels))
+    cal_i, ref_i, pool_i = perm[:a], perm[a:b], perm[b:]
+    cal, cord = champion(scores[cal_i], labels[cal_i], kind)
+    ref_p0, ref_q = outputs(cal, cord, scores[ref_i], kind)
+    profile = lf.ReferenceProfile().fit(ref_q, labels[ref_i])
+    pool_p0, pool_q = outputs(cal, cord, scores[pool_i], kind)
+    pool_y = labels[pool_i]
+    raw_conf = pool_p0.max(axis=1)
+    size = min(batch, len(pool_i))
+    thresholds = Thresholds()
+    errors = {s: {e: [] for e in ESTIMATORS} for s in SCENARIOS}
+    alarms = {s: 0 for s in SCENARIOS}
+    for scenario in SCENARIOS:
+        for _ in range(repeats):
+            rows = draw(rng, scenario, pool_y, raw_conf, size, k)
+            est = profile.estimate(pool_q[rows])
+            realised = float(np.mean(pool_p0[rows].argmax(axis=1) == pool_y[rows]))
+            values = {"cbpe_raw": lf.cbpe_accuracy(pool_p0[rows]), "cbpe": est.cbpe,
+                      "atc": est.atc, "doc": est.doc, "cbpe_prior": est.prior_corrected}
+            for e in ESTIMATORS:
+                errors[scenario][e].append(abs(values[e] - realised))
+            alarms[scenario] += bool(alert_reasons(est, profile, thresholds))
+            if nannyml_jobs is not None:
+                nannyml_jobs.append({"model": name, "scenario": scenario,
+                                     "rows": rows.tolist(), "realised": realised})
+    if nannyml_jobs is not None:
+        nannyml_jobs.append({"model": name, "reference": True,
+                             "p0": ref_p0.tolist(), "y": labels[ref_i].tolist(),
+                             "pool_p0": pool_p0.tolist()})
+    return {"model": name, "k": k, "batch": size,
+            "error": {s: {e: float(np.mean(v)) for e, v in errors[s].items()}
+                      for s in SCENARIOS},
+            "alarm_rate": {s: alarms[s] / repeats for s in SCENARIOS}}
+
+
+def cifar_models(files):
+    for path in sorted(DATA.glob("cifar*.npz")):
+        if files and path.stem not in files:
+            continue
+        with np.load(path, allow_pickle=False) as f:
+            yield path.stem, f["logits"].astype(np.float64), f["labels"].astype(np.int64), \
+                "logits"
+
+
+def corpus_models():
+    sys.path.insert(0, str(ROOT))
+    from tests import corpus
+
+    for e in corpus.entries(dtype="float64"):
+        scores = np.concatenate([e.cal_scores, e.eval_scores]).astype(np.float64)
+        labels = np.concatenate([e.cal_labels, e.eval_labels])
+        if len(labels) >= 500:  # a pool of at least 150 rows
+            yield e.name, scores, labels, e.kind
+
+
+NANNYML_SCRIPT = r"""
+import json, sys, warnings
+import numpy as np, pandas as pd
+import nannyml as nml
+warnings.filterwarnings("ignore")
+jobs = json.load(open(sys.argv[1]))
+refs = {j["model"]: j for j in jobs if j.get("reference")}
+out = {}
+for model, ref in refs.items():
+    p0, y, pool = np.array(ref["p0"]), np.array(ref["y"]), np.array(ref["pool_p0"])
+    k = p0.shape[1]
+    def frame(p, labels=None):
+        d = {f"p{c}": p[:, c] for c in range(k)}
+        d["pred"] = p.argmax(1)
+        if labels is not None:
+            d["y"] = labels
+        return pd.DataFrame(d)
+    kw = dict(y_pred="pred", y_true="y", metrics=["accuracy"], chunk_number=1)
+    if k == 2:
+        est = nml.CBPE(y_pred_proba="p1", problem_type="classification_binary", **kw)
+    else:
+        est = nml.CBPE(y_pred_proba={c: f"p{c}" for c in range(k)},
+                       problem_type="classification_multiclass", **kw)
+    est.fit(frame(p0, y))
+    errs = {}
+    for job in jobs:
+        if job.get("reference") or job["model"] != model:
+            continue
+        res = est.estimate(frame(pool[np.array(job["rows"])])).to_df()
+        value = float(res[("accuracy", "value")].iloc[-1])
+        errs.setdefault(job["scenario"], []).append(abs(value - job["realised"]))
+    out[model] = {s: float(np.mean(v)) for s, v in errs.items()}
+print(json.dumps(out))
+"""
+
+
+def run_nannyml(python: str, jobs: list) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "jobs.json"
+        path.write_text(json.dumps(jobs))
+        done = subprocess.run([python, "-c", NANNYML_SCRIPT, str(path)], capture_output=True,
+                              text=True, timeout=3600)
+    if done.returncode:
+        print(f"nannyml failed: {done.stderr[-2000:]}")
+        return {}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict], nannyml: dict, label: str) -> None:
+    print(f"\n{label}: mean |estimate - realised accuracy| in points, alarm rate in %")
+    head = "scenario        " + "".join(f"{e:>11}" for e in ESTIMATORS)
+    print(head + ("    nannyml" if nannyml else "") + "   alarms")
+    for s in SCENARIOS:
+        means = [100 * np.mean([r["error"][s][e] for r in rows]) for e in ESTIMATORS]
+        line = f"{s:<16}" + "".join(f"{m:>11.2f}" for m in means)
+        if nannyml:
+            line += f"{100 * np.mean([nannyml[r['model']][s] for r in rows]):>11.2f}"
+        line += f"{100 * np.mean([r['alarm_rate'][s] for r in rows]):>9.1f}"
+        print(line)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=2000)
+    parser.add_argument("--files", nargs="*")
+    parser.add_argument("--no-corpus", action="store_true")
+    parser.add_argument("--nannyml", help="python interpreter with nannyml installed")
+    parser.add_argument("--json", type=Path, help="also write the per-model figures here")
+    args = parser.parse_args(argv)
+    print(f"load average {os.getloadavg()}, repeats {args.repeats}, batch {args.batch}")
+    started = time.perf_counter()
+    rng = np.random.default_rng(1)
+    groups = {}
+    jobs = [] if args.nannyml else None
+    if DATA.is_dir():
+        for name, scores, labels, kind in cifar_models(args.files):
+            group = "CIFAR-100" if name.startswith("cifar100") else "CIFAR-10"
+            groups.setdefault(group, []).append(
+                run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs))
+    else:
+        print(f"{DATA}: not found, CIFAR skipped")
+    if not args.no_corpus:
+        for name, scores, labels, kind in corpus_models():
+            groups.setdefault("corpus", []).append(
+                run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs))
+    nannyml = run_nannyml(args.nannyml, jobs) if args.nannyml else {}
+    for group, rows in groups.items():
+        table(rows, nannyml, f"{group} ({len(rows)} models)")
+    if args.json:
+        args.json.write_text(json.dumps({"groups": groups, "nannyml": nannyml}, indent=1))
+    print(f"\n{time.perf_counter() - started:.0f} s; load average {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
