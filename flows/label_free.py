@@ -41,6 +41,8 @@ ALERT_TAG = "monitor.alert"
 ALERTS_TAG = "monitor.alerts"
 LABELS_TAG = "monitor.labels"
 LABELS_RUN_TAG = "monitor.labels_run"
+#: Run tag: whether a prior-shift candidate's state was logged (``monitor/prior_shift.json``).
+PRIOR_SHIFT_TAG = "monitor.prior_shift_candidate"
 #: Defaults of the alert thresholds (docs/label-free.md): a p-value below 0.01 in either
 #: drift test, an estimated accuracy 3 points below the reference's, EM priors 0.1 (total
 #: variation) away from the reference's.
@@ -52,6 +54,7 @@ DEFAULT_MAX_PRIOR_SHIFT = 0.1
 MAX_PRIOR_METRICS = 100
 #: Estimates a run logs (``estimate.<name>``) and whose error labels settle.
 ESTIMATES = ("cbpe", "cbpe_raw", "atc", "doc", "cbpe_prior")
+PRIOR_SHIFT_REASON = "class priors moved by"
 SCORE_SUFFIXES = (".npz", *data.PARQUET_SUFFIXES)
 GLOB_CHARS = "*?["
 
@@ -174,7 +177,7 @@ def alert_reasons(est: label_free.Estimates, profile: label_free.ReferenceProfil
     allowed = thresholds.max_prior_shift + label_free.sampling_tv(est.priors, est.n,
                                                                   profile.priors_, profile.n_)
     if est.prior_shift > allowed:
-        reasons.append(f"class priors moved by {est.prior_shift:.4f} (total variation, "
+        reasons.append(f"{PRIOR_SHIFT_REASON} {est.prior_shift:.4f} (total variation, "
                        f"> {allowed:.4f})")
     return reasons
 
@@ -208,6 +211,25 @@ def score_version(client, model_name: str, version: str, blocks: list[np.ndarray
     edges = np.cumsum([0, *(len(b) for b in blocks)])
     return [Scored(repaired[a:b], original[a:b]) for a, b in zip(edges[:-1], edges[1:],
                                                                   strict=True)]
+
+
+def prior_shift_candidate(scored: Scored, profile: label_free.ReferenceProfile,
+                          est: label_free.Estimates) -> dict:
+    """The state of the champion moved to the batch's EM priors and CORD-repaired against
+    the original classifier (:class:`cord_ops.prior_shift.PriorShiftRepair`), as JSON, with
+    the number of rows whose top-1 it kept (all of them, by construction; counted on the
+    batch so the record says so). Label-free: no label has checked it."""
+    from cord_ops.prior_shift import PriorShiftRepair
+    from cord_ops.validation import top1
+
+    repair = PriorShiftRepair().fit(scored.original, scored.repaired, profile.priors_,
+                                    est.priors)
+    moved = repair.transform(scored.original, scored.repaired)
+    kept = int(np.count_nonzero(top1(moved) == top1(scored.original)))
+    return {"label_free": True, "source_priors": profile.priors_.tolist(),
+            "target_priors": repair.priors_.tolist(), "weights": repair.weights_.tolist(),
+            "cord": repair.cord_.to_dict(), "rows": int(len(moved)), "top1_kept": kept,
+            "mean_top1_probability": float(moved.max(axis=1).mean())}
 
 
 # ---------------------------------------------------------------- records
@@ -261,8 +283,9 @@ def estimate_values(est: label_free.Estimates, cbpe_raw: float,
 
 def log_batch_run(client, model_name: str, version: str, batch: Batch, report_values: dict,
                   reasons: list[str], thresholds: Thresholds, est: label_free.Estimates,
-                  reference_priors: np.ndarray) -> str:
-    """One finished run for one batch; a failure while logging leaves it FAILED."""
+                  reference_priors: np.ndarray, candidate: dict | None = None) -> str:
+    """One finished run for one batch (with ``candidate``, the prior-shift candidate's
+    state as ``monitor/prior_shift.json``); a failure while logging leaves it FAILED."""
     from flows import tracking
 
     run = client.create_run(
@@ -274,6 +297,7 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
               "data.shape": f"{batch.n}x{batch.scores.shape[1]}",
               ALERT_TAG: str(bool(reasons)).lower(), ALERTS_TAG: "; ".join(reasons) or "none",
               LABELS_TAG: "pending",
+              PRIOR_SHIFT_TAG: "logged (label-free, not registered)" if candidate else "none",
               "drift.ks.test": "scipy.stats.ks_2samp on the top-1 confidence",
               "drift.chi2.test": "scipy.stats.chi2_contingency on predicted-class counts"})
     run_id = run.info.run_id
@@ -288,6 +312,10 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
             path = Path(tmp) / "estimates.json"
             path.write_text(json.dumps(summary, indent=1))
             client.log_artifact(run_id, str(path), "monitor")
+            if candidate is not None:
+                path = Path(tmp) / "prior_shift.json"
+                path.write_text(json.dumps(candidate, indent=1))
+                client.log_artifact(run_id, str(path), "monitor")
     except BaseException as exc:
         client.set_tag(run_id, "cord.error", f"{type(exc).__name__}: {exc}"[:5000])
         client.set_terminated(run_id, "FAILED")

@@ -71,12 +71,19 @@ def estimate_batch(profile: estimators.ReferenceProfile, scored: label_free.Scor
     return est, cbpe_raw, label_free.alert_reasons(est, profile, thresholds)
 
 
+@compute_task
+def prior_shift_candidate(scored: label_free.Scored, profile: estimators.ReferenceProfile,
+                          est: estimators.Estimates) -> dict:
+    return label_free.prior_shift_candidate(scored, profile, est)
+
+
 @store_task
 def log_batch(uri: str, model_name: str, version: str, batch: label_free.Batch, values: dict,
               reasons: list[str], thresholds: label_free.Thresholds,
-              est: estimators.Estimates, reference_priors: np.ndarray) -> str:
+              est: estimators.Estimates, reference_priors: np.ndarray,
+              candidate: dict | None) -> str:
     return label_free.log_batch_run(tracking.client(uri), model_name, version, batch, values,
-                                    reasons, thresholds, est, reference_priors)
+                                    reasons, thresholds, est, reference_priors, candidate)
 
 
 @store_task
@@ -116,8 +123,10 @@ def monitor_label_free(data: str | Path, model_name: str = "cord-ops",
     """Score ``model_name@champion`` on every batch ``data`` names (one file, a folder or a
     glob of .npz/.parquet files; labels optional) and log one label-free run per batch
     (:mod:`flows.label_free`). Batches that carry labels are settled at once
-    (:func:`flows.label_free.meet_labels`). With ``emit_events``, every alert is also a
-    Prefect event :data:`ALERT_EVENT`."""
+    (:func:`flows.label_free.meet_labels`). A batch whose EM priors moved past the
+    threshold gets the prior-shift candidate's state logged with its run
+    (:func:`flows.label_free.prior_shift_candidate`). With ``emit_events``, every alert is
+    also a Prefect event :data:`ALERT_EVENT`."""
     from flows import inputs
 
     uri = tracking.store_uri(tracking_uri)
@@ -138,8 +147,11 @@ def monitor_label_free(data: str | Path, model_name: str = "cord-ops",
     for batch, scored in zip(batches, champion.scored_batches, strict=True):
         est, cbpe_raw, reasons = estimate_batch(profile, scored, thresholds)
         values = label_free.estimate_values(est, cbpe_raw, profile.accuracy_, profile.priors_)
+        candidate = (prior_shift_candidate(scored, profile, est)
+                     if any(r.startswith(label_free.PRIOR_SHIFT_REASON) for r in reasons)
+                     else None)
         run_id = log_batch(uri, model_name, champion.version, batch, values, reasons,
-                           thresholds, est, profile.priors_)
+                           thresholds, est, profile.priors_, candidate)
         report = label_free.BatchReport(batch.path, run_id, batch.n, batch.scores_sha256, est,
                                         cbpe_raw, reasons)
         if batch.labels is not None:

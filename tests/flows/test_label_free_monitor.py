@@ -5,6 +5,10 @@ and the labels of a batch meeting its earlier estimates."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -81,7 +85,16 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
     assert logged.metrics["estimate.cbpe"] == shifted.estimates.cbpe
     assert logged.params["threshold.alpha"] == "0.01"
     assert {f"prior.estimated.{k}" for k in range(10)} <= set(logged.metrics)
+    # the prior-shift candidate: logged label-free, its top-1 the classifier's on every row
+    assert logged.tags[label_free.PRIOR_SHIFT_TAG].startswith("logged (label-free")
+    with tempfile.TemporaryDirectory() as tmp:
+        candidate = json.loads(Path(client.download_artifacts(
+            shifted.run_id, "monitor/prior_shift.json", tmp)).read_text())
+    assert candidate["label_free"] is True
+    assert candidate["rows"] == candidate["top1_kept"] == len(shifted_rows)
+    assert candidate["target_priors"] == pytest.approx(list(shifted.estimates.priors))
     quiet = client.get_run(steady.run_id).data
+    assert quiet.tags[label_free.PRIOR_SHIFT_TAG] == "none"
     assert quiet.tags[label_free.ALERT_TAG] == "false"
     assert quiet.tags[label_free.ALERTS_TAG] == "none"
     assert quiet.metrics["drift.ks.p_value"] >= 0.01
