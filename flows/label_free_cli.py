@@ -18,6 +18,15 @@ ALERT_STATUS = 3
 DEFAULT_ALPHA = 0.01
 DEFAULT_MAX_ACCURACY_DROP = 0.03
 DEFAULT_MAX_PRIOR_SHIFT = 0.1
+#: flows.traffic_monitor.DEFAULT_WINDOW_ROWS and MIN_ROWS, restated for the parser.
+DEFAULT_MONITOR_WINDOW = 10_000
+MIN_MONITOR_WINDOW = 50
+
+
+def check_monitor_window(rows: int) -> None:
+    if rows != 0 and rows < MIN_MONITOR_WINDOW:
+        raise inputs.InputError(f"--monitor-window: expected 0 (off) or at least "
+                                f"{MIN_MONITOR_WINDOW} rows, got {rows}")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

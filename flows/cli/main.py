@@ -609,6 +609,7 @@ def validate_serve(args) -> None:
 
     check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
                   args.batch_max_rows)
+    label_free_cli.check_monitor_window(args.monitor_window)
     try:
         bind(args.host, args.port).close()
     except OSError as exc:
@@ -623,7 +624,7 @@ def cmd_serve(args) -> int:
     serve(args.tracking_uri, args.model_name, alias=args.alias, host=args.host,
           port=args.port, poll_interval=args.poll_interval,
           batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
-          provider=args.provider)
+          provider=args.provider, monitor_window=args.monitor_window)
     return 0
 
 
@@ -800,6 +801,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most rows per onnxruntime run (default: 4096)")
     p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
                    help="onnxruntime execution provider (default: cuda when available)")
+    p.add_argument("--monitor-window", type=int, default=label_free_cli.DEFAULT_MONITOR_WINDOW,
+                   metavar="ROWS",
+                   help="answered rows kept for label-free monitoring (/monitor, gauges in "
+                        "/metrics; 0: off; default: %(default)s)")
     p.set_defaults(func=cmd_serve, validate=validate_serve)
 
     reproduce_cli.add_cli(sub)

@@ -470,8 +470,9 @@ def _decode(body: bytes):
 
 
 def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
-              batch_max_rows: int):
-    """The Starlette application; the follower is started and stopped with it."""
+              batch_max_rows: int, traffic=None):
+    """The Starlette application; the follower is started and stopped with it. ``traffic``
+    (a :class:`flows.traffic_monitor.TrafficMonitor`) watches the answers without labels."""
     import contextlib
 
     import orjson
@@ -522,6 +523,8 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
                 return refuse(500, "internal", f"scoring failed: {type(exc).__name__}: {exc}")
             metrics.rows.inc(scores.shape[0])
             metrics.requests.labels("200").inc()
+            if traffic is not None:
+                traffic.record(model, outputs["repaired"])
             return json_response({"predictions": outputs,
                                   "model": {"name": model.name, "version": model.version}},
                                  headers={VERSION_HEADER: model.version})
@@ -564,9 +567,14 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
             follower.stop()
             await state["batcher"].stop()
 
+    extra = []
+    if traffic is not None:
+        metrics.registry.register(traffic.collector(lambda: follower.current))
+        extra = traffic.routes(lambda: follower.current, json_response)
     return Starlette(routes=[Route("/invocations", invocations, methods=["POST"]),
                              Route("/health", health), Route("/ping", health),
-                             Route("/version", version), Route("/metrics", prometheus)],
+                             Route("/version", version), Route("/metrics", prometheus),
+                             *extra],
                      lifespan=lifespan)
 
 
@@ -602,11 +610,14 @@ def bind(host: str, port: int):
 def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "127.0.0.1",
           port: int = DEFAULT_PORT, poll_interval: float = DEFAULT_POLL_INTERVAL,
           batch_window: float = DEFAULT_BATCH_WINDOW,
-          batch_max_rows: int = DEFAULT_BATCH_MAX_ROWS, provider: str = "auto") -> None:
+          batch_max_rows: int = DEFAULT_BATCH_MAX_ROWS, provider: str = "auto",
+          monitor_window: int = 0) -> None:
     """Run the server until SIGTERM/SIGINT, then return (after "stopped serving"), as
     ``cord-ops schedule`` does: a stop asked for is a clean exit. Raises before binding
     when the options are bad, before loading anything when the port is taken, and before
-    serving when the store cannot be reached or registered model ``name`` does not exist."""
+    serving when the store cannot be reached or registered model ``name`` does not exist.
+    ``monitor_window`` > 0 keeps that many answered rows for label-free monitoring
+    (:mod:`flows.traffic_monitor`: ``/monitor``, gauges in ``/metrics``)."""
     import signal
 
     check_options(port, poll_interval, batch_window, batch_max_rows)
@@ -621,7 +632,12 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
         metrics = Metrics()
         follower = RegistryFollower(tracking_uri, name, alias, poll_interval, metrics,
                                     provider)
-        app = build_app(follower, metrics, batch_window, batch_max_rows)
+        traffic = None
+        if monitor_window:
+            from flows.traffic_monitor import TrafficMonitor
+
+            traffic = TrafficMonitor(tracking_uri, name, monitor_window)
+        app = build_app(follower, metrics, batch_window, batch_max_rows, traffic)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE,
                                 lifespan="on")

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cord_ops import data
-from flows import label_free, label_free_cli
+from flows import label_free, label_free_cli, traffic_monitor
 from flows.cli import main
 from flows.label_free_monitor import monitor_label_free
 from flows.monitor import monitor
@@ -139,6 +139,8 @@ def test_parser_defaults_are_the_modules():
     assert label_free_cli.DEFAULT_ALPHA == label_free.DEFAULT_ALPHA
     assert label_free_cli.DEFAULT_MAX_ACCURACY_DROP == label_free.DEFAULT_MAX_ACCURACY_DROP
     assert label_free_cli.DEFAULT_MAX_PRIOR_SHIFT == label_free.DEFAULT_MAX_PRIOR_SHIFT
+    assert label_free_cli.DEFAULT_MONITOR_WINDOW == traffic_monitor.DEFAULT_WINDOW_ROWS
+    assert label_free_cli.MIN_MONITOR_WINDOW == traffic_monitor.MIN_ROWS
 
 
 def test_scores_digest_is_the_same_for_npz_and_parquet_with_or_without_labels(tmp_path, digits):
