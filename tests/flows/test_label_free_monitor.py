@@ -153,3 +153,31 @@ def test_scores_digest_is_the_same_for_npz_and_parquet_with_or_without_labels(tm
     assert len({b.scores_sha256 for b in read}) == 1 and len({b.sha256 for b in read}) == 3
     assert read[0].labels is None and np.array_equal(read[1].labels, digits.labels[:20])
     assert label_free.scores_digest(scores[:19]) != read[0].scores_sha256
+
+
+def test_binary_votes_in_one_score_column(store, tmp_path):
+    """A binary k-NN's float32 vote shares (exact 0 and 1, rows a float32 rounding off 1),
+    monitored without labels as the one positive-class column a pipeline writes: read as
+    two columns, estimated, logged. (Ties at the top: the unit properties.)"""
+    import corpus
+    from mlflow import MlflowClient
+
+    e = corpus.entry("breast_cancer-knn-probs-float32")
+    assert e.has("exact_zero", "exact_one", "off_simplex", "binary")
+    np.savez(tmp_path / "cal.npz", **e.npz_arrays("cal"))
+    np.savez(tmp_path / "eval.npz", **e.npz_arrays("eval"))
+    fitted = recalibrate(data=str(tmp_path / "cal.npz"), eval_data=str(tmp_path / "eval.npz"),
+                         calibrator="ts", model_name="knn")
+    assert fitted.decision.promote, fitted.decision.reason
+    np.savez(tmp_path / "one-column.npz", probs=e.eval_scores[:, 1:2])
+    result = monitor_label_free(data=str(tmp_path / "one-column.npz"), model_name="knn")
+    (report,) = result.reports
+    assert report.n == len(e.eval_labels) and not report.alert  # its own reference split
+    assert report.estimates.priors.sum() == pytest.approx(1.0)
+    # the batch is the reference split itself: DoC returns its accuracy exactly
+    accuracy = float(np.mean(e.eval_probs.argmax(1) == e.eval_labels))
+    assert report.estimates.doc == pytest.approx(accuracy, abs=1e-6)
+    assert result.reference_accuracy == pytest.approx(accuracy, abs=1e-12)
+    logged = MlflowClient().get_run(report.run_id).data
+    assert logged.tags["data.shape"] == f"{report.n}x2"
+    assert logged.metrics["drift.chi2.p_value"] == pytest.approx(1.0)
