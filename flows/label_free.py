@@ -123,17 +123,24 @@ def has_labels(path) -> bool:
 
 def read_batch(path, n_classes: int, input_kind: str) -> Batch:
     """The validated batch of ``path`` for a model of ``n_classes`` reading ``input_kind``:
-    the load rule of ``cord-ops predict`` (:func:`cord_ops.scoring_files.read_any_input`),
-    and when the file has labels, those of :func:`cord_ops.data.load` (integers in [0, K),
-    one per row). Raises ValueError/TypeError naming the file, array and row."""
-    from cord_ops.scoring_files import read_any_input
+    the load rule of ``cord-ops predict`` (:mod:`cord_ops.scoring_files`; Parquet columns
+    as :func:`cord_ops.data.table_scores` reads them, other columns ignored), and when the
+    file has labels, those of :func:`cord_ops.data.load` (integers in [0, K), one per
+    row). Raises ValueError/TypeError naming the file, array and row."""
+    from cord_ops.scoring_files import read_input
 
-    stored, _ = read_any_input(path, n_classes, input_kind, np.dtype(np.float64))
+    if data.is_parquet(path):
+        stored, _ = data.table_scores(data.read_parquet_table(path), str(path), input_kind)
+        if stored.scores.shape[1] != n_classes:
+            held = "one score column (a binary model's)" if stored.width == 1 else \
+                f"{stored.width} classes"
+            raise ValueError(f"{path}: {input_kind} has {held}; the model expects {n_classes}")
+    else:
+        stored = read_input(path, n_classes, input_kind, np.dtype(np.float64))
     scores = np.asarray(stored.scores, dtype=np.float64)
     labels = None
     if has_labels(path):
-        labelled = data.load(path, input_kind=input_kind)
-        labels = np.asarray(labelled.labels)
+        labels = np.asarray(data.load(path, input_kind=input_kind).labels)
     raw = Path(path).read_bytes()
     return Batch(str(path), scores, labels, hashlib.sha256(raw).hexdigest(),
                  scores_digest(scores))

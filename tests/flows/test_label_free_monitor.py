@@ -147,12 +147,17 @@ def test_scores_digest_is_the_same_for_npz_and_parquet_with_or_without_labels(tm
     scores = digits.scores[:20]
     np.savez(tmp_path / "a.npz", logits=scores)
     data.save_npz(tmp_path / "b.npz", scores, digits.labels[:20], "logits")
-    pq.write_table(pa.table({"logits": list(scores)}), tmp_path / "c.parquet")
+    # an id column and one named like an output of `predict`: both ignored here
+    pq.write_table(pa.table({"logits": list(scores), "id": np.arange(20),
+                             "label": np.zeros(20)}), tmp_path / "c.parquet")
     read = [label_free.read_batch(tmp_path / name, 10, "logits")
             for name in ("a.npz", "b.npz", "c.parquet")]
     assert len({b.scores_sha256 for b in read}) == 1 and len({b.sha256 for b in read}) == 3
     assert read[0].labels is None and np.array_equal(read[1].labels, digits.labels[:20])
     assert label_free.scores_digest(scores[:19]) != read[0].scores_sha256
+    pq.write_table(pa.table({"logits": list(scores[:, :9])}), tmp_path / "d.parquet")
+    with pytest.raises(ValueError, match="d.parquet: logits has 9 classes; the model expects 10"):
+        label_free.read_batch(tmp_path / "d.parquet", 10, "logits")
 
 
 def test_binary_votes_in_one_score_column(store, tmp_path):
