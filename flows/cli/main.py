@@ -32,10 +32,10 @@ import traceback
 from pathlib import Path
 
 from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
+from flows.cli import label_free as label_free_cli
 from flows.cli import operator as operator_cli
 from flows.preflight import checks as inputs
 from flows.registry import owner, tracking
-from flows import label_free_cli
 from flows.reproduce import cli as reproduce_cli
 from flows.runtime import managed_server as server
 from flows.runtime import warm

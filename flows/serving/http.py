@@ -472,7 +472,7 @@ def _decode(body: bytes):
 def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
               batch_max_rows: int, traffic=None):
     """The Starlette application; the follower is started and stopped with it. ``traffic``
-    (a :class:`flows.traffic_monitor.TrafficMonitor`) watches the answers without labels."""
+    (a :class:`flows.serving.traffic.TrafficMonitor`) watches the answers without labels."""
     import contextlib
 
     import orjson
@@ -617,7 +617,7 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
     when the options are bad, before loading anything when the port is taken, and before
     serving when the store cannot be reached or registered model ``name`` does not exist.
     ``monitor_window`` > 0 keeps that many answered rows for label-free monitoring
-    (:mod:`flows.traffic_monitor`: ``/monitor``, gauges in ``/metrics``)."""
+    (:mod:`flows.serving.traffic`: ``/monitor``, gauges in ``/metrics``)."""
     import signal
 
     check_options(port, poll_interval, batch_window, batch_max_rows)
@@ -634,7 +634,7 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
                                     provider)
         traffic = None
         if monitor_window:
-            from flows.traffic_monitor import TrafficMonitor
+            from flows.serving.traffic import TrafficMonitor
 
             traffic = TrafficMonitor(tracking_uri, name, monitor_window)
         app = build_app(follower, metrics, batch_window, batch_max_rows, traffic)

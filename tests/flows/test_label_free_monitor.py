@@ -15,11 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from cord_ops import data
-from flows import label_free, label_free_cli, traffic_monitor
-from flows.cli import main
-from flows.label_free_monitor import monitor_label_free
-from flows.monitor import monitor
-from flows.recalibrate import recalibrate
+from flows.cli import label_free as label_free_cli
+from flows.cli.main import main
+from flows.recalibration import label_free
+from flows.recalibration.flow import recalibrate
+from flows.recalibration.label_free_monitor import monitor_label_free
+from flows.recalibration.monitor import monitor
+from flows.serving import traffic as traffic_monitor
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

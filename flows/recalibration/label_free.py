@@ -201,7 +201,7 @@ class Scored:
 def score_version(client, model_name: str, version: str, blocks: list[np.ndarray]) -> list[Scored]:
     """Run version ``version`` once (one download, one predict) on the stacked ``blocks``;
     its outputs, split back per block."""
-    from flows import registry
+    from flows.registry import versions as registry
 
     outputs = registry.run_registered_model(client, f"models:/{model_name}/{version}",
                                             np.concatenate(blocks))
@@ -293,7 +293,7 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
                   reference_priors: np.ndarray, candidate: dict | None = None) -> str:
     """One finished run for one batch (with ``candidate``, the prior-shift candidate's
     state as ``monitor/prior_shift.json``); a failure while logging leaves it FAILED."""
-    from flows import tracking
+    from flows.registry import tracking
 
     run = client.create_run(
         tracking.experiment_id(client, monitoring_experiment(model_name)),
@@ -341,7 +341,7 @@ def meet_labels(client, model_name: str, batch: Batch,
     """Log realised metrics and estimation errors on every earlier label-free run of
     ``model_name`` whose scores digest is ``batch``'s (module docstring); returns them by
     run id. ``scored_by`` holds outputs already computed, by version."""
-    from flows import tracking
+    from flows.registry import tracking
 
     if batch.labels is None:
         return {}

@@ -3,22 +3,22 @@ anything is started or written) and its summary. A ``--data`` that is a folder, 
 file without labels takes this path; a labelled file keeps the labelled monitor.
 
 Exit status 0, or :data:`ALERT_STATUS` (3) when any batch is an alert (thresholds:
-:mod:`flows.label_free`, docs/label-free.md), after every batch was logged.
+:mod:`flows.recalibration.label_free`, docs/label-free.md), after every batch was logged.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from flows import inputs
+from flows.preflight import checks as inputs
 
 ALERT_STATUS = 3
-#: flows.label_free's defaults, restated so building the parser imports no numpy (a test
-#: keeps them equal).
+#: flows.recalibration.label_free's defaults, restated so building the parser imports no
+#: numpy (a test keeps them equal).
 DEFAULT_ALPHA = 0.01
 DEFAULT_MAX_ACCURACY_DROP = 0.03
 DEFAULT_MAX_PRIOR_SHIFT = 0.1
-#: flows.traffic_monitor.DEFAULT_WINDOW_ROWS and MIN_ROWS, restated for the parser.
+#: flows.serving.traffic.DEFAULT_WINDOW_ROWS and MIN_ROWS, restated for the parser.
 DEFAULT_MONITOR_WINDOW = 10_000
 MIN_MONITOR_WINDOW = 50
 
@@ -51,7 +51,7 @@ def is_label_free(args) -> bool:
     if inputs.is_batch_input(args.data):
         return True
     path = inputs.data_file(args.data, "--data")
-    from flows import label_free
+    from flows.recalibration import label_free
 
     try:
         return not label_free.has_labels(path)
@@ -61,7 +61,7 @@ def is_label_free(args) -> bool:
 
 def validate(args) -> None:
     """Thresholds, files, the champion and every batch against what it reads."""
-    from flows import label_free
+    from flows.recalibration import label_free
 
     try:
         label_free.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
@@ -106,7 +106,7 @@ def summary(result) -> list[str]:
 
 
 def run(args) -> int:
-    from flows.label_free_monitor import monitor_label_free
+    from flows.recalibration.label_free_monitor import monitor_label_free
 
     result = monitor_label_free(data=str(args.data), model_name=args.model_name,
                                 alpha=args.alpha, max_accuracy_drop=args.max_accuracy_drop,
