@@ -18,7 +18,9 @@ reference's beyond what two samples of these sizes differ by chance.
 Estimates meet labels (:func:`meet_labels`): a labelled batch whose scores digest matches
 earlier label-free runs of the model is scored again with the version each run recorded;
 its realised accuracy, ECE, NLL and Brier score and every estimate's signed error
-(estimate - realised) are logged on those runs, tag ``monitor.labels=arrived``.
+(estimate - realised) are logged on those runs, tag ``monitor.labels=arrived``; a run's
+prior-shift candidate is judged on the labels by the gate's rules
+(:func:`settle_candidate`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ LABELS_TAG = "monitor.labels"
 LABELS_RUN_TAG = "monitor.labels_run"
 #: Run tag: whether a prior-shift candidate's state was logged (``monitor/prior_shift.json``).
 PRIOR_SHIFT_TAG = "monitor.prior_shift_candidate"
+#: Run tag written when labels meet a run with a prior-shift candidate: the gate's NLL
+#: rules applied to it on the labelled batch.
+PRIOR_SHIFT_VERDICT_TAG = "monitor.prior_shift_verdict"
 #: Defaults of the alert thresholds (docs/label-free.md): a p-value below 0.01 in either
 #: drift test, an estimated accuracy 3 points below the reference's, EM priors 0.1 (total
 #: variation) away from the reference's.
@@ -331,6 +336,42 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
     return run_id
 
 
+def settle_candidate(client, run_id: str, scored: Scored,
+                     labels: np.ndarray) -> tuple[dict[str, float], str]:
+    """The run's prior-shift candidate rebuilt from ``monitor/prior_shift.json`` and judged
+    on the labelled batch by the gate's rules (:class:`flows.promotion.gate.Policy`: every
+    top-1 kept, NLL strictly below the champion's beyond the tolerance, and no worse than
+    the uncalibrated classifier's); (metrics ``candidate.*``, verdict in words)."""
+    from cord_ops import CORD
+    from flows.promotion import gate
+
+    with tempfile.TemporaryDirectory(prefix="cord-ops-monitor-") as tmp:
+        state = json.loads(Path(client.download_artifacts(
+            run_id, "monitor/prior_shift.json", tmp)).read_text())
+    weights = np.asarray(state["weights"], dtype=np.float64)
+    moved = CORD.from_dict(state["cord"]).transform(
+        scored.original, label_free.reweighted(scored.repaired, weights))
+    nll = metrics.nll(moved, labels)
+    champion = metrics.nll(scored.repaired, labels)
+    uncalibrated = metrics.nll(scored.original, labels)
+    tpcr = metrics.tpcr(scored.original, moved)
+    policy = gate.Policy.for_classes(scored.repaired.shape[1])
+    failed = []
+    if tpcr != 0:
+        failed.append(f"changes {tpcr:.2%} of the top-1s")
+    if not nll < policy.nll_to_beat(champion):
+        failed.append(f"NLL {nll:.6g} is not below the champion's {champion:.6g}")
+    if not nll <= policy.allowed_nll(uncalibrated):
+        failed.append(f"does harm: NLL {nll:.6g} is worse than the uncalibrated model's "
+                      f"{uncalibrated:.6g}")
+    verdict = ("better than the champion on the labelled batch "
+               f"(NLL {nll:.6g} < {champion:.6g}); not registered" if not failed
+               else "not better: " + "; ".join(failed))
+    return ({"candidate.nll": nll, "candidate.tpcr": tpcr,
+             "candidate.accuracy": metrics.accuracy(moved, labels),
+             "candidate.champion_nll": champion}, verdict)
+
+
 def realised_values(scored: Scored, labels: np.ndarray) -> dict[str, float]:
     found = metrics.evaluate(scored.repaired, labels, reference=scored.original)
     return {f"realised.{k}": float(found[k]) for k in ("accuracy", "ece", "nll", "brier")}
@@ -368,7 +409,11 @@ def meet_labels(client, model_name: str, batch: Batch,
             realised = np.bincount(batch.labels, minlength=k) / batch.n
             estimated = [logged[f"prior.estimated.{c}"] for c in range(k)]
             values["error.priors_tv"] = label_free.total_variation(estimated, realised)
-        tracking.log_values(client, run.info.run_id, metrics=values,
-                            tags={LABELS_TAG: "arrived", LABELS_RUN_TAG: batch.path})
+        tags = {LABELS_TAG: "arrived", LABELS_RUN_TAG: batch.path}
+        if run.data.tags.get(PRIOR_SHIFT_TAG, "none") != "none":
+            found, tags[PRIOR_SHIFT_VERDICT_TAG] = settle_candidate(
+                client, run.info.run_id, scored_by[version], batch.labels)
+            values.update(found)
+        tracking.log_values(client, run.info.run_id, metrics=values, tags=tags)
         settled[run.info.run_id] = values
     return settled

@@ -122,6 +122,11 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
         shifted.estimates.prior_corrected - truth, abs=1e-12)
     assert settled.metrics["error.priors_tv"] < 0.1
     assert settled.tags[label_free.LABELS_TAG] == "arrived"
+    # the candidate meets the labels: the batch is a pure label shift (classes 0-2 of the
+    # same classifier's outputs), so moving to the new priors beats the champion's NLL
+    assert settled.metrics["candidate.tpcr"] == 0.0
+    assert settled.metrics["candidate.nll"] < settled.metrics["candidate.champion_nll"]
+    assert settled.tags[label_free.PRIOR_SHIFT_VERDICT_TAG].startswith("better than the ")
     assert client.get_run(steady.run_id).data.tags[label_free.LABELS_TAG] == "pending"
 
     # -------- the command: exit 3 on an alert with the summary, 0 without
