@@ -6,7 +6,8 @@ permutation). The champion is what ``cord-ops recalibrate`` fits (vector scaling
 CORD, on the calibration split); its reference profile is fitted on the reference split.
 Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
 
-- (i) at random (with replacement from the pool);
+- (i) at random, without replacement (so a batch is an independent sample, as the drift
+  tests assume; at most two thirds of the pool);
 - (ii) with class priors drawn from a Dirichlet of concentration 1 or 0.3 (per class, rows
   with replacement);
 - (iii) selected by confidence: rows drawn with weight (1.05 - raw top-1 probability)^2,
@@ -46,6 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 ESTIMATORS = ("cbpe_raw", "cbpe", "atc", "doc", "cbpe_prior")
 SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence")
+#: What each alarm reason starts with (flows.recalibration.label_free.alert_reasons).
+CAUSES = {"ks": "ks drift", "chi2": "chi2 drift", "accuracy": "estimated accuracy",
+          "priors": "class priors moved"}
 
 
 def champion(scores, labels, kind: str):
@@ -64,7 +68,7 @@ def outputs(cal, cord, scores, kind: str):
 def draw(rng, scenario: str, labels: np.ndarray, raw_conf: np.ndarray, size: int, k: int):
     n = len(labels)
     if scenario == "random":
-        return rng.choice(n, size=size, replace=True)
+        return rng.choice(n, size=min(size, 2 * n // 3), replace=False)
     if scenario.startswith("dirichlet"):
         alpha = float(scenario.split("-")[1])
         present = np.unique(labels)
@@ -92,6 +96,7 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     thresholds = Thresholds()
     errors = {s: {e: [] for e in ESTIMATORS} for s in SCENARIOS}
     alarms = {s: 0 for s in SCENARIOS}
+    causes = {s: dict.fromkeys(CAUSES, 0) for s in SCENARIOS}
     for scenario in SCENARIOS:
         for _ in range(repeats):
             rows = draw(rng, scenario, pool_y, raw_conf, size, k)
@@ -101,7 +106,10 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
                       "atc": est.atc, "doc": est.doc, "cbpe_prior": est.prior_corrected}
             for e in ESTIMATORS:
                 errors[scenario][e].append(abs(values[e] - realised))
-            alarms[scenario] += bool(alert_reasons(est, profile, thresholds))
+            reasons = alert_reasons(est, profile, thresholds)
+            alarms[scenario] += bool(reasons)
+            for cause, prefix in CAUSES.items():
+                causes[scenario][cause] += any(r.startswith(prefix) for r in reasons)
             if nannyml_jobs is not None:
                 nannyml_jobs.append({"model": name, "scenario": scenario,
                                      "rows": rows.tolist(), "realised": realised})
@@ -112,7 +120,8 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     return {"model": name, "k": k, "batch": size,
             "error": {s: {e: float(np.mean(v)) for e, v in errors[s].items()}
                       for s in SCENARIOS},
-            "alarm_rate": {s: alarms[s] / repeats for s in SCENARIOS}}
+            "alarm_rate": {s: alarms[s] / repeats for s in SCENARIOS},
+            "cause_rate": {s: {c: v / repeats for c, v in causes[s].items()} for s in SCENARIOS}}
 
 
 def cifar_models(files):
@@ -186,13 +195,16 @@ def run_nannyml(python: str, jobs: list) -> dict:
 def table(rows: list[dict], nannyml: dict, label: str) -> None:
     print(f"\n{label}: mean |estimate - realised accuracy| in points, alarm rate in %")
     head = "scenario        " + "".join(f"{e:>11}" for e in ESTIMATORS)
-    print(head + ("    nannyml" if nannyml else "") + "   alarms")
+    print(head + ("    nannyml" if nannyml else "") + "   alarms  " +
+          " ".join(f"{c:>8}" for c in CAUSES))
     for s in SCENARIOS:
         means = [100 * np.mean([r["error"][s][e] for r in rows]) for e in ESTIMATORS]
         line = f"{s:<16}" + "".join(f"{m:>11.2f}" for m in means)
         if nannyml:
             line += f"{100 * np.mean([nannyml[r['model']][s] for r in rows]):>11.2f}"
-        line += f"{100 * np.mean([r['alarm_rate'][s] for r in rows]):>9.1f}"
+        line += f"{100 * np.mean([r['alarm_rate'][s] for r in rows]):>9.1f}  "
+        line += " ".join(f"{100 * np.mean([r['cause_rate'][s][c] for r in rows]):>8.1f}"
+                         for c in CAUSES)
         print(line)
 
 
