@@ -43,6 +43,8 @@ class TrafficMonitor:
         self._filled = 0
         self._next = 0
         self._profiles: dict[str, estimators.ReferenceProfile | str] = {}
+        self._recorded = 0  # requests recorded: the snapshot cache's key
+        self._cached: tuple[tuple, dict] | None = None
 
     # ------------------------------------------------------------ recording
     def record(self, model, repaired: np.ndarray) -> None:
@@ -63,6 +65,7 @@ class TrafficMonitor:
                 self._rows[:end - self.window_rows] = rows[split:]
             self._next = end % self.window_rows
             self._filled = min(self.window_rows, self._filled + len(rows))
+            self._recorded += 1
 
     def window(self) -> tuple[str | None, np.ndarray]:
         """(version, a float64 copy of the window's rows, renormalised)."""
@@ -104,7 +107,18 @@ class TrafficMonitor:
 
     # ------------------------------------------------------------ estimates
     def snapshot(self, model) -> dict:
-        """The estimates on the current window, as JSON-ready values."""
+        """The estimates on the current window, as JSON-ready values; computed once per
+        state of the window (scrapes between requests reuse them)."""
+        key = (None if model is None else model.version, self._recorded)
+        cached = self._cached
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        body = self._snapshot(model)
+        if body.get("status") == "ok":
+            self._cached = (key, body)
+        return body
+
+    def _snapshot(self, model) -> dict:
         version, rows = self.window()
         body = {"model": self.name, "version": None if model is None else model.version,
                 "rows": int(len(rows)), "window_rows": self.window_rows}
