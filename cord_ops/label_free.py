@@ -49,6 +49,12 @@ from cord_ops.validation import check_labels, check_probabilities, top1
 #: EM stops when no prior moves by more than this between two iterations.
 EM_TOL = 1e-10
 EM_MAX_ITER = 10_000
+#: :meth:`ReferenceProfile.prior_noise`: resampled batches, the quantile kept, and a looser
+#: EM stop (the noise is a threshold, not an estimate).
+NOISE_DRAWS = 32
+NOISE_QUANTILE = 0.99
+NOISE_TOL = 1e-7
+NOISE_MAX_ITER = 2_000
 
 
 class EMResult(NamedTuple):
@@ -195,18 +201,6 @@ def total_variation(p, q) -> float:
                               - np.asarray(q, dtype=np.float64)).sum())
 
 
-def sampling_tv(p, n_p: int, q, n_q: int) -> float:
-    """The total variation expected by chance between class shares of ``n_p`` and ``n_q``
-    rows from one distribution (the pooled one): per class E|p1 - p2| under the normal
-    approximation, sqrt(2 / pi) sqrt(s (1 - s) (1 / n_p + 1 / n_q)), halved and summed (the
-    rule of ``flows.gate.sampling_tv`` for label counts). EM priors are noisier than label
-    shares, so this is a floor, not the noise itself."""
-    pooled = (np.asarray(p, dtype=np.float64) * n_p + np.asarray(q, dtype=np.float64) * n_q) \
-        / (n_p + n_q)
-    spread = np.sqrt(pooled * (1 - pooled) * (1 / n_p + 1 / n_q))
-    return float(0.5 * np.sqrt(2 / np.pi) * spread.sum())
-
-
 class Estimates(NamedTuple):
     """What :meth:`ReferenceProfile.estimate` returns for one batch."""
 
@@ -232,7 +226,7 @@ class ReferenceProfile(BaseEstimator):
     output) sets ``accuracy_``, ``confidence_`` (sorted top-1 confidences),
     ``mean_confidence_``, ``atc_threshold_``, ``priors_`` (mean probability row, the EM
     source priors), ``label_priors_`` (label frequencies), ``predicted_counts_``, ``n_``
-    (rows) and ``n_classes_``.
+    (rows), ``n_classes_`` and ``probs_`` (the rows, for :meth:`prior_noise`).
     """
 
     def __init__(self, em_tol: float = EM_TOL, em_max_iter: int = EM_MAX_ITER):
@@ -258,7 +252,27 @@ class ReferenceProfile(BaseEstimator):
         self.priors_ = p.mean(axis=0)
         self.label_priors_ = np.bincount(y, minlength=k) / n
         self.predicted_counts_ = np.bincount(predicted, minlength=k)
+        self.probs_ = p
+        self._noise = {}
         return self
+
+    def prior_noise(self, n: int, quantile: float = NOISE_QUANTILE, draws: int = NOISE_DRAWS,
+                    seed: int = 0) -> float:
+        """The ``quantile`` of the total variation between the EM priors of ``draws``
+        batches of ``n`` rows resampled from the reference split and :attr:`priors_`: how
+        far the EM priors of a batch of this size move with no shift at all (EM priors are
+        noisier than label shares, the more so for small batches and large K). Seeded,
+        cached per ``n``."""
+        if not hasattr(self, "probs_"):
+            raise ValueError("ReferenceProfile: fit it on the reference split first")
+        key = (int(n), quantile, draws, seed)
+        if key not in self._noise:
+            rng = np.random.default_rng(seed)
+            moved = [total_variation(em_priors(self.probs_[rng.integers(0, self.n_, int(n))],
+                                               self.priors_, NOISE_TOL, NOISE_MAX_ITER).priors,
+                                     self.priors_) for _ in range(draws)]
+            self._noise[key] = float(np.quantile(moved, quantile))
+        return self._noise[key]
 
     def estimate(self, probs) -> Estimates:
         """The label-free estimates and drift statistics of the batch ``probs``."""

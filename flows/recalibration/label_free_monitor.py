@@ -149,7 +149,7 @@ def monitor_label_free(data: str | Path, model_name: str = "cord-ops",
     logger = get_run_logger()
     for batch, scored in zip(batches, champion.scored_batches, strict=True):
         est, cbpe_raw, reasons = estimate_batch(profile, scored, thresholds)
-        values = label_free.estimate_values(est, cbpe_raw, profile.accuracy_, profile.priors_)
+        values = label_free.estimate_values(est, cbpe_raw, profile)
         candidate = (prior_shift_candidate(scored, profile, est)
                      if any(r.startswith(label_free.PRIOR_SHIFT_REASON) for r in reasons)
                      else None)

@@ -158,7 +158,7 @@ class TrafficMonitor:
         batch = label_free.Batch(f"serve:{self.name}@{model.version}", rows, None, digest,
                                  label_free.scores_digest(rows))
         # the window holds repaired rows only: raw CBPE is that of the served output
-        values = label_free.estimate_values(est, est.cbpe, profile.accuracy_, profile.priors_)
+        values = label_free.estimate_values(est, est.cbpe, profile)
         run_id = label_free.log_batch_run(tracking.client(self.tracking_uri), self.name,
                                           model.version, batch, values, reasons,
                                           self.thresholds, est, profile.priors_)

@@ -212,8 +212,14 @@ def test_prior_shift_repair_follows_a_label_shift():
     assert out.mean(axis=0)[0] > posteriors.mean(axis=0)[0] + 0.05
 
 
-def test_sampling_tv_hand_checked():
-    # two classes at 1/2, 100 rows each: 0.5 sqrt(2/pi) 2 sqrt(0.25 (0.02)) per the formula
-    expected = 0.5 * math.sqrt(2 / math.pi) * 2 * math.sqrt(0.25 * 0.02)
-    assert lf.sampling_tv([0.5, 0.5], 100, [0.5, 0.5], 100) == pytest.approx(expected)
-    assert lf.sampling_tv([1.0, 0.0], 10, [1.0, 0.0], 10) == 0.0
+def test_prior_noise_shrinks_with_the_batch_and_is_zero_without_spread():
+    rng = np.random.default_rng(2)
+    probs = softmax(rng.normal(size=(2000, 4)) * 2, axis=1)
+    labels = probs.argmax(axis=1)
+    profile = lf.ReferenceProfile().fit(probs, labels)
+    small, large = profile.prior_noise(50), profile.prior_noise(2000)
+    assert 0 < large < small < 0.5
+    assert profile.prior_noise(50) == small  # seeded and cached
+    # identical rows: every resampled batch is the reference itself
+    same = lf.ReferenceProfile().fit(np.tile([[0.7, 0.2, 0.1]], (30, 1)), np.zeros(30, int))
+    assert same.prior_noise(10) == pytest.approx(0.0, abs=1e-12)
