@@ -46,6 +46,53 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "cord-ops.monitor.alert for every alert")
 
 
+def add_schedule_options(parser: argparse.ArgumentParser) -> None:
+    """``schedule``'s label-free monitor: a glob or folder of new batches, its cron and the
+    thresholds (:func:`add_options`)."""
+    parser.add_argument("--label-free-data",
+                        help="also monitor, without labels, the batches of this glob or "
+                             "folder that were not monitored yet (quote the glob)")
+    parser.add_argument("--label-free-cron",
+                        help="schedule of the label-free monitor (default: the monitoring "
+                             "schedule)")
+    add_options(parser)
+
+
+def validate_schedule(args) -> None:
+    """``schedule``'s label-free options: the glob may match nothing yet (batches arrive
+    later), but it must be a glob or folder, and the thresholds and cron must hold."""
+    if args.label_free_data is None:
+        if args.label_free_cron is not None:
+            raise inputs.InputError("--label-free-cron: needs --label-free-data")
+        return
+    from pathlib import Path
+
+    from flows.recalibration import label_free
+
+    if not inputs.is_batch_input(args.label_free_data):
+        raise inputs.InputError(f"--label-free-data {args.label_free_data}: expected a glob "
+                                "pattern or a folder of new batches")
+    try:
+        label_free.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
+    except ValueError as exc:
+        raise inputs.InputError(str(exc)) from exc
+    args.label_free_cron = (args.monitor_cron if args.label_free_cron is None
+                            else inputs.check_cron(args.label_free_cron, "--label-free-cron"))
+    text = str(args.label_free_data)
+    # Absolute: runs start later, from the runner's or the worker's directory.
+    args.label_free_data = text if Path(text).is_absolute() else str(Path.cwd() / text)
+
+
+def schedule_parameters(args) -> dict | None:
+    """The label-free deployment's parameters, or None without ``--label-free-data``."""
+    if args.label_free_data is None:
+        return None
+    return {"data": args.label_free_data, "model_name": args.model_name,
+            "alpha": args.alpha, "max_accuracy_drop": args.max_accuracy_drop,
+            "max_prior_shift": args.max_prior_shift, "emit_events": args.emit_event,
+            "tracking_uri": args.tracking_uri}
+
+
 def is_label_free(args) -> bool:
     """Whether ``--data`` asks for the label-free monitor."""
     if inputs.is_batch_input(args.data):

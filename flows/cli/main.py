@@ -340,6 +340,7 @@ def validate_schedule(args) -> None:
         if batch.n_classes != dataset.n_classes:
             raise inputs.InputError(f"{batch.path}: has {batch.n_classes} classes but "
                                     f"{dataset.path} has {dataset.n_classes}")
+    label_free_cli.validate_schedule(args)
 
 
 def validate_predict(args) -> None:
@@ -484,15 +485,21 @@ def cmd_schedule(args) -> int:
            "calibrator": args.calibrator, "fraction": args.fraction, "seed": args.seed,
            "dtype": args.dtype, "tracking_uri": args.tracking_uri,
            "skip_without_champion": True}
+    label_free = label_free_cli.schedule_parameters(args)
     # Prefect's own cron parser has the last word, still before any server is involved.
     schedule.prefect_cron(args.cron)
     schedule.prefect_cron(args.monitor_cron)
+    if label_free is not None:
+        schedule.prefect_cron(args.label_free_cron)
     with flow_context(args, start_managed=True) as managed:
         print(f"recalibrate: cron {args.cron!r}; monitor: cron {args.monitor_cron!r}; "
-              f"tracking {args.tracking_uri}", flush=True)
+              + (f"label-free monitor of new batches in {label_free['data']}: cron "
+                 f"{args.label_free_cron!r}; " if label_free is not None else "")
+              + f"tracking {args.tracking_uri}", flush=True)
         if args.work_pool:
             ids = schedule.deploy_to_work_pool(args.work_pool, args.cron, recal, mon,
-                                               args.monitor_cron)
+                                               args.monitor_cron, label_free,
+                                               args.label_free_cron)
             print(f"deployed to work pool '{args.work_pool}': {', '.join(ids)}")
             api = f"PREFECT_API_URL={managed.api_url} " if managed is not None else ""
             print(f"next: {api}prefect worker start --pool {args.work_pool}")
@@ -500,7 +507,8 @@ def cmd_schedule(args) -> int:
             if managed is not None:
                 print(f"serving until Ctrl-C or SIGTERM; the Prefect server keeps running "
                       f"after that: stop it with `{_server_hint(args)}`", flush=True)
-            deployments = schedule.build_deployments(args.cron, recal, mon, args.monitor_cron)
+            deployments = schedule.build_deployments(args.cron, recal, mon, args.monitor_cron,
+                                                     label_free, args.label_free_cron)
             schedule.serve_deployments(deployments)
             print("stopped serving")
     if managed is not None and args.work_pool:
@@ -748,6 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data", type=Path, help="separate evaluation .npz")
     p.add_argument("--monitor-data", type=Path, help="labelled batch to monitor (default: --data)")
     p.add_argument("--work-pool", help="register with this work pool instead of serving here")
+    label_free_cli.add_schedule_options(p)
     _add_thresholds(p)
     _add_flow_options(p)
     p.set_defaults(func=cmd_schedule, validate=validate_schedule)

@@ -117,18 +117,18 @@ def emit_alert(model_name: str, report: label_free.BatchReport, version: str) ->
 
 
 @flow(name="monitor-label-free", persist_result=False)
-def monitor_label_free(data: str | Path, model_name: str = "cord-ops",
+def monitor_label_free(data: str | Path | list[str], model_name: str = "cord-ops",
                        alpha: float = label_free.DEFAULT_ALPHA,
                        max_accuracy_drop: float = label_free.DEFAULT_MAX_ACCURACY_DROP,
                        max_prior_shift: float = label_free.DEFAULT_MAX_PRIOR_SHIFT,
                        emit_events: bool = False,
                        tracking_uri: str | None = None) -> label_free.LabelFreeResult:
     """Score ``model_name@champion`` on every batch ``data`` names (one file, a folder or a
-    glob of .npz/.parquet files; labels optional) and log one label-free run per batch
-    (:mod:`flows.recalibration.label_free`). Batches that carry labels are settled at once
-    (:func:`flows.recalibration.label_free.meet_labels`). A batch whose EM priors moved past
-    the threshold gets the prior-shift candidate's state logged with its run
-    (:func:`flows.recalibration.label_free.prior_shift_candidate`). With ``emit_events``,
+    glob of .npz/.parquet files, or a list of files; labels optional) and log one label-free
+    run per batch (:mod:`flows.recalibration.label_free`). Batches that carry labels are
+    settled at once (:func:`flows.recalibration.label_free.meet_labels`). A batch whose EM
+    priors moved past the threshold gets the prior-shift candidate's state logged with its
+    run (:func:`flows.recalibration.label_free.prior_shift_candidate`). With ``emit_events``,
     every alert is also a Prefect event :data:`ALERT_EVENT`."""
     from flows.preflight import checks as inputs
 
@@ -140,7 +140,7 @@ def monitor_label_free(data: str | Path, model_name: str = "cord-ops",
                           "classes and input kind can be read")
     n_classes, input_kind, _ = reads
     batches = [label_free.read_batch(path, n_classes, input_kind)
-               for path in label_free.batch_files(data)]
+               for path in (data if isinstance(data, list) else label_free.batch_files(data))]
     champion = score_champion(uri, model_name, batches)
     profile = estimators.ReferenceProfile().fit(champion.scored_reference.repaired,
                                                 champion.reference_labels)

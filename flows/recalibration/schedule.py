@@ -24,6 +24,7 @@ from prefect.runner import Runner
 
 from flows.preflight.checks import InputError, monitor_cron_for
 from flows.recalibration.flow import recalibrate
+from flows.recalibration.label_free_schedule import LABEL_FREE_DEPLOYMENT, monitor_new_batches
 from flows.recalibration.monitor import monitor
 
 RECALIBRATE_DEPLOYMENT = "cord-ops-recalibrate"
@@ -60,10 +61,14 @@ def prefect_cron(cron: str) -> str:
 
 
 def build_deployments(cron: str, recalibrate_parameters: dict,
-                      monitor_parameters: dict | None = None, monitor_cron: str | None = None):
+                      monitor_parameters: dict | None = None, monitor_cron: str | None = None,
+                      label_free_parameters: dict | None = None,
+                      label_free_cron: str | None = None):
     """The runner deployments: recalibration on ``cron``; monitoring on ``monitor_cron``
     (default: ``cron`` shifted by :func:`flows.preflight.checks.monitor_cron_for`, so the two never
-    start together) when ``monitor_parameters`` are given.
+    start together) when ``monitor_parameters`` are given; the label-free monitor of new
+    batches (:mod:`flows.recalibration.label_free_schedule`) on ``label_free_cron``
+    (default: the monitoring schedule) when ``label_free_parameters`` are given.
 
     Entrypoints are module paths (``flows.recalibration.flow.recalibrate``), so the run process
     imports the installed package whatever its working directory. Each deployment runs
@@ -78,6 +83,12 @@ def build_deployments(cron: str, recalibrate_parameters: dict,
             name=MONITOR_DEPLOYMENT, cron=prefect_cron(monitor_cron or monitor_cron_for(cron)),
             parameters=monitor_parameters, entrypoint_type=EntrypointType.MODULE_PATH,
             tags=["cord-ops"], concurrency_limit=ONE_AT_A_TIME))
+    if label_free_parameters is not None:
+        deployments.append(monitor_new_batches.to_deployment(
+            name=LABEL_FREE_DEPLOYMENT,
+            cron=prefect_cron(label_free_cron or monitor_cron or monitor_cron_for(cron)),
+            parameters=label_free_parameters, entrypoint_type=EntrypointType.MODULE_PATH,
+            tags=["cord-ops", "label-free"], concurrency_limit=ONE_AT_A_TIME))
     return deployments
 
 
@@ -160,7 +171,9 @@ class _BoundedStopRunner(Runner):
 
 def deploy_to_work_pool(work_pool: str, cron: str, recalibrate_parameters: dict,
                         monitor_parameters: dict | None = None,
-                        monitor_cron: str | None = None) -> list[str]:
+                        monitor_cron: str | None = None,
+                        label_free_parameters: dict | None = None,
+                        label_free_cron: str | None = None) -> list[str]:
     """Register the deployments with ``work_pool`` on the server PREFECT_API_URL names.
 
     The flow code is pulled from this checkout (``REPO_ROOT``), so a process worker on
@@ -174,6 +187,11 @@ def deploy_to_work_pool(work_pool: str, cron: str, recalibrate_parameters: dict,
         specs.append(("flows/recalibration/monitor.py:monitor", MONITOR_DEPLOYMENT,
                       monitor_cron or monitor_cron_for(cron),
                       monitor_parameters))
+    if label_free_parameters is not None:
+        specs.append(("flows/recalibration/label_free_schedule.py:monitor_new_batches",
+                      LABEL_FREE_DEPLOYMENT,
+                      label_free_cron or monitor_cron or monitor_cron_for(cron),
+                      label_free_parameters))
     ids = []
     for entrypoint, name, when, parameters in specs:
         remote = Flow.from_source(source=str(REPO_ROOT), entrypoint=entrypoint)

@@ -1,0 +1,100 @@
+"""``cord-ops schedule --label-free-data GLOB``: the label-free monitor's cron deployment and
+its entry flow, which monitors only the batches no finished label-free run has logged.
+(Firing a cron is covered by test_schedule.py; this calls the scheduled flow directly.)"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cord_ops import data
+from flows.cli import label_free as label_free_cli
+from flows.cli.main import build_parser
+from flows.preflight.checks import InputError
+from flows.recalibration import label_free
+from flows.recalibration.label_free_monitor import monitor_label_free
+from flows.recalibration.label_free_schedule import LABEL_FREE_DEPLOYMENT, monitor_new_batches
+from flows.recalibration.schedule import MONITOR_DEPLOYMENT, build_deployments
+
+
+def _schedule_args(*extra: str):
+    args = build_parser().parse_args(["schedule", "--cron", "0 3 * * *", "--data", "d.npz",
+                                      "--model-name", "lf", *extra])
+    args.monitor_cron = "30 3 * * *"  # what validate_schedule set before this check
+    return args
+
+
+def test_schedule_options_and_the_label_free_deployment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = _schedule_args("--label-free-data", "incoming/*.parquet", "--alpha", "0.001",
+                          "--emit-event")
+    label_free_cli.validate_schedule(args)
+    assert args.label_free_cron == "30 3 * * *"  # the monitoring schedule by default
+    parameters = label_free_cli.schedule_parameters(args)
+    assert parameters["data"] == str(tmp_path / "incoming" / "*.parquet")  # absolute
+    assert (parameters["alpha"], parameters["emit_events"], parameters["model_name"]) == \
+        (0.001, True, "lf")
+    assert label_free_cli.schedule_parameters(_schedule_args()) is None
+
+    refusals = {("--label-free-data", "one.npz"): "expected a glob pattern or a folder",
+                ("--label-free-cron", "0 * * * *"): "--label-free-cron: needs --label-free-data",
+                ("--label-free-data", "in/*", "--max-prior-shift", "2"): "--max-prior-shift",
+                ("--label-free-data", "in/*", "--label-free-cron", "61 * * * *"):
+                    "--label-free-cron"}
+    for extra, expected in refusals.items():
+        with pytest.raises(InputError, match=expected):
+            label_free_cli.validate_schedule(_schedule_args(*extra))
+
+    deployments = build_deployments("0 3 * * *", {"data": "d.npz", "model_name": "lf"},
+                                    {"data": "d.npz", "model_name": "lf"}, None,
+                                    parameters, "*/10 * * * *")
+    by_name = {d.name: d for d in deployments}
+    assert set(by_name) >= {MONITOR_DEPLOYMENT, LABEL_FREE_DEPLOYMENT}
+    scheduled = by_name[LABEL_FREE_DEPLOYMENT]
+    assert [s.schedule.cron for s in scheduled.schedules] == ["*/10 * * * *"]
+    assert scheduled.parameters == parameters
+    assert scheduled.entrypoint == \
+        "flows.recalibration.label_free_schedule.monitor_new_batches"
+    assert scheduled.concurrency_limit == 1
+    # without its own cron: the monitoring one
+    fallback = build_deployments("0 3 * * *", {}, None, "45 * * * *", parameters)
+    assert [s.schedule.cron for s in fallback[-1].schedules] == ["45 * * * *"]
+
+
+def test_scheduled_label_free_monitor_logs_only_new_batches(prefect_harness, store, tmp_path,
+                                                            digits):
+    from mlflow import MlflowClient
+
+    from flows.recalibration.flow import recalibrate
+
+    client = MlflowClient()
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    pattern = str(incoming / "*.npz")
+    np.savez(incoming / "a.npz", logits=digits.scores[:300])
+    # no champion yet, then no batch yet: nothing to do, no error, nothing logged
+    assert monitor_new_batches(data=pattern, model_name="lf") is None
+    recalibrate(data=str(data.save_npz(tmp_path / "d.npz", digits.scores, digits.labels,
+                                       "logits")), model_name="lf")
+    assert monitor_new_batches(data=str(tmp_path / "none-yet" / "*.npz"),
+                               model_name="lf") is None
+    assert client.get_experiment_by_name(label_free.monitoring_experiment("lf")) is None
+
+    by_hand = monitor_label_free(data=str(incoming / "a.npz"), model_name="lf")
+    np.savez(incoming / "b.npz", logits=digits.scores[300:700])
+    shutil.copy(incoming / "a.npz", incoming / "c-copy-of-a.npz")  # same bytes: monitored
+    (incoming / "notes.txt").write_text("not a batch")
+
+    result = monitor_new_batches(data=pattern, model_name="lf")
+    assert [Path(r.path).name for r in result.reports] == ["b.npz"]
+    assert result.reports[0].n == 400
+    assert monitor_new_batches(data=pattern, model_name="lf") is None  # nothing new now
+    runs = client.search_runs(
+        [client.get_experiment_by_name(label_free.monitoring_experiment("lf")).experiment_id])
+    assert sorted(Path(r.data.tags["data.path"]).name for r in runs) == ["a.npz", "b.npz"]
+    assert {r.info.run_id for r in runs} == {by_hand.reports[0].run_id,
+                                             result.reports[0].run_id}
+    assert all(r.data.tags["cord.kind"] == label_free.KIND for r in runs)
