@@ -93,8 +93,17 @@ def schedule_parameters(args) -> dict | None:
             "tracking_uri": args.tracking_uri}
 
 
+def add_labels_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--labels",
+                        help="a labels-only file (.npz arrays or Parquet columns 'labels' and "
+                             "'row_id') for the batch --data, monitored earlier without "
+                             "labels: log the realised metrics beside its estimates")
+
+
 def is_label_free(args) -> bool:
     """Whether ``--data`` asks for the label-free monitor."""
+    if getattr(args, "labels", None) is not None:
+        return True
     if inputs.is_batch_input(args.data):
         return True
     path = inputs.data_file(args.data, "--data")
@@ -125,12 +134,38 @@ def validate(args) -> None:
     n_classes, input_kind, source = reads
     if args.input_kind not in ("auto", input_kind):
         raise inputs.InputError(f"--input-kind {args.input_kind}: {source} reads {input_kind}")
+    if getattr(args, "labels", None) is not None:
+        return _validate_labels(args, files, n_classes, input_kind, source)
     for path in files:
         try:
             label_free.read_batch(path, n_classes, input_kind)
         except (ValueError, TypeError, OSError) as exc:
             raise inputs.InputError(f"{exc} (given as --data; {source} reads {n_classes} "
                                     f"classes of {input_kind})") from exc
+
+
+def _validate_labels(args, files, n_classes: int, input_kind: str, source: str) -> None:
+    from flows.recalibration import label_free_labels
+
+    if inputs.is_batch_input(args.data) or len(files) != 1:
+        raise inputs.InputError(f"--labels: expected --data to name the one batch file the "
+                                f"labels are for, got {args.data}")
+    inputs.data_file(args.labels, "--labels")
+    try:
+        label_free_labels.check(args.tracking_uri, args.model_name, files[0], args.labels,
+                                n_classes, input_kind)
+    except (ValueError, TypeError, OSError) as exc:
+        raise inputs.InputError(f"{exc} (given as --labels/--data; {source} reads "
+                                f"{n_classes} classes of {input_kind})") from exc
+
+
+def labels_summary(args, settled: dict[str, dict[str, float]]) -> list[str]:
+    lines = [f"labels of {args.data} from {args.labels}:"]
+    for run_id, values in settled.items():
+        lines.append(f"  met label-free run {run_id}: realised accuracy "
+                     f"{values['realised.accuracy']:.4f}, ECE {values['realised.ece']:.4f}, "
+                     f"CBPE error {values['error.cbpe']:+.4f}")
+    return lines
 
 
 def summary(result) -> list[str]:
@@ -154,6 +189,14 @@ def summary(result) -> list[str]:
 
 def run(args) -> int:
     from flows.recalibration.label_free_monitor import monitor_label_free
+
+    if getattr(args, "labels", None) is not None:
+        from flows.recalibration.label_free_labels import meet_labels_file
+
+        settled = meet_labels_file(data=str(args.data), labels=str(args.labels),
+                                   model_name=args.model_name, tracking_uri=args.tracking_uri)
+        print("\n".join(labels_summary(args, settled)), flush=True)
+        return 0
 
     result = monitor_label_free(data=str(args.data), model_name=args.model_name,
                                 alpha=args.alpha, max_accuracy_drop=args.max_accuracy_drop,

@@ -735,6 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "or a glob: label-free monitoring (exit 3 on an alert)")
     _add_thresholds(p)
     label_free_cli.add_options(p)
+    label_free_cli.add_labels_option(p)
     p.add_argument("--no-recalibrate", action="store_true",
                    help="only report drift, never start a recalibration")
     _add_flow_options(p)
