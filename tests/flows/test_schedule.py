@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.recalibration.label_free_schedule import LABEL_FREE_DEPLOYMENT
 from flows.recalibration.schedule import MONITOR_DEPLOYMENT, RECALIBRATE_DEPLOYMENT
 
 
@@ -75,13 +76,22 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name="cord-ops-pool", type="process"))
     parameters = {"data": str(tmp_path / "batch.npz"), "model_name": "pooled"}
+    label_free = {"data": str(tmp_path / "incoming" / "*.npz"), "model_name": "pooled"}
     ids = deploy_to_work_pool("cord-ops-pool", "15 2 * * 1", parameters, parameters,
-                              monitor_cron="0 * * * *")
+                              monitor_cron="0 * * * *", label_free_parameters=label_free)
 
     with get_client(sync_client=True) as client:
         recal = client.read_deployment_by_name(f"recalibrate/{RECALIBRATE_DEPLOYMENT}")
         watch = client.read_deployment_by_name(f"monitor/{MONITOR_DEPLOYMENT}")
-    assert sorted(ids) == sorted([str(recal.id), str(watch.id)])
+        unlabelled = client.read_deployment_by_name(
+            f"monitor-label-free-new/{LABEL_FREE_DEPLOYMENT}")
+    assert sorted(ids) == sorted([str(recal.id), str(watch.id), str(unlabelled.id)])
+    # the label-free monitor of new batches: on the monitoring schedule, from this checkout
+    assert unlabelled.entrypoint == \
+        "flows/recalibration/label_free_schedule.py:monitor_new_batches"
+    assert [s.schedule.cron for s in unlabelled.schedules] == ["0 * * * *"]
+    assert unlabelled.parameters == label_free
+    assert unlabelled.global_concurrency_limit.limit == 1
     assert (recal.work_pool_name, watch.work_pool_name) == ("cord-ops-pool", "cord-ops-pool")
     assert [s.schedule.cron for s in recal.schedules] == ["15 2 * * 1"]
     assert [s.schedule.cron for s in watch.schedules] == ["0 * * * *"]
