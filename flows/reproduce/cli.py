@@ -19,6 +19,7 @@ from flows.reproduce.defaults import (
     DEFAULT_SEEDS,
     DEFAULT_WORKERS,
     EXPERIMENT,
+    QUICK_CALIBRATORS,
     default_data_dir,
 )
 
@@ -105,7 +106,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
                    help="number of seeded 50/50 splits (seeds 0..N-1; default 5)")
     p.add_argument("--calibrators", nargs="+", choices=CALIBRATORS, default=None,
-                   help="calibrators to evaluate (default: all nine; --quick: vs svs irova)")
+                   help=f"calibrators to evaluate (default: all {len(CALIBRATORS)}; --quick: "
+                        f"{' '.join(QUICK_CALIBRATORS)})")
     p.add_argument("--quick", action="store_true",
                    help="1 seed, 2 files, 3 calibrators (the CI smoke run)")
     p.add_argument("--dask-address", default=None,
@@ -128,7 +130,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--data", type=Path, default=found,
                    help=f"folder of .npz files (default: {found or '../shared/data'})")
     p.add_argument("--calibrators", nargs="+", choices=CALIBRATORS, default=list(CALIBRATORS),
-                   help="calibrators whose fit time is measured (default: all nine)")
+                   help=f"calibrators whose fit time is measured (default: all "
+                        f"{len(CALIBRATORS)})")
     p.add_argument("--onnx-calibrator", default="vs",
                    help="calibrator of the exported graph and of the flow run (default vs)")
     p.add_argument("--out", type=Path, default=DEFAULT_BENCH_OUT,

@@ -475,6 +475,16 @@ def write_report(cells: list[dict], failures: list[dict], out_dir,
         shutil.rmtree(stage, ignore_errors=True)
 
 
+def _split_means(results: pd.DataFrame) -> str:
+    """How many splits each cell averages, in words ("Five-split means" only when five)."""
+    counts = results.groupby(["file", "calibrator"])["seed"].nunique()
+    n = int(counts.max()) if len(counts) else 0
+    if n == 1:
+        return "One split per cell, no averaging"
+    low = int(counts.min())
+    return f"Means over {n} splits" if low == n else f"Means over {low}-{n} splits"
+
+
 def _write_all(cells, failures, stage: Path, n_bootstrap: int) -> list[Path]:
     written: list[Path] = []
     results = results_frame(cells)
@@ -508,7 +518,8 @@ def _write_all(cells, failures, stage: Path, n_bootstrap: int) -> list[Path]:
         tables7[dataset] = table7(conditions, dataset)
         written += _write_table(tables7[dataset], stage, f"table7_{dataset}",
                                 f"Tables 7/8: {dataset}, per classifier x calibrator",
-                                "Five-split means. dX = Base minus Uncal. for accuracy, "
+                                f"{_split_means(results)}. dX = Base minus Uncal. for "
+                                "accuracy, "
                                 "Base minus Base+CORD for ECE/NLL/Brier.")
     agreement = agreement_table(tables7)
     if not agreement.empty:
