@@ -46,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cord_ops", "onnx_export", "flows")
+TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT = 3.0, 10.0
 
 #: module -> its own fast tests (files or node ids; ``-m "not slow"`` is added).
 MODULES: dict[str, list[str]] = {
@@ -57,13 +58,13 @@ MODULES: dict[str, list[str]] = {
                                             "tests/core/test_mutation_gaps.py"],
     "cord_ops/validation.py": ["tests/calibrators/test_bad_input.py",
                                "tests/core/test_mutation_gaps.py"],
-    "onnx_export/repair.py": ["tests/onnx/test_fixup.py"],
-    "flows/promotion/gate.py": ["tests/flows/test_gate.py"],
-    "flows/registry/lock.py": ["tests/flows/test_registry.py"],
-    "flows/registry/versions.py": ["tests/flows/test_owner.py", "tests/flows/test_registry.py"],
-    "flows/registry/owner.py": ["tests/flows/test_owner.py"],
-    "flows/registry/journal.py": ["tests/flows/test_journal.py"],
-    "flows/serving/contract.py": ["tests/flows/test_scoring_input.py"],
+    "onnx_export/repair.py": ["tests/onnx/test_repair_graph.py", "tests/onnx/test_fixup.py"],
+    "flows/gate.py": ["tests/flows/test_gate.py"],
+    "flows/lock.py": ["tests/flows/test_registry.py"],
+    "flows/registry.py": ["tests/flows/test_owner.py", "tests/flows/test_registry.py"],
+    "flows/owner.py": ["tests/flows/test_owner.py"],
+    "flows/journal.py": ["tests/flows/test_journal.py"],
+    "flows/scoring_input.py": ["tests/flows/test_scoring_input.py"],
 }
 
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
@@ -173,7 +174,19 @@ def _mutmut_section(module: str, tests: list[str]) -> str:
             f"source_paths = {json.dumps(list(PACKAGES))}\n"
             f"only_mutate = [{json.dumps(module)}]\n"
             f"pytest_add_cli_args_test_selection = [{args}]\n"
-            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow"]\n')
+            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow"]\n'
+            # one server process imports pytest, numpy, scipy and the test modules once and
+            # forks a child per mutant; the default forks a bare process that imports them
+            # all again for each mutant (~1 s of CPU each on this VM)
+            'process_isolation = "forkserver"\n'
+            'forkserver_warmup = "collect"\n'
+            # mutmut stops a mutant's run after (its tests' clean time + constant) x
+            # multiplier seconds of WALL time (and twice that of CPU): the default, (t + 1)
+            # x 15, lets a mutant that turns a bisection into an endless loop burn minutes;
+            # the larger constant keeps a loaded machine (a fork's pytest collection alone
+            # takes seconds at load 20) from reading slow as a timeout, i.e. as killed
+            f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n"
+            f"timeout_constant = {TIMEOUT_CONSTANT}\n")
 
 
 def scratch_copy(module: str, tests: list[str]) -> Path:
@@ -214,8 +227,13 @@ def run_module(module: str, tests: list[str], max_children: int, keep: bool) -> 
     work = scratch_copy(module, tests)
     started = time.perf_counter()
     try:
+        # the copy lives under /tmp: point tests/conftest.py at the shared CIFAR logits the
+        # checkout sees, so tests that read them run against the mutants too
+        env = {**os.environ, "CORD_OPS_SHARED_DATA": os.environ.get(
+            "CORD_OPS_SHARED_DATA", str(ROOT.parent / "shared" / "data"))}
         run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
-                              str(max_children)], cwd=work, capture_output=True, text=True)
+                              str(max_children)], cwd=work, capture_output=True, text=True,
+                             env=env)
         if run.returncode != 0:
             tail = (run.stdout + run.stderr)[-3000:]
             raise SystemExit(f"error: {module}: mutmut run failed ({run.returncode}):\n{tail}")
