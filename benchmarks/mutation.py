@@ -112,10 +112,6 @@ ACCEPTED: dict[str, str] = {
     "None else approx < mu -> return self.exact(eta) <= mu if approx is None else approx <= mu":
         "as for at_least: a screened approx is never equal to mu",
     # cord_ops/calibrators/temperature.py
-    'cord_ops/calibrators/temperature.py::bracketed_iteration::if not lo < new < hi and not abs(new - beta) <= tolerance * beta: -> if not lo < new < hi and not abs(new - beta) < tolerance * beta:':  # noqa: E501 - a key is one source line
-        'a step exactly equal to the tolerance: no test can construct the float pair',
-    'cord_ops/calibrators/temperature.py::bracketed_iteration::if abs(new - beta) <= tolerance * beta: -> if abs(new - beta) < tolerance * beta:':  # noqa: E501 - a key is one source line
-        'as above: equality with the tolerance',
     'cord_ops/calibrators/temperature.py::bracketed_iteration::if g == 0.0: -> if g == 1.0:':
         'at g == 0 the step is 0, which the convergence test returns: same beta',
     'cord_ops/calibrators/temperature.py::bracketed_iteration::if g > 0.0: -> if g >= 0.0:':
