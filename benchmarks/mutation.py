@@ -304,7 +304,7 @@ def run_module(module: str, tests: list[str], max_children: int, keep: bool) -> 
             shutil.rmtree(work, ignore_errors=True)
     result = {"module": module, "mutants": len(mutants), "killed": 0, "survived": [],
               "accepted": [], "untested": [], "timeout": 0, "other": [],
-              "seconds": time.perf_counter() - started}
+              "seconds": time.perf_counter() - started, "load_after": os.getloadavg()}
     for name, m in sorted(mutants.items()):
         code = m["code"]
         if code in KILLED:
@@ -360,7 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(f"{module:38} {r['mutants']:7d} {r['killed']:6d} {len(r['survived']):5d} "
               f"{len(r['accepted']):5d} {len(r['untested']):6d} {r['timeout']:5d} "
-              f"{100 * r['score']:5.1f}% {r['seconds']:7.0f}", flush=True)
+              f"{100 * r['score']:5.1f}% {r['seconds']:7.0f}  (load {r['load_after'][0]:.1f} "
+              f"{r['load_after'][1]:.1f} {r['load_after'][2]:.1f})", flush=True)
+        if args.json:  # after each module, so an interrupted run keeps what it measured
+            args.json.write_text(json.dumps({"load_before": load_before,
+                                             "load_now": os.getloadavg(),
+                                             "results": results}, indent=1))
         if args.survivors:
             for e in r["survived"] + r["untested"] + r["other"]:
                 print(f"\n# {e['key']}\n# {e['name']} (exit {e['code']})\n{e['diff']}\n",
