@@ -59,27 +59,27 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/validation.py": ["tests/calibrators/test_bad_input.py",
                                "tests/core/test_mutation_gaps.py"],
     "onnx_export/repair.py": ["tests/onnx/test_repair_graph.py", "tests/onnx/test_fixup.py"],
-    "flows/gate.py": ["tests/flows/test_gate.py", "tests/flows/test_gate_units.py",
+    "flows/promotion/gate.py": ["tests/flows/test_gate.py", "tests/flows/test_gate_units.py",
                       "tests/flows/test_champion_history.py", "tests/flows/test_gate_store.py",
                       # its TS cases (ms per fit), not the hypothesis test over 5 families
                       "tests/flows/test_parity_tolerance.py::test_tolerance_grows_with_the_values_and_still_catches_a_wrong_graph",  # noqa: E501
                       "tests/flows/test_parity_tolerance.py::test_tolerance_is_never_below_the_fixed_floor"],  # noqa: E501
     # test_registry.py without its retry test, whose Prefect setup takes ~100 s per process
-    "flows/lock.py": [
+    "flows/registry/lock.py": [
         "tests/flows/test_registry.py::test_file_lock_serialises_processes_names_the_holder_and_survives_a_kill_9",  # noqa: E501
         "tests/flows/test_registry.py::test_lease_lock_serialises_processes_and_a_dead_local_holder_is_taken_over",  # noqa: E501
         "tests/flows/test_registry.py::test_a_foreign_or_unreadable_store_file_gives_one_error_line",  # noqa: E501
         "tests/flows/test_lock_unit.py"],
-    "flows/registry.py": [
+    "flows/registry/versions.py": [
         "tests/flows/test_owner.py",
         "tests/flows/test_registry.py::test_only_a_locked_sqlite_database_is_retried",
         "tests/flows/test_registry.py::test_clean_up_undoes_dead_owners_only",
         "tests/flows/test_registry.py::test_register_version_is_idempotent_per_run",
         "tests/flows/test_registry.py::test_withdraw_restores_the_alias_and_deletes_the_version"],
-    "flows/owner.py": ["tests/flows/test_owner.py"],
-    "flows/journal.py": ["tests/flows/test_journal.py"],
+    "flows/registry/owner.py": ["tests/flows/test_owner.py"],
+    "flows/registry/journal.py": ["tests/flows/test_journal.py"],
     # without the two tests that fit, export and serve a model (10 s setup per process)
-    "flows/scoring_input.py": [
+    "flows/serving/contract.py": [
         f"tests/flows/test_scoring_input.py::{name}" for name in (
             "test_every_accepted_form_gives_the_same_matrix",
             "test_the_first_non_finite_row_is_named", "test_a_wrong_width_is_refused",
@@ -150,8 +150,8 @@ ACCEPTED: dict[str, str] = {
         '|x| without |y|',
     'onnx_export/repair.py::interior_response::gb.const(np.finfo(gb.dtype).tiny), hint="hypot_scale") -> hint="hypot_scale")':  # noqa: E501 - a key is one source line
         "as for the floor's other mutants: max(|x|, |y|) > 0 here without it",
-    # flows/journal.py
-    'flows/journal.py::record::error: OSError | None = None -> error: OSError | None = ""':
+    # flows/registry/journal.py
+    'flows/registry/journal.py::record::error: OSError | None = None -> error: OSError | None = ""':
         "folders() is never empty, so error is always reassigned before the raise",
     # flows/registry/owner.py
     "flows/registry/owner.py::terminate_group::time.sleep(0.05) -> time.sleep(1.05)":

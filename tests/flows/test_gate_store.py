@@ -10,7 +10,8 @@ import json
 
 import numpy as np
 
-from flows import gate, registry
+from flows.promotion import gate
+from flows.registry import versions as registry
 
 
 def test_health_history_and_unscorable_champions(store):

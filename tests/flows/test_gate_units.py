@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from flows import gate
+from flows.promotion import gate
 
 
 @pytest.mark.parametrize("k, rows, share", [

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows import lock, owner
+from flows.registry import lock, owner
 
 
 def test_the_kind_follows_the_store():
