@@ -313,3 +313,63 @@ def test_the_bound_warning_points_at_the_caller_of_fit():
         warnings.simplefilter("always")
         temperature.TemperatureScaling().fit(z, z.argmin(axis=1))
     assert [w.filename for w in caught] == [__file__]
+
+
+def test_the_convergence_test_scales_the_tolerance_by_beta():
+    """|new - beta| <= tolerance * beta, relative (module docstring): with scripted steps
+    the iteration stops at the first step within tol * beta, and not before, at a beta far
+    above 1 and at one far below (where tol / beta or an absolute tol would decide the
+    other way)."""
+    tol = 1e-3
+
+    def scripted(relative_steps):
+        steps = iter(relative_steps)
+        return lambda b, d: b * (1.0 + next(steps))
+
+    def run(beta, relative_steps):
+        calls = []
+
+        def derivatives(b):
+            calls.append(b)
+            return (-1.0, 1.0)  # g < 0: beta is the bracket's new lower end
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = temperature.bracketed_iteration(
+                derivatives, beta, (-1.0, 1.0), beta / 2, beta * 2, scripted(relative_steps),
+                tolerance=tol, max_iter=5, name="x", what="scripted")
+        return out, calls
+
+    # beta = 100: a step of 0.5 tol relative is 0.05 <= tol * beta = 0.1 -> converged.
+    out, calls = run(100.0, [0.5 * tol])
+    assert out == 100.0 * (1.0 + 0.5 * tol) and calls == []
+    # beta = 0.01: a step of 2 tol relative (2e-5) is above tol * beta (1e-5); the next, of
+    # 0.5 tol relative, is within it.
+    out, calls = run(0.01, [2 * tol, 0.5 * tol])
+    assert calls == [0.01 * (1.0 + 2 * tol)]
+    assert out == calls[0] * (1.0 + 0.5 * tol)
+    # A step within tol * beta that leaves the bracket is kept, not replaced by a midpoint.
+    steps = iter([0.0009])
+    edge = temperature.bracketed_iteration(
+        lambda b: (-1.0, 1.0), 100.0, (-1.0, 1.0), 50.0, 100.05,
+        lambda b, d: b * (1.0 + next(steps)), tolerance=tol, max_iter=5, name="x",
+        what="scripted")
+    assert edge == 100.0 * 1.0009  # beyond hi = 100.05, but within tol * beta of beta
+
+
+def test_a_step_of_exactly_the_tolerance_has_converged():
+    """"<= tolerance * beta" includes equality: at beta = 1 and tol = 2^-10 the step to
+    1 + 2^-10 is exactly tol * beta in floats. Out of the bracket (hi = 1.0005) it is kept,
+    not replaced by the midpoint, and returned without another evaluation."""
+    tol = 2.0**-10
+    calls = []
+
+    def derivatives(b):
+        calls.append(b)
+        return (-1.0, 1.0)
+
+    steps = iter([tol, 0.0, 0.0])
+    out = temperature.bracketed_iteration(
+        derivatives, 1.0, (-1.0, 1.0), 0.5, 1.0005, lambda b, d: b + next(steps),
+        tolerance=tol, max_iter=3, name="x", what="scripted")
+    assert out == 1.0 + tol and calls == []

@@ -20,6 +20,11 @@ from cord_ops import data
 
 @pytest.fixture(scope="session")
 def mlflow_template_db(tmp_path_factory) -> Path:
+    # benchmarks/mutation.py runs each mutant in a fresh pytest process: it migrates one
+    # template for the whole run and names it here (the store fixture only copies it)
+    given = os.environ.get("CORD_OPS_MLFLOW_TEMPLATE_DB")
+    if given and Path(given).is_file():
+        return Path(given)
     from mlflow import MlflowClient
 
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"

@@ -94,18 +94,18 @@ def test_champion_boundary_is_a_strict_improvement_beyond_1e_6(candidate, champi
 def test_uncalibrated_boundary_applies_to_the_first_version(candidate, uncal, promoted):
     decision = _decide(candidate, uncal=uncal)
     assert decision.promote is promoted and decision.harms is not promoted
-    if not promoted:
-        assert decision.reason.startswith(
-            f"does harm: NLL {candidate:.6g} is worse than the uncalibrated model's "
+    harm = (f"does harm: NLL {candidate:.6g} is worse than the uncalibrated model's "
             f"{uncal:.6g} on this evaluation split")
+    assert decision.reason.startswith(harm) is not promoted
+    assert decision.reason.startswith("no champion yet; ") is promoted
 
 
 @pytest.mark.parametrize("ref_candidate, ref_champion, ref_uncal, promoted, words", [
-    (0.2549, 0.25, 9.0, True, None),    # within 2 % of the champion there (0.255)
-    (0.255, 0.25, 9.0, True, None),     # exactly at 0.25 * 1.02
+    (0.2549, 0.25, 9.0, True, "(and 0.2549 vs 0.25 on its reference split)"),  # within 2 %
+    (0.255, 0.25, 9.0, True, "(and 0.255 vs 0.25 on its reference split)"),  # 0.25 * 1.02
     (0.2551, 0.25, 9.0, False, "reference split is worse than its 0.25"),
-    (0.2549, 9.0, 0.25, True, None),    # within 2 % of the uncalibrated model there
-    (0.255, 9.0, 0.25, True, None),
+    (0.2549, 9.0, 0.25, True, "(and 0.2549 vs 9 on its reference split)"),  # vs uncalibrated
+    (0.255, 9.0, 0.25, True, "(and 0.255 vs 9 on its reference split)"),
     (0.2551, 9.0, 0.25, False, "worse than the uncalibrated model's 0.25 there"),
 ])
 def test_reference_split_boundaries_are_2_percent(ref_candidate, ref_champion, ref_uncal,
@@ -113,8 +113,7 @@ def test_reference_split_boundaries_are_2_percent(ref_candidate, ref_champion, r
     decision = _decide(0.1, champion=0.2, uncal=1.0, reference=gate.ReferenceScore(
         "7", ref_candidate, ref_champion, uncalibrated_nll=ref_uncal))
     assert decision.promote is promoted
-    if words:
-        assert words in decision.reason
+    assert words in decision.reason
 
 
 @st.composite

@@ -1,0 +1,233 @@
+"""``flows.gate``'s small pieces with literal expected values (issue 25): the K-dependent
+defaults at their corners, each tolerance on its own (the own split's 1e-6 and the
+reference split's 2 %, neither standing in for the other), the policy's refusals, the
+evidence rules' messages and the label-shift arithmetic worked by hand, the champion
+error and health texts, and the message words of every gate outcome."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from flows.promotion import gate
+
+
+@pytest.mark.parametrize("k, rows, share", [
+    (2, 100, 0.9), (5, 100, 0.9), (6, 100, 5 / 6), (10, 100, 0.5), (11, 110, 0.5),
+    (100, 1000, 0.5)])
+def test_defaults_at_their_corners(k, rows, share):
+    """max(100, 10 K) rows; share min(0.9, max(0.5, 5 / K))."""
+    assert gate.default_min_rows(k) == rows
+    assert gate.default_max_class_share(k) == share
+    policy = gate.Policy.for_classes(k)
+    assert (policy.min_calibration, policy.min_evaluation, policy.max_class_share) == (
+        rows, rows, share)
+    assert (policy.max_label_shift, policy.nll_tolerance, policy.reference_tolerance) == (
+        0.2, 1e-6, 0.02)
+
+
+def test_each_tolerance_on_its_own():
+    policy = gate.Policy.for_classes(10)
+    assert policy.allowed_nll(2.0) == 2.0 + 2e-6
+    assert policy.allowed_nll(2.0, on_reference=True) == 2.0 + 0.04
+    assert policy.allowed_nll(-2.0) == -2.0 + 2e-6  # relative to |baseline|
+    assert policy.allowed_nll(-2.0, on_reference=True) == -2.0 + 0.04
+    assert policy.nll_to_beat(2.0) == 2.0 - 2e-6
+    assert policy.nll_to_beat(-2.0) == -2.0 - 2e-6
+    wide = gate.Policy.for_classes(10, nll_tolerance=0.1, reference_tolerance=0.3)
+    assert wide.allowed_nll(1.0) == 1.1 and wide.allowed_nll(1.0, on_reference=True) == 1.3
+    assert wide.nll_to_beat(1.0) == 0.9
+
+
+def test_overrides_none_keeps_the_default_and_unknown_ones_are_refused():
+    policy = gate.Policy.for_classes(10, min_calibration=7, min_evaluation=None)
+    assert (policy.min_calibration, policy.min_evaluation) == (7, 100)
+    with pytest.raises(TypeError, match=r"^unknown gate option\(s\): \['colour', 'size'\]$"):
+        gate.Policy.for_classes(10, size=1, colour="red")
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("min_calibration", 0, "min_calibration: expected a positive integer, got 0"),
+    ("min_evaluation", True, "min_evaluation: expected a positive integer, got True"),
+    ("min_evaluation", 2.0, "min_evaluation: expected a positive integer, got 2.0"),
+    ("max_class_share", 0.0, "max_class_share: expected a share in (0, 1], got 0.0"),
+    ("max_class_share", 1.5, "max_class_share: expected a share in (0, 1], got 1.5"),
+    ("max_label_shift", -0.1, "max_label_shift: expected a finite number >= 0, got -0.1"),
+    ("nll_tolerance", math.inf, "nll_tolerance: expected a finite number >= 0, got inf"),
+    ("reference_tolerance", "2%",
+     "reference_tolerance: expected a finite number >= 0, got '2%'"),
+])
+def test_bad_thresholds_are_refused_with_their_name(option, value, message):
+    with pytest.raises(ValueError) as raised:
+        gate.Policy.for_classes(10, **{option: value})
+    assert str(raised.value) == message
+
+
+def test_edge_thresholds_are_accepted():
+    policy = gate.Policy.for_classes(3, min_calibration=1, max_class_share=1.0,
+                                     max_label_shift=0, nll_tolerance=0.0,
+                                     min_evaluation=np.int64(4))
+    assert policy.min_calibration == 1 and policy.max_class_share == 1.0
+    assert policy.as_tags() == {
+        "cord.gate.policy.min_calibration": "1",
+        "cord.gate.policy.min_evaluation": repr(np.int64(4)),
+        "cord.gate.policy.max_class_share": "1.0",
+        "cord.gate.policy.max_label_shift": "0",
+        "cord.gate.policy.nll_tolerance": "0.0",
+        "cord.gate.policy.reference_tolerance": "0.02",
+    }
+
+
+def test_fit_floor_is_five_and_two_rows():
+    gate.check_fit_floor(5, 2, "x.npz")
+    for cal, ev in ((4, 2), (5, 1)):
+        with pytest.raises(ValueError) as raised:
+            gate.check_fit_floor(cal, ev, "x.npz")
+        assert str(raised.value) == (
+            f"x.npz: {cal} calibration and {ev} evaluation rows; fitting needs at least 5 "
+            "and 2 (and promotion far more: see `cord-ops recalibrate --help`, "
+            "--min-calibration)")
+
+
+def test_label_counts_and_evidence_sizes():
+    assert gate.label_counts(np.array([2, 0, 2]), 4) == (1, 0, 2, 0)
+    evidence = gate.Evidence((3, 4), (1, 2, 3))
+    assert (evidence.n_classes, evidence.n_calibration, evidence.n_evaluation) == (3, 7, 6)
+
+
+def test_label_shift_arithmetic_by_hand():
+    assert gate.tv_distance([1, 1], [1, 0]) == 0.5
+    assert gate.tv_distance([2, 6], [1, 3]) == 0.0
+    assert gate.tv_distance([0, 5], [5, 0]) == 1.0
+    # pooled (0.5, 0.5); per class sqrt(0.25 * (1/50 + 1/50)) = 0.1; halved sum 0.1.
+    assert gate.sampling_tv([25, 25], [25, 25]) == pytest.approx(
+        0.1 * math.sqrt(2 / math.pi), rel=1e-15)
+    # pooled (0.25, 0.75) from 100 + 300 rows: sqrt(0.1875 * (1/100 + 1/300)) per class.
+    assert gate.sampling_tv([50, 50], [50, 250]) == pytest.approx(
+        math.sqrt(2 / math.pi) * math.sqrt(0.1875 * (0.01 + 1 / 300)), rel=1e-15)
+
+
+def test_evidence_problems_name_each_rule():
+    policy = gate.Policy.for_classes(2, min_calibration=10, min_evaluation=10,
+                                     max_class_share=0.6)
+    assert gate.evidence_problems(gate.Evidence((5, 5), (5, 5)), policy) == []
+    assert gate.evidence_problems(gate.Evidence((5, 4), (3, 3)), policy) == [
+        "calibration split has 9 rows (< 10 needed for K=2)",
+        "evaluation split has 6 rows (< 10 needed for K=2)"]
+    assert gate.evidence_problems(gate.Evidence((3, 7), (6, 4)), policy) == [
+        "class 1 holds 70.0% of the calibration labels (> 60%)"]
+    # A share exactly at the limit passes; ties name the first class.
+    assert gate.evidence_problems(gate.Evidence((6, 4), (4, 6)), policy) == []
+    assert gate.evidence_problems(gate.Evidence((0, 0), (10, 0)), gate.Policy.for_classes(
+        2, min_calibration=1, min_evaluation=1)) == [
+        "calibration split has 0 rows (< 1 needed for K=2)",
+        "class 0 holds 100.0% of the evaluation labels (> 90%)"]
+
+
+def test_label_shift_rule_adds_the_sampling_allowance():
+    policy = gate.Policy.for_classes(2, min_calibration=1, min_evaluation=1,
+                                     max_class_share=1.0, max_label_shift=0.1)
+    evaluation, reference = (5000, 5000), (4000, 6000)  # TV 0.1, sampling ~0.0056
+    allowed = 0.1 + gate.sampling_tv(evaluation, reference)
+    assert 0.1 < allowed < 0.11
+    assert gate.evidence_problems(gate.Evidence((1, 1), evaluation, reference), policy) == []
+    far = (3000, 7000)  # TV 0.2
+    assert gate.evidence_problems(gate.Evidence((1, 1), evaluation, far), policy) == [
+        f"evaluation labels are far from the champion's reference split (total variation "
+        f"0.200 > {0.1 + gate.sampling_tv(evaluation, far):.3f})"]
+    # An empty reference split or evaluation split skips the rule.
+    assert gate.evidence_problems(gate.Evidence((1, 1), evaluation, (0, 0)), policy) == []
+
+
+def test_health_and_champion_error_texts():
+    assert gate.health_message("3", None) == "ok"
+    assert gate.health_message("3", "graph missing") == "v3 cannot be scored: graph missing"
+    assert len(gate.health_message("3", "x" * 6000)) == 5000
+    error = gate.ChampionUnhealthyError("digits", "3", "graph missing", candidate="4")
+    assert (error.model_name, error.version, error.problem) == ("digits", "3", "graph missing")
+    assert str(error) == (
+        "champion v3 of 'digits' cannot be scored (graph missing); candidate v4 registered "
+        "as rejected; fix with `cord-ops promote --model-name digits --version N --reason "
+        "TEXT` or `cord-ops rollback --model-name digits`")
+    assert "registered as rejected" not in str(gate.ChampionUnhealthyError("m", "1", "p"))
+
+
+def _evidence(k=10):
+    n = gate.default_min_rows(k)
+    counts = tuple([n // k] * k)
+    return gate.Evidence(counts, counts, counts)
+
+
+def _decide(candidate=0.5, **kw):
+    args = {"candidate_tpcr": 0.0, "parity_ok": True, "champion": None,
+            "uncalibrated_nll": 1.0, "evidence": _evidence(), "reference": None,
+            "promote": True}
+    args.update(kw)
+    return gate.decide(candidate, args.pop("candidate_tpcr"), args.pop("parity_ok"),
+                       args.pop("champion"), policy=gate.Policy.for_classes(10), **args)
+
+
+def test_reasons_of_each_outcome():
+    first = _decide()
+    assert first.promote and first.label == "promoted" and not first.harms
+    assert first.reason == ("no champion yet; NLL 0.5 no worse than the uncalibrated 1; "
+                            "enough evidence, TPCR 0 and parity verified")
+    win = _decide(champion=gate.ChampionScore("2", 0.6))
+    assert win.reason == ("NLL 0.5 better than champion v2's 0.6 and no worse than the "
+                          "uncalibrated 1; TPCR 0 and parity verified")
+    assert (win.champion_nll, win.champion_version) == (0.6, "2")
+    ref = gate.ReferenceScore("2", 0.3, 0.31, uncalibrated_nll=0.4)
+    assert _decide(champion=gate.ChampionScore("2", 0.6), reference=ref).reason == (
+        "NLL 0.5 better than champion v2's 0.6 and no worse than the uncalibrated 1 (and "
+        "0.3 vs 0.31 on its reference split); TPCR 0 and parity verified")
+    unused = gate.ReferenceScore("2", problem="split unavailable")
+    assert _decide(champion=gate.ChampionScore("2", 0.6), reference=unused).reason == (
+        "NLL 0.5 better than champion v2's 0.6 and no worse than the uncalibrated 1 "
+        "(reference split not used: split unavailable); TPCR 0 and parity verified")
+    off = _decide(promote=False)
+    assert not off.promote and off.label == "rejected"
+    assert off.reason == "gates passed but promotion is switched off (promote=False)"
+
+
+def test_every_failed_rule_is_named():
+    sick = _decide(0.7, candidate_tpcr=0.25, parity_ok=False,
+                   champion=gate.ChampionScore("2", None, problem="graph missing"),
+                   uncalibrated_nll=0.6,
+                   evidence=gate.Evidence((1,) * 10, (1,) * 10))
+    assert not sick.promote and sick.harms and sick.champion_problem == "graph missing"
+    assert sick.reason == (
+        "repaired output changes top-1 decisions (TPCR 0.25); ONNX parity check failed; "
+        "not enough evidence (calibration split has 10 rows (< 100 needed for K=10); "
+        "evaluation split has 10 rows (< 100 needed for K=10)); does harm: NLL 0.7 is worse "
+        "than the uncalibrated model's 0.6 on this evaluation split; champion v2 could not be "
+        "scored on this evaluation split (graph missing)")
+    assert sick.evidence == ["calibration split has 10 rows (< 100 needed for K=10)",
+                             "evaluation split has 10 rows (< 100 needed for K=10)"]
+    worse = _decide(0.5, champion=gate.ChampionScore("2", 0.4))
+    assert worse.reason == ("NLL 0.5 is worse than champion v2's 0.4 (the alias moves only on "
+                            "a strict improvement)")
+    ref = gate.ReferenceScore("2", 0.5, 0.4, uncalibrated_nll=0.45)
+    both = _decide(0.3, champion=gate.ChampionScore("2", 0.4), reference=ref)
+    assert both.harms and both.reason == (
+        "NLL 0.5 on champion v2's reference split is worse than its 0.4; does harm: NLL 0.5 "
+        "on champion v2's reference split is worse than the uncalibrated model's 0.45 there")
+    # An unhealthy champion means the reference split is not used either.
+    sick_ref = _decide(0.3, champion=gate.ChampionScore("2", None, problem="p"), reference=ref)
+    assert not sick_ref.harms
+    assert sick_ref.reason == ("champion v2 could not be scored on this evaluation split (p)")
+
+
+def test_reference_rules_on_each_tolerance_just_inside_and_outside():
+    """2 % on the champion's reference split (not the own split's 1e-6), both baselines."""
+    champ = gate.ChampionScore("2", 0.4)
+    for candidate, promoted in ((0.2039, True), (0.204, True), (0.2041, False)):
+        ref = gate.ReferenceScore("2", candidate, 0.2, uncalibrated_nll=None)
+        assert _decide(0.3, champion=champ, reference=ref).promote is promoted
+        ref = gate.ReferenceScore("2", candidate, 9.0, uncalibrated_nll=0.2)
+        decision = _decide(0.3, champion=champ, reference=ref)
+        assert decision.promote is promoted and decision.harms is not promoted
+    # On the own split the same 2 % would be harm: 1e-6 there.
+    assert _decide(0.51, uncalibrated_nll=0.5).harms
+    assert not _decide(0.5000004, uncalibrated_nll=0.5).harms
