@@ -93,8 +93,11 @@ def wait_ready(url: str, process: subprocess.Popen, timeout: float = 180.0) -> N
     raise RuntimeError(f"{url}: not ready after {timeout} s")
 
 
-async def load(url: str, body: bytes, clients: int, seconds: float, warmup: float):
-    """(latencies of requests completed in the measured window, errors, window seconds)."""
+async def load(url: str, body: bytes, clients: int, seconds: float, warmup: float,
+               keyed: bool = False):
+    """(latencies of requests completed in the measured window, errors, window seconds).
+    ``keyed``: every request carries its own ``X-Rollout-Key`` (benchmarks/bench_rollout.py),
+    so a canary answers its share of requests rather than of clients."""
     import aiohttp
 
     latencies: list[float] = []
@@ -102,14 +105,19 @@ async def load(url: str, body: bytes, clients: int, seconds: float, warmup: floa
     start = time.perf_counter()
     measure_from, stop_at = start + warmup, start + warmup + seconds
 
+    sent_count = 0
+
     async def client(session) -> None:
-        nonlocal errors
+        nonlocal errors, sent_count
         while True:
             sent = time.perf_counter()
             if sent >= stop_at:
                 return
-            async with session.post(url, data=body,
-                                    headers={"content-type": "application/json"}) as response:
+            headers = {"content-type": "application/json"}
+            if keyed:
+                sent_count += 1
+                headers["X-Rollout-Key"] = f"request-{sent_count}"
+            async with session.post(url, data=body, headers=headers) as response:
                 await response.read()
                 ok = response.status == 200
             done = time.perf_counter()
@@ -125,10 +133,11 @@ async def load(url: str, body: bytes, clients: int, seconds: float, warmup: floa
     return latencies, errors, seconds
 
 
-def measure(url: str, rows: np.ndarray, clients: int, seconds: float) -> dict:
+def measure(url: str, rows: np.ndarray, clients: int, seconds: float,
+            keyed: bool = False) -> dict:
     body = json.dumps({"inputs": rows.tolist()}).encode()
     latencies, errors, window = asyncio.run(load(url, body, clients, seconds,
-                                                 warmup=min(1.0, seconds / 4)))
+                                                 warmup=min(1.0, seconds / 4), keyed=keyed))
     lat = np.asarray(latencies) * 1e3
     return {"rps": len(lat) / window, "rows_s": len(lat) * rows.shape[0] / window,
             "p50": float(np.percentile(lat, 50)) if lat.size else float("nan"),

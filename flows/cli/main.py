@@ -34,6 +34,7 @@ from pathlib import Path
 from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
 from flows.cli import label_free as label_free_cli
 from flows.cli import operator as operator_cli
+from flows.cli import rollout as rollout_cli
 from flows.preflight import checks as inputs
 from flows.registry import owner, tracking
 from flows.reproduce import cli as reproduce_cli
@@ -49,7 +50,7 @@ NOT_RUNNING = 3
 #: Errors of the flows whose message already names the step, store or version and the
 #: cause (by name: importing their modules would import Prefect).
 NAMED_ERRORS = ("RecalibrationError", "ChampionUnhealthyError", "PromotionRefused",
-                "TemporaryServerError")
+                "TemporaryServerError", "RolloutRefused")
 #: Packages whose exceptions mean the tracking store failed (their errors name the URI).
 STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "alembic")
 #: flows.registry.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
@@ -369,7 +370,9 @@ def validate_model_command(args) -> None:
     ``promote --version V``: V must exist (one registry lookup, before Prefect or onnx is
     imported, so a wrong number costs a second, not the whole stack's start-up)."""
     inputs.registered_model(args.tracking_uri, args.model_name)
-    if getattr(args, "command", None) == "promote":
+    if getattr(args, "command", None) == "promote" or (
+            getattr(args, "command", None) == "rollout" and args.action == "start"
+            and args.version is not None):
         _check_version_exists(args.tracking_uri, args.model_name, str(args.version))
 
 
@@ -618,6 +621,8 @@ def validate_serve(args) -> None:
     check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
                   args.batch_max_rows)
     label_free_cli.check_monitor_window(args.monitor_window)
+    if args.shadow_queue < 0:
+        raise ValueError(f"--shadow-queue: expected an integer >= 0, got {args.shadow_queue}")
     try:
         bind(args.host, args.port).close()
     except OSError as exc:
@@ -632,7 +637,8 @@ def cmd_serve(args) -> int:
     serve(args.tracking_uri, args.model_name, alias=args.alias, host=args.host,
           port=args.port, poll_interval=args.poll_interval,
           batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
-          provider=args.provider, monitor_window=args.monitor_window)
+          provider=args.provider, monitor_window=args.monitor_window,
+          shadow_queue=args.shadow_queue)
     return 0
 
 
@@ -815,11 +821,16 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="ROWS",
                    help="answered rows kept for label-free monitoring (/monitor, gauges in "
                         "/metrics; 0: off; default: %(default)s)")
+    p.add_argument("--shadow-queue", type=int, default=1024,
+                   help="request copies waiting for the other version during a rollout; "
+                        "more are dropped and counted (0: do not follow rollouts; "
+                        "default: 1024)")
     p.set_defaults(func=cmd_serve, validate=validate_serve)
 
     reproduce_cli.add_cli(sub)
     operator_cli.add_cli(sub)
-    for name in ("status", "promote", "rollback"):
+    rollout_cli.add_cli(sub)
+    for name in ("status", "promote", "rollback", "rollout"):
         sub.choices[name].set_defaults(validate=validate_model_command)
     for name in ("reproduce", "bench"):
         sub.choices[name].set_defaults(prefect=True)

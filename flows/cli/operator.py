@@ -19,9 +19,14 @@ def _client(args):
 
 def cmd_status(args) -> int:
     from flows.promotion import operations as champion_ops
+    from flows.promotion import rollout
 
     client, _ = _client(args)
-    print(champion_ops.format_status(champion_ops.status(client, args.model_name, args.limit)))
+    lines = champion_ops.format_status(champion_ops.status(client, args.model_name,
+                                                           args.limit)).splitlines()
+    # After champion, health and history: a rollout in progress is part of that state.
+    lines.insert(4, f"rollout:  {rollout.describe(rollout.read(client, args.model_name))}")
+    print("\n".join(lines))
     return 0
 
 

@@ -257,8 +257,9 @@ def check_promotable(client, name: str, version: str) -> float:
 
 
 # ---------------------------------------------------------------- alias moves
-def _move(client, name: str, version: str, reason: str, how: str) -> None:
-    """Tag ``version`` with who/when/why and move the alias; health becomes ok."""
+def move_champion(client, name: str, version: str, reason: str, how: str) -> None:
+    """Tag ``version`` with who/when/why and move the alias; health becomes ok (call it
+    inside :func:`registry_section`, after :func:`flows.gate.push_history`)."""
     at, by = now(), who()
     client.set_model_version_tag(name, version, PROMOTED_BY_TAG, by)
     client.set_model_version_tag(name, version, PROMOTED_AT_TAG, at)
@@ -288,7 +289,7 @@ def promote(client, uri: str, name: str, version: str, reason: str,
         gate.push_history(client, name, {"version": version, "from": previous,
                                          "how": "promote", "by": who(), "at": now(),
                                          "reason": reason[:300]})
-        _move(client, name, version, reason, "promote")
+        move_champion(client, name, version, reason, "promote")
     return previous
 
 
@@ -327,5 +328,5 @@ def rollback(client, uri: str, name: str, reason: str | None = None,
         gate.push_history(client, name, {"version": target, "from": current,
                                          "how": "rollback", "by": who(), "at": now(),
                                          "reason": text[:300]})
-        _move(client, name, target, text, f"rollback from v{current}")
+        move_champion(client, name, target, text, f"rollback from v{current}")
     return current, target

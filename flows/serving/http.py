@@ -470,9 +470,11 @@ def _decode(body: bytes):
 
 
 def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
-              batch_max_rows: int, traffic=None):
-    """The Starlette application; the follower is started and stopped with it. ``traffic``
-    (a :class:`flows.serving.traffic.TrafficMonitor`) watches the answers without labels."""
+              batch_max_rows: int, traffic=None, rollout=None):
+    """The Starlette application; the follower (and ``rollout``, a
+    :class:`flows.serving.rollout.RolloutController`, when given) is started and stopped with
+    it. ``traffic`` (a :class:`flows.serving.traffic.TrafficMonitor`) watches the answers
+    without labels."""
     import contextlib
 
     import orjson
@@ -518,7 +520,11 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
             batcher.arriving -= 1
             arrived = False
             try:
-                outputs = await batcher.score(model, scores)
+                if rollout is None:
+                    outputs = await batcher.score(model, scores)
+                else:  # a staged rollout may answer with the candidate (flows.serving.rollout)
+                    outputs, model = await rollout.score(batcher, model, scores,
+                                                         rollout.key(request))
             except Exception as exc:
                 return refuse(500, "internal", f"scoring failed: {type(exc).__name__}: {exc}")
             metrics.rows.inc(scores.shape[0])
@@ -556,14 +562,23 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
 
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    async def rollout_state(request: Request) -> Response:
+        if rollout is None:
+            return json_response({"record": None, "summary": "rollouts not followed"})
+        return json_response(rollout.describe())
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         state["batcher"] = MicroBatcher(batch_window, batch_max_rows, metrics)
         state["batcher"].start()
         follower.start()
+        if rollout is not None:
+            rollout.start()
         try:
             yield
         finally:
+            if rollout is not None:
+                rollout.stop()
             follower.stop()
             await state["batcher"].stop()
 
@@ -574,7 +589,7 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
     return Starlette(routes=[Route("/invocations", invocations, methods=["POST"]),
                              Route("/health", health), Route("/ping", health),
                              Route("/version", version), Route("/metrics", prometheus),
-                             *extra],
+                             Route("/rollout", rollout_state), *extra],
                      lifespan=lifespan)
 
 
@@ -611,16 +626,21 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
           port: int = DEFAULT_PORT, poll_interval: float = DEFAULT_POLL_INTERVAL,
           batch_window: float = DEFAULT_BATCH_WINDOW,
           batch_max_rows: int = DEFAULT_BATCH_MAX_ROWS, provider: str = "auto",
-          monitor_window: int = 0) -> None:
+          monitor_window: int = 0, shadow_queue: int | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then return (after "stopped serving"), as
     ``cord-ops schedule`` does: a stop asked for is a clean exit. Raises before binding
     when the options are bad, before loading anything when the port is taken, and before
     serving when the store cannot be reached or registered model ``name`` does not exist.
     ``monitor_window`` > 0 keeps that many answered rows for label-free monitoring
-    (:mod:`flows.serving.traffic`: ``/monitor``, gauges in ``/metrics``)."""
+    (:mod:`flows.serving.traffic`: ``/monitor``, gauges in ``/metrics``).
+    A staged rollout of the model (:mod:`flows.promotion.rollout`) is followed, with a
+    shadow queue of ``shadow_queue`` request copies (default
+    :data:`flows.serving.rollout.DEFAULT_SHADOW_QUEUE`; 0: rollouts are not followed)."""
     import signal
 
     check_options(port, poll_interval, batch_window, batch_max_rows)
+    if shadow_queue is not None and shadow_queue < 0:
+        raise ValueError(f"--shadow-queue: expected an integer >= 0, got {shadow_queue}")
     if provider not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--provider: expected auto, cpu or cuda, got {provider!r}")
     sock = bind(host, port)  # held from here on: nothing can take the port meanwhile
@@ -637,7 +657,13 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
             from flows.serving.traffic import TrafficMonitor
 
             traffic = TrafficMonitor(tracking_uri, name, monitor_window)
-        app = build_app(follower, metrics, batch_window, batch_max_rows, traffic)
+        from flows.serving.rollout import DEFAULT_SHADOW_QUEUE, RolloutController
+
+        queue_size = DEFAULT_SHADOW_QUEUE if shadow_queue is None else shadow_queue
+        controller = RolloutController(follower, metrics, load_version, VersionRejected,
+                                       OUTPUTS, queue_size) if queue_size else None
+        app = build_app(follower, metrics, batch_window, batch_max_rows, traffic,
+                        controller)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE,
                                 lifespan="on")

@@ -1,0 +1,105 @@
+"""``cord-ops rollout start | status | abort``: an operator's commands for a staged rollout
+(state and rules in :mod:`flows.promotion.rollout`; every ``cord-ops serve`` of the model carries it
+out). None of them imports Prefect."""
+
+from __future__ import annotations
+
+import argparse
+
+from flows.promotion.rollout_steps import (
+    DEFAULT_CANARY,
+    DEFAULT_MIN_REQUESTS,
+    DEFAULT_MIN_SECONDS,
+    MODES,
+    Budget,
+)
+
+
+def _steps(text: str) -> tuple[float, ...]:
+    """``10,25,50`` (percent) as shares."""
+    try:
+        values = tuple(float(part) / 100.0 for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected percentages like 10,25,50, got "
+                                         f"{text!r}") from None
+    return values
+
+
+def cmd_rollout(args) -> int:
+    from flows.cli.operator import _client
+    from flows.promotion import rollout
+    from flows.promotion.rollout_steps import Plan
+
+    if args.action == "start":
+        missing = [flag for flag, value in (("--version", args.version),
+                                            ("--reason", args.reason)) if value is None]
+        if missing:
+            raise ValueError(f"rollout start: {' and '.join(missing)} required")
+        # Every option is checked before the store is touched.
+        plan = Plan.build(args.mode, args.steps, args.min_requests, args.min_seconds)
+        budget = Budget(args.max_error_rate, args.max_p99_ratio, args.max_confidence_shift)
+        budget.check()
+        client, uri = _client(args)
+        record = rollout.start(client, uri, args.model_name, str(args.version), plan, budget,
+                               args.reason, args.allow_harm, args.lock_timeout)
+        print(rollout.format_record(record))
+        print(f"every `cord-ops serve --model-name {args.model_name}` follows it; watch with "
+              f"`cord-ops rollout status --model-name {args.model_name}`, stop with "
+              f"`cord-ops rollout abort --model-name {args.model_name}`")
+        return 0
+    client, uri = _client(args)
+    if args.action == "status":
+        print(rollout.format_record(rollout.read(client, args.model_name)))
+        return 0
+    record = rollout.abort(client, uri, args.model_name, args.reason, args.lock_timeout)
+    print(f"{args.model_name}: rollout {record['id']} of v{record['version']} aborted; "
+          f"@champion stays v{record['champion']}")
+    return 0
+
+
+def add_cli(sub) -> None:
+    """Add ``rollout`` to the ``cord-ops`` parser's subparsers."""
+    from flows.cli.operator import _add_lock_timeout, _positive
+
+    p = sub.add_parser(
+        "rollout", help="stage a version beside @champion: shadow, canary steps, promotion",
+        description="start: record a rollout of --version against @champion and set "
+                    "@challenger; every `cord-ops serve` of the model then shadows and/or "
+                    "canaries it, advancing a step after --min-requests compared requests "
+                    "and --min-seconds within budget, promoting it after the last step and "
+                    "rolling back on any breach. status: the rollout and its events. "
+                    "abort: end it; @champion is not touched. See docs/rollout.md.")
+    p.add_argument("action", choices=("start", "status", "abort"))
+    p.add_argument("--model-name", required=True, help="registered model name")
+    p.add_argument("--version", type=_positive, help="start: the candidate version")
+    p.add_argument("--mode", choices=MODES, default="shadow",
+                   help="start: shadow (a shadow step, then the canary steps) or canary "
+                        "(canary steps only) (default: shadow)")
+    p.add_argument("--steps", type=_steps, default=DEFAULT_CANARY, metavar="PERCENTS",
+                   help="start: canary steps in percent of requests (default: "
+                        f"{','.join(f'{s * 100:g}' for s in DEFAULT_CANARY)})")
+    p.add_argument("--min-requests", type=_positive, default=DEFAULT_MIN_REQUESTS,
+                   help="start: candidate requests compared with the champion before a step "
+                        f"may advance (default: {DEFAULT_MIN_REQUESTS})")
+    p.add_argument("--min-seconds", type=float, default=DEFAULT_MIN_SECONDS,
+                   help=f"start: seconds at a step before it may advance (default: "
+                        f"{DEFAULT_MIN_SECONDS:g})")
+    defaults = Budget()
+    p.add_argument("--max-error-rate", type=float, default=defaults.max_error_rate,
+                   help="start: share of candidate requests that may fail (default: "
+                        f"{defaults.max_error_rate:g})")
+    p.add_argument("--max-p99-ratio", type=float, default=defaults.max_p99_ratio,
+                   help="start: candidate p99 scoring time over the champion's (default: "
+                        f"{defaults.max_p99_ratio:g})")
+    p.add_argument("--max-confidence-shift", type=float,
+                   default=defaults.max_confidence_shift,
+                   help="start: largest |mean confidence change| on rows both scored "
+                        f"(default: {defaults.max_confidence_shift:g})")
+    p.add_argument("--reason", default=None,
+                   help="start: why (required; recorded in the rollout and the champion "
+                        "history); abort: why")
+    p.add_argument("--allow-harm", action="store_true",
+                   help="start: roll out a version the gate found worse than the "
+                        "uncalibrated model (the operator's explicit override)")
+    _add_lock_timeout(p)
+    p.set_defaults(func=cmd_rollout)

@@ -1,0 +1,321 @@
+"""A staged rollout as an operator runs it: a real store, two real ``cord-ops serve``
+processes following one rollout record, real HTTP clients in threads. A candidate goes
+shadow -> canary 25 % -> canary 50 % -> promoted (one server restarted mid-way resumes at
+the registry's step), then a defective candidate (a graph that changes the decision of one
+kind of row) is rolled back; no request fails and every answer comes wholly from the
+version it names."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from servers import free_port, running, wait_until_ready
+
+from flows.promotion import gate, rollout
+from flows.registry import versions as registry
+from flows.serving.http import VERSION_HEADER
+from flows.serving.rollout import KEY_HEADER
+
+pytestmark = pytest.mark.slow
+
+MODEL = "rolled"
+POLL = 0.5
+#: A value no digits logit has: the defective graph reverses the repaired row when the
+#: first input column holds exactly this.
+MAGIC = 1234.5
+KEYS = [f"caller-{i}" for i in range(40)]
+
+
+class Traffic:
+    """Client threads posting to the servers in turn, each request with one of KEYS as its
+    routing key; every answer is recorded. ``pause`` holds new requests (for a restart)."""
+
+    def __init__(self, urls: list[str], payloads: list[dict], threads: int = 4):
+        self.urls, self.payloads = urls, payloads
+        self.answers: list[dict] = []
+        self._stop, self._go = threading.Event(), threading.Event()
+        self._go.set()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                         for i in range(threads)]
+
+    def _run(self, index: int) -> None:
+        n = index
+        with httpx.Client(timeout=15.0) as client:
+            while not self._stop.is_set():
+                self._go.wait()
+                if self._stop.is_set():
+                    break
+                n += len(self._threads)
+                url, key = self.urls[n % len(self.urls)], KEYS[n % len(KEYS)]
+                which = n % len(self.payloads)
+                record = {"url": url, "key": key, "payload": which, "at": time.monotonic()}
+                try:
+                    response = client.post(f"{url}/invocations",
+                                           content=json.dumps(self.payloads[which]).encode(),
+                                           headers={"content-type": "application/json",
+                                                    KEY_HEADER: key})
+                    body = response.json()
+                    record.update(status=response.status_code,
+                                  header=response.headers.get(VERSION_HEADER),
+                                  named=body.get("model", {}).get("version"),
+                                  repaired=body.get("predictions", {}).get("repaired"))
+                except Exception as exc:  # a failed request is a result, not a crash
+                    record.update(status=0, error=repr(exc))
+                self.answers.append(record)
+
+    def pause(self) -> None:
+        self._go.clear()
+        time.sleep(1.0)  # requests already sent are answered
+
+    def resume(self) -> None:
+        self._go.set()
+
+    def __enter__(self):
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._go.set()
+        for thread in self._threads:
+            thread.join(20)
+
+
+def _expected(version: str, rows: np.ndarray) -> np.ndarray:
+    from mlflow import MlflowClient
+
+    return registry.run_registered_model(MlflowClient(), f"models:/{MODEL}/{version}",
+                                         rows)["repaired"]
+
+
+def _model_file(client, version: str) -> Path:
+    location = client.get_model_version_download_uri(MODEL, version)
+    return Path(location.removeprefix("file://")) / "artifacts" / "model.onnx"
+
+
+def _disagreeing(graph: bytes) -> bytes:
+    """``graph`` changed so that a row whose first input is MAGIC gets its repaired row
+    reversed (its top-1 moves, its label does not); every other row is untouched, so the
+    version passes its verification, its parity check and its reference split."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load_from_string(graph)
+    g = model.graph
+    source = g.input[0].name
+    elem = g.input[0].type.tensor_type.elem_type
+    for node in g.node:
+        for i, name in enumerate(node.output):
+            if name == "repaired":
+                node.output[i] = "repaired_true"
+        for i, name in enumerate(node.input):
+            if name == "repaired":
+                node.input[i] = "repaired_true"
+    g.initializer.extend([
+        helper.make_tensor("magic_col", TensorProto.INT64, [], [0]),
+        helper.make_tensor("magic_value", elem, [], [MAGIC]),
+        helper.make_tensor("magic_axis", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("rev_start", TensorProto.INT64, [1], [-1]),
+        helper.make_tensor("rev_end", TensorProto.INT64, [1], [-(2**62)]),
+        helper.make_tensor("rev_step", TensorProto.INT64, [1], [-1]),
+    ])
+    g.node.extend([
+        helper.make_node("Gather", [source, "magic_col"], ["magic_first"], axis=1),
+        helper.make_node("Equal", ["magic_first", "magic_value"], ["magic_hit"]),
+        helper.make_node("Unsqueeze", ["magic_hit", "magic_axis"], ["magic_hit2"]),
+        helper.make_node("Slice", ["repaired_true", "rev_start", "rev_end", "magic_axis",
+                                   "rev_step"], ["repaired_reversed"]),
+        helper.make_node("Where", ["magic_hit2", "repaired_reversed", "repaired_true"],
+                         ["repaired"]),
+    ])
+    onnx.checker.check_model(model, full_check=True)
+    return model.SerializeToString()
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from flows.cli.main import main
+
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _wait(condition, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(interval)
+
+
+def _serve(command, port: int, log: Path):
+    return running([*command, "serve", "--model-name", MODEL, "--port", str(port),
+                    "--poll-interval", str(POLL)], log)
+
+
+def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
+        store, prefect_harness, digits_file, digits, tmp_path, cord_ops_command, capsys):
+    from mlflow import MlflowClient
+
+    from flows.promotion.operations import who
+    from flows.recalibration.flow import recalibrate
+
+    client = MlflowClient()
+    first = recalibrate(data=str(digits_file), calibrator="vs", model_name=MODEL)
+    second = recalibrate(data=str(digits_file), calibrator="ts", model_name=MODEL,
+                         promote=False)
+    assert first.decision.promote and not second.decision.promote
+    v1, v2 = first.version, second.version
+    rows = digits.scores[:6]
+    magic_rows = rows.copy()
+    magic_rows[2, 0] = MAGIC
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    with _serve(cord_ops_command, ports[0], logs[0]) as a, \
+            _serve(cord_ops_command, ports[1], logs[1]) as b:
+        wait_until_ready(f"{urls[0]}/health", a, logs[0], timeout=60)
+        wait_until_ready(f"{urls[1]}/health", b, logs[1], timeout=60)
+
+        # ---- phase 1: v2 through shadow -> 25 % -> 50 % -> promoted
+        with Traffic(urls, [{"inputs": rows.tolist()}]) as traffic:
+            code, out, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
+                                  "--version", v2, "--mode", "shadow", "--steps", "25,50",
+                                  "--min-requests", "40", "--min-seconds", "1",
+                                  "--reason", "ts beats vs on the new batch")
+            assert code == 0, err
+            assert "shadow" in out
+            assert str(client.get_model_version_by_alias(MODEL, rollout.CHALLENGER).version) \
+                == v2
+            # A second rollout while one is active is refused, in one line.
+            code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
+                                "--version", v1, "--reason", "x")
+            assert code == 1 and "is active" in err.strip().splitlines()[-1]
+
+            # Shadow: the champion answers everything while v2 scores copies.
+            _wait(lambda: (httpx.get(f"{urls[0]}/rollout").json()["serving"] or {})
+                  .get("figures", {}).get("requests", 0) > 5, 30, "shadow comparisons")
+            shadow = httpx.get(f"{urls[0]}/rollout").json()
+            assert shadow["serving"]["step_name"] == "shadow"
+            assert shadow["serving"]["figures"]["disagreements"] == 0
+
+            # At 25 %: pause the clients (the step cannot gather its evidence), restart
+            # server B; it comes back at the registry's step, not at the shadow.
+            _wait(lambda: rollout.read(client, MODEL)["step"] >= 1, 60, "canary 25 %")
+            traffic.pause()
+            at = rollout.read(client, MODEL)
+            assert at["state"] == rollout.ACTIVE and at["step"] == 1
+            os.killpg(b.pid, signal.SIGTERM)
+            assert b.wait(10) == 0
+            with _serve(cord_ops_command, ports[1], tmp_path / "b2.log") as b2:
+                wait_until_ready(f"{urls[1]}/health", b2, tmp_path / "b2.log", timeout=60)
+                resumed = _wait(lambda: httpx.get(f"{urls[1]}/rollout").json()["serving"],
+                                30, "restarted server following the rollout")
+                assert (resumed["rollout"], resumed["step"], resumed["step_name"]) == (
+                    at["id"], 1, "canary 25%")
+                # Both servers route every caller the same way at this step.
+                routed = {}
+                for url in urls:
+                    with httpx.Client(timeout=10.0) as http:
+                        routed[url] = [http.post(f"{url}/invocations",
+                                                 json={"inputs": rows.tolist()},
+                                                 headers={KEY_HEADER: key}
+                                                 ).headers[VERSION_HEADER] for key in KEYS]
+                assert routed[urls[0]] == routed[urls[1]]
+                assert 0 < routed[urls[0]].count(v2) < len(KEYS)
+                traffic.resume()
+                done = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
+                             != rollout.ACTIVE and r, 90, "rollout end")
+                assert done["state"] == rollout.PROMOTED, done
+                for url in urls:
+                    _wait(lambda u=url: httpx.get(f"{u}/version").json()["version"] == v2, 15,
+                          f"{url} serving v2")
+                time.sleep(0.5)
+                metrics = httpx.get(f"{urls[0]}/metrics").text
+                traffic.pause()  # before server B stops with the block
+        # One write per step however many servers judged it, in order.
+        assert [e["what"] for e in done["events"]] == ["start", "advance", "advance",
+                                                       "promoted"]
+        assert str(client.get_model_version_by_alias(MODEL, registry.CHAMPION).version) == v2
+        assert str(registry.champion_version(client, MODEL).version) == v2
+        assert rollout.CHALLENGER not in client.get_registered_model(MODEL).aliases
+        last = gate.read_history(client, MODEL)[-1]
+        assert (last["version"], last["from"], last["how"], last["by"]) == (v2, v1, "rollout",
+                                                                             who())
+        assert done["id"] in last["reason"] and "ts beats vs" in last["reason"]
+        assert f'cord_serve_answers_total{{version="{v2}"}}' in metrics
+        assert f'cord_rollout_shadow_scored_total{{version="{v2}"}}' in metrics
+
+        expected = {v: _expected(v, rows) for v in (v1, v2)}
+        assert not np.allclose(expected[v1], expected[v2], atol=1e-3)
+        answers = traffic.answers
+        failed = [x for x in answers if x["status"] != 200]
+        assert not failed, failed[:3]
+        by_key: dict[tuple[str, str], list[str]] = {}
+        for x in answers:
+            assert x["header"] == x["named"] and x["named"] in (v1, v2)
+            np.testing.assert_allclose(x["repaired"], expected[x["named"]], rtol=0, atol=1e-6)
+            by_key.setdefault((x["url"], x["key"]), []).append((x["at"], x["named"]))
+        # Sticky and monotone: once a caller got v2 from a server, it never got v1 again
+        # (server B is one process per run: its answers are all from after its restart, or
+        # all from before it).
+        for (url, key), seen in by_key.items():
+            versions = [v for _, v in sorted(seen)]
+            if url == urls[0]:
+                assert versions == sorted(versions, key=lambda v: v == v2), (key, versions)
+        assert {v1, v2} <= {x["named"] for x in answers}
+        code, out, _ = _cli(capsys, "status", "--model-name", MODEL)
+        assert code == 0 and f"rollout:  last: v{v2} promoted" in out
+
+        # ---- phase 2: a candidate whose graph reverses one kind of row is rolled back
+        third = recalibrate(data=str(digits_file), calibrator="vs", model_name=MODEL,
+                            promote=False)
+        v3 = third.version
+        graph = _model_file(client, v3)
+        original = graph.read_bytes()
+        graph.write_bytes(original[: len(original) // 2])  # truncated: refused at start
+        code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL, "--version",
+                            v3, "--mode", "canary", "--reason", "try it")
+        line = err.strip().splitlines()[-1]
+        assert code == 1 and line.startswith("error:") and f"cannot roll out v{v3}" in line
+        graph.write_bytes(_disagreeing(original))
+        history_before = gate.read_history(client, MODEL)
+        with Traffic(urls[:1], [{"inputs": rows.tolist()}, {"inputs": magic_rows.tolist()}]
+                     ) as traffic:
+            time.sleep(0.5)
+            code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
+                                "--version", v3, "--mode", "canary", "--steps", "50",
+                                "--min-requests", "100000", "--min-seconds", "1",
+                                "--reason", "vs refit")
+            assert code == 0, err
+            ended = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
+                          != rollout.ACTIVE and r, 60, "rollback")
+            time.sleep(1.0)
+        assert ended["state"] == rollout.ROLLED_BACK, ended
+        assert "top-1 disagrees" in ended["outcome"], ended["outcome"]
+        assert str(registry.champion_version(client, MODEL).version) == v2
+        assert gate.read_history(client, MODEL) == history_before  # no champion moved
+        answers = traffic.answers
+        assert answers and all(x["status"] == 200 for x in answers), \
+            [x for x in answers if x["status"] != 200][:3]
+        sent_magic = [x for x in answers if x["payload"] == 1]
+        assert sent_magic and all(x["named"] == v2 for x in sent_magic)  # never v3's answer
+        good = _expected(v2, magic_rows)
+        for x in sent_magic:
+            np.testing.assert_allclose(x["repaired"], good, rtol=0, atol=1e-6)
+        assert any(x["named"] == v3 for x in answers)  # v3 did answer other rows meanwhile
+        # The defect is logged with the row that showed it.
+        assert f"breaks an invariant on row 2: input [{MAGIC:g}, " in logs[0].read_text()
+        code, _, err = _cli(capsys, "rollout", "abort", "--model-name", MODEL)
+        assert code == 1 and "no active rollout" in err
