@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 from cord_ops.names import CALIBRATOR_NAMES
+from flows.errors import CordOpsError
 
 CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31),
                ("month", 1, 12), ("day of week", 0, 7))
@@ -45,7 +46,7 @@ DEFAULT_EVAL_SAMPLE = 50_000
 GLOB_CHARS = "*?["
 
 
-class InputError(ValueError):
+class InputError(CordOpsError, ValueError):
     """A bad command input; the message is the whole one-line explanation."""
 
 

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from cord_ops import data, metrics
+from flows.errors import CordOpsError
 from flows.registry import reference
 from flows.registry import versions as registry
 
@@ -431,7 +432,7 @@ def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
                         reference, champion_problem, problems, float(uncalibrated_nll), harms)
 
 
-class ChampionUnhealthyError(RuntimeError):
+class ChampionUnhealthyError(CordOpsError, RuntimeError):
     """``@champion`` of a model cannot be scored; the registry needs an operator."""
 
     def __init__(self, model_name: str, version: str, problem: str, candidate: str | None = None):

@@ -35,6 +35,7 @@ import numpy as np
 
 from cord_ops import metrics
 from cord_ops.validation import top1
+from flows.errors import CordOpsError
 from flows.promotion import gate
 from flows.registry import reference
 from flows.registry import versions as registry
@@ -48,7 +49,7 @@ PROMOTION_REASON_TAG = "cord.promotion_reason"
 NLL_REPRODUCTION_RTOL = 1e-3
 
 
-class PromotionRefused(RuntimeError):
+class PromotionRefused(CordOpsError, RuntimeError):
     """A version cannot take ``@champion``; the message says why, in one line."""
 
 

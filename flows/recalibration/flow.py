@@ -49,6 +49,7 @@ from prefect import flow, get_run_logger
 from cord_ops import CORD, cord, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
+from flows.errors import CordOpsError
 from flows.preflight import checks as inputs
 from flows.promotion import gate as gating
 from flows.recalibration import plots
@@ -72,7 +73,7 @@ DIGESTS_ARTIFACT = "digests.json"
 DIGESTS_TAG = "cord.artifacts.sha256"
 
 
-class RecalibrationError(RuntimeError):
+class RecalibrationError(CordOpsError, RuntimeError):
     """A recalibration failed; ``step`` is the task that raised.
 
     The message is one line: the step, the error's type and first line, the tracking URI
