@@ -337,7 +337,7 @@ def validate_schedule(args) -> None:
 
 def validate_predict(args) -> None:
     if _batch_predict_requested(args):
-        from flows.serving.batch import expand_inputs
+        from flows.files import expand_inputs
 
         try:
             expand_inputs(args.input)

@@ -59,6 +59,7 @@ from flows.registry import versions as registry
 from flows.registry.retries import is_store_outage
 from flows.runtime import faults
 from flows.runtime.tasks import compute_task, store_task
+from onnx_export import parity
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
@@ -394,7 +395,7 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
     repaired = repaired.astype(np.float64)
     diff = float(np.max(np.abs(repaired - reference.cord)))
     agreement = float(np.mean(top1(repaired) == top1(reference.uncal)))
-    tolerance = gating.parity_tolerance(calibrator, repair, evaluation.scores, dtype)
+    tolerance = parity.parity_tolerance(calibrator, repair, evaluation.scores, dtype)
     return Parity(diff, agreement, tolerance, repaired)
 
 
