@@ -35,6 +35,7 @@ from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
 from flows.cli import label_free as label_free_cli
 from flows.cli import operator as operator_cli
 from flows.cli import rollout as rollout_cli
+from flows.errors import CordOpsError
 from flows.preflight import checks as inputs
 from flows.registry import owner, tracking
 from flows.reproduce import cli as reproduce_cli
@@ -47,10 +48,6 @@ DEMO_MODEL = "cord-ops-demo"
 UI_PORT = 5000
 #: Exit status of ``server status`` when no managed server runs (as ``systemctl status``).
 NOT_RUNNING = 3
-#: Errors of the flows whose message already names the step, store or version and the
-#: cause (by name: importing their modules would import Prefect).
-NAMED_ERRORS = ("RecalibrationError", "ChampionUnhealthyError", "PromotionRefused",
-                "TemporaryServerError", "RolloutRefused")
 #: Packages whose exceptions mean the tracking store failed (their errors name the URI).
 STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "alembic")
 #: flows.registry.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
@@ -346,7 +343,7 @@ def validate_schedule(args) -> None:
 
 def validate_predict(args) -> None:
     if _batch_predict_requested(args):
-        from flows.serving.batch import expand_inputs
+        from flows.files import expand_inputs
 
         try:
             expand_inputs(args.input)
@@ -854,9 +851,7 @@ def _store_involved(exc: BaseException) -> bool:
 def describe_error(exc: BaseException, tracking_uri: str) -> str:
     """One line for ``exc``: its own message for the errors cord-ops raises on purpose,
     ``Type: message`` otherwise, the tracking URI added when the store is involved."""
-    from_cord_ops = isinstance(exc, inputs.InputError | server.ServerError
-                               | tracking.StoreError) or type(exc).__name__ in NAMED_ERRORS
-    message = str(exc) if from_cord_ops else f"{type(exc).__name__}: {exc}"
+    message = str(exc) if isinstance(exc, CordOpsError) else f"{type(exc).__name__}: {exc}"
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     message = lines[0] if lines else type(exc).__name__
     if len(lines) > 1:

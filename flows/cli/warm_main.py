@@ -1,8 +1,8 @@
-"""The warm runner's process: ``python -m flows.warm_main STATE_FOLDER FINGERPRINT``.
+"""The warm runner's process: ``python -m flows.cli.warm_main STATE_FOLDER FINGERPRINT``.
 
-Started detached by ``cord-ops server start`` (:func:`flows.warm.spawn`). It lives apart
-from :mod:`flows.warm` so that the runner can run the CLI's entry point while the CLI
-imports :mod:`flows.warm` to hand commands over, without an import cycle.
+Started detached by ``cord-ops server start`` (:func:`flows.runtime.warm.spawn`). It lives
+apart from :mod:`flows.runtime.warm` so that the runner can run the CLI's entry point while
+the CLI imports :mod:`flows.runtime.warm` to hand commands over, without an import cycle.
 """
 
 from __future__ import annotations
@@ -13,5 +13,20 @@ from pathlib import Path
 from flows.cli import main as cli
 from flows.runtime import warm
 
+
+def first_drawing() -> None:
+    """A first drawing loads fonts and builds caches (most of a second); a child inherits
+    them. Matplotlib and Agg start no threads."""
+    import tempfile
+
+    import numpy as np
+
+    from flows.recalibration import plots
+
+    with tempfile.TemporaryDirectory(prefix="cord-ops-warm-") as folder:
+        plots.reliability_png(np.array([[0.75, 0.25], [0.4, 0.6]]), np.array([0, 1]),
+                              Path(folder) / "warm.png", title="warm-up")
+
+
 if __name__ == "__main__":
-    warm.serve(Path(sys.argv[1]), sys.argv[2], cli.main)
+    warm.serve(Path(sys.argv[1]), sys.argv[2], cli.main, warm_up=first_drawing)

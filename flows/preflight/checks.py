@@ -19,6 +19,8 @@ import zipfile
 from pathlib import Path
 
 from cord_ops.names import CALIBRATOR_NAMES
+from flows.errors import CordOpsError
+from flows.files import GLOB_CHARS
 
 CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31),
                ("month", 1, 12), ("day of week", 0, 7))
@@ -41,11 +43,9 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 #: Evaluation rows a recalibration on shards gathers to the driver at most (ONNX parity, the
 #: pinned reference split, the gate's scores, ECE-EM, smECE, plots, the input example).
 DEFAULT_EVAL_SAMPLE = 50_000
-#: Characters that make an --input a glob pattern.
-GLOB_CHARS = "*?["
 
 
-class InputError(ValueError):
+class InputError(CordOpsError, ValueError):
     """A bad command input; the message is the whole one-line explanation."""
 
 

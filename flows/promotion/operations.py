@@ -35,9 +35,11 @@ import numpy as np
 
 from cord_ops import metrics
 from cord_ops.validation import top1
+from flows.errors import CordOpsError
 from flows.promotion import gate
 from flows.registry import reference
 from flows.registry import versions as registry
+from onnx_export import parity
 
 PROMOTED_BY_TAG = "cord.promoted_by"
 PROMOTED_AT_TAG = "cord.promoted_at"
@@ -48,7 +50,7 @@ PROMOTION_REASON_TAG = "cord.promotion_reason"
 NLL_REPRODUCTION_RTOL = 1e-3
 
 
-class PromotionRefused(RuntimeError):
+class PromotionRefused(CordOpsError, RuntimeError):
     """A version cannot take ``@champion``; the message says why, in one line."""
 
 
@@ -211,7 +213,7 @@ def check_promotable(client, name: str, version: str) -> float:
     dtype = run.data.tags.get("cord.dtype", "float32")
     diff, agreement = logged.get("onnx.max_abs_diff"), logged.get("onnx.argmax_agreement")
     tolerance = logged.get("onnx.tolerance",
-                           gate.FIXED_PARITY_TOLERANCE.get(dtype, gate.FIXED_PARITY_TOLERANCE[
+                           parity.FIXED_PARITY_TOLERANCE.get(dtype, parity.FIXED_PARITY_TOLERANCE[
                                "float32"]))
     if diff is None or agreement is None or not (diff <= tolerance and agreement == 1.0):
         raise PromotionRefused(f"v{version}'s run did not verify ONNX parity "

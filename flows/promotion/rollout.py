@@ -26,6 +26,7 @@ import json
 import time
 import uuid
 
+from flows.errors import CordOpsError
 from flows.promotion import gate
 from flows.promotion import operations as champion_ops
 from flows.promotion.rollout_steps import Budget, Plan
@@ -42,7 +43,7 @@ EVENT_LIMIT = 40
 SERVER_LOCK_TIMEOUT = 30.0
 
 
-class RolloutRefused(RuntimeError):
+class RolloutRefused(CordOpsError, RuntimeError):
     """A rollout command cannot be carried out; the message says why, in one line."""
 
 

@@ -49,6 +49,7 @@ from prefect import flow, get_run_logger
 from cord_ops import CORD, cord, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
+from flows.errors import CordOpsError
 from flows.preflight import checks as inputs
 from flows.promotion import gate as gating
 from flows.recalibration import plots
@@ -58,6 +59,7 @@ from flows.registry import versions as registry
 from flows.registry.retries import is_store_outage
 from flows.runtime import faults
 from flows.runtime.tasks import compute_task, store_task
+from onnx_export import parity
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
@@ -72,7 +74,7 @@ DIGESTS_ARTIFACT = "digests.json"
 DIGESTS_TAG = "cord.artifacts.sha256"
 
 
-class RecalibrationError(RuntimeError):
+class RecalibrationError(CordOpsError, RuntimeError):
     """A recalibration failed; ``step`` is the task that raised.
 
     The message is one line: the step, the error's type and first line, the tracking URI
@@ -393,7 +395,7 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
     repaired = repaired.astype(np.float64)
     diff = float(np.max(np.abs(repaired - reference.cord)))
     agreement = float(np.mean(top1(repaired) == top1(reference.uncal)))
-    tolerance = gating.parity_tolerance(calibrator, repair, evaluation.scores, dtype)
+    tolerance = parity.parity_tolerance(calibrator, repair, evaluation.scores, dtype)
     return Parity(diff, agreement, tolerance, repaired)
 
 

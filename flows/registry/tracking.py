@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from flows.errors import CordOpsError
+
 STORE_DIR = "mlruns"
 DB_NAME = "mlflow.db"
 #: Serialises the one place MLflow forces a process-wide URI (:func:`registry_lookups`).
@@ -226,7 +228,7 @@ STORE_LOCK = Path(".cord-locks") / "store.lock"
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-class StoreError(RuntimeError):
+class StoreError(CordOpsError, RuntimeError):
     """The tracking store cannot be used; the message is one line naming the URI."""
 
 

@@ -35,6 +35,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.errors import CordOpsError
 from flows.registry import owner
 
 STATE_DIR = "prefect"
@@ -43,7 +44,7 @@ STOP_TIMEOUT_S = 10.0
 HEALTH_TIMEOUT_S = 5.0  # a busy server answers late; a dead port refuses at once
 
 
-class ServerError(RuntimeError):
+class ServerError(CordOpsError, RuntimeError):
     """The managed server could not be started or stopped; the message says where to look."""
 
 

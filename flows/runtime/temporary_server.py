@@ -50,6 +50,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 
+from flows.errors import CordOpsError
+
 PR_SET_PDEATHSIG = 1
 #: The API URL of the temporary server the current context runs against (None outside
 #: :func:`temporary_api`): the flows must not take it for a Prefect server that other
@@ -72,7 +74,7 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exceptio
                              r"Interrupt|Failure|Timeout|Warning)(?::\s.*)?$")
 
 
-class TemporaryServerError(RuntimeError):
+class TemporaryServerError(CordOpsError, RuntimeError):
     """The temporary Prefect server did not come up; the message names its own exception
     and the kept log."""
 

@@ -291,22 +291,13 @@ def _follow(sock: socket.socket, child: int) -> int:
 
 
 # ---------------------------------------------------------------- the runner's side
-def _warm_up() -> None:
+def _warm_up(first_run) -> None:
     import importlib
 
     for name in WARM_MODULES:
         importlib.import_module(name)
-    # A first drawing loads fonts and builds caches (most of a second); a child inherits
-    # them. Matplotlib and Agg start no threads.
-    import tempfile
-
-    import numpy as np
-
-    from flows.recalibration import plots
-
-    with tempfile.TemporaryDirectory(prefix="cord-ops-warm-") as folder:
-        plots.reliability_png(np.array([[0.75, 0.25], [0.4, 0.6]]), np.array([0, 1]),
-                              Path(folder) / "warm.png", title="warm-up")
+    if first_run is not None:
+        first_run()
 
 
 def _child(conn: socket.socket, request: dict, fds: list[int], listener: socket.socket,
@@ -367,11 +358,12 @@ def _die_with_command(conn: socket.socket, finished: threading.Event) -> None:
         os.killpg(0, signal.SIGKILL)
 
 
-def serve(folder: Path, expected: str, entry) -> None:
+def serve(folder: Path, expected: str, entry, warm_up=None) -> None:
     """The runner's loop: warm up, listen, fork a child per command, which calls
     ``entry(argv, started=..., forward=False)`` (the CLI's ``main``) and exits with its
-    status."""
-    _warm_up()
+    status. ``warm_up`` (no arguments), called once after the imports, does once what a
+    command would otherwise pay for (the caller's: this module imports no flow)."""
+    _warm_up(warm_up)
     if threading.active_count() != 1:
         print(f"warm runner: the warm-up started threads {threading.enumerate()}; not "
               "serving (forking would be unsafe)", flush=True)

@@ -41,7 +41,7 @@ from distributed import Client, LocalCluster, WorkerPlugin, get_worker
 
 from cord_ops import data
 from cord_ops.atomic import write_json_atomic
-from flows.preflight.checks import GLOB_CHARS
+from flows.files import expand_inputs
 from flows.registry.owner import Owner, alive
 
 #: Name under which the session plugin is registered on the workers, per model digest.
@@ -65,24 +65,6 @@ def sweep_dead_partials(output: Path) -> list[Path]:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
-
-
-def expand_inputs(spec) -> tuple[Path, list[Path]]:
-    """(root, files): the Parquet files a folder (searched recursively) or glob names, in
-    sorted order, and the folder their relative output paths are taken from."""
-    text = str(spec)
-    if any(c in text for c in GLOB_CHARS):
-        parts = Path(text).parts
-        first = next(i for i, part in enumerate(parts) if any(c in part for c in GLOB_CHARS))
-        root = Path(*parts[:first]) if first else Path.cwd()
-        files = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
-    else:
-        root = Path(text)
-        files = sorted(p for p in root.rglob("*") if p.is_file())
-    files = [f.absolute() for f in files if data.is_parquet(f)]
-    if not files:
-        raise ValueError(f"{text}: matches no .parquet/.pq file")
-    return root.absolute(), files
 
 
 def check_schemas(files: list[Path], input_kind: str) -> None:

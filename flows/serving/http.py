@@ -158,7 +158,7 @@ def verify(session, contract: InputContract, state=None) -> dict:
     ``state`` (calibrator, CORD), ``repaired`` matches cord_ops within the export's parity
     tolerance. Returns what was checked; raises VersionRejected naming the failure."""
     from cord_ops.validation import top1
-    from flows.promotion.gate import FIXED_PARITY_TOLERANCE, parity_tolerance
+    from onnx_export.parity import FIXED_PARITY_TOLERANCE, parity_tolerance
 
     # The graph's own input, upcast: parity is defined against cord_ops on the same inputs.
     probe = _probe_scores(contract).astype(contract.dtype).astype(np.float64)

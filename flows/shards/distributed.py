@@ -3,7 +3,7 @@ score columns and ``labels``), one shard a partition, out of core.
 
 Order of events, so that bad input stops everything before a cluster is contacted:
 
-1. list the shards (a folder or glob, ``batch_predict.expand_inputs``) and read their
+1. list the shards (a folder or glob, ``flows.files.expand_inputs``) and read their
    footers (:func:`describe_shards`): every shard must hold the same score layout and K, a
    ``labels`` column and rows; a calibrator that cannot be fitted from partition sums is
    refused naming the ones that can (``cord_ops.names.REDUCIBLE``);
@@ -54,7 +54,7 @@ from cord_ops.reduce import (
     split_rows,
     temperature_step,
 )
-from flows.serving.batch import expand_inputs
+from flows.files import expand_inputs
 
 #: Size of one row block's float64 scores during a pass (the worker's working set). Small
 #: enough that a block's temporaries stay in the caches two workers share: the TS moment

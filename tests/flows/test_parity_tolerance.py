@@ -1,4 +1,4 @@
-"""The parity tolerance follows the pipeline's own rounding (flows.promotion.gate.parity_tolerance):
+"""The parity tolerance follows the pipeline's own rounding (onnx_export.parity.parity_tolerance):
 every family's float32 and float64 graph stays inside it on outputs with the pathologies
 of real classifiers (exact zeros, ties, large logits), and a graph that computes something
 else (a calibrator off by 0.1 %) does not."""
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from flows.promotion import gate
 from onnx_export import export_onnx
+from onnx_export.parity import parity_tolerance
 from onnx_export.runtime import open_session
 
 
@@ -63,7 +63,7 @@ def test_every_graph_stays_within_its_derived_tolerance(case, name):
         uncal = x if kind == "probs" else _softmax(x)
         repair = CORD().fit(uncal, cal.predict_proba(x))
     for dtype in ("float32", "float64"):
-        assert _graph_diff(cal, repair, x, dtype) <= gate.parity_tolerance(cal, repair, x,
+        assert _graph_diff(cal, repair, x, dtype) <= parity_tolerance(cal, repair, x,
                                                                            dtype)
 
 
@@ -77,11 +77,11 @@ def test_tolerance_grows_with_the_values_and_still_catches_a_wrong_graph():
         x = z + offset
         cal = make_calibrator("ts").fit(x, y)
         repair = CORD().fit(_softmax(x), cal.predict_proba(x))
-        tolerances.append(gate.parity_tolerance(cal, repair, x, "float32"))
+        tolerances.append(parity_tolerance(cal, repair, x, "float32"))
         assert _graph_diff(cal, repair, x, "float32") <= tolerances[-1]
     # A logit near 2000 is rounded to 1.2e-4 in float32, which the graph cannot avoid.
     assert tolerances[0] == 1e-5 and tolerances[1] > 1e-4
-    assert gate.parity_tolerance(cal, repair, x, "float64") < 1e-10
+    assert parity_tolerance(cal, repair, x, "float64") < 1e-10
     wrong = copy.deepcopy(cal)
     wrong.beta_ = cal.beta_ * 1.01
     assert _graph_diff(cal, repair, x, "float32", graph_cal=wrong) > tolerances[1]
@@ -95,4 +95,4 @@ def test_tolerance_is_never_below_the_fixed_floor(dtype, floor):
     y = np.arange(50) % 4
     cal = make_calibrator("ts", input_kind="probs").fit(p, y)
     repair = CORD().fit(p, cal.predict_proba(p))
-    assert gate.parity_tolerance(cal, repair, p, dtype) == floor
+    assert parity_tolerance(cal, repair, p, dtype) == floor

@@ -1,0 +1,40 @@
+"""The errors cord-ops raises for an operator share one base, and the command line tells
+them from faults by that base alone: its own message for one of them, ``Type: message``
+for anything else."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.cli.main import describe_error
+from flows.errors import CordOpsError
+from flows.preflight.checks import InputError
+from flows.promotion.gate import ChampionUnhealthyError
+from flows.promotion.operations import PromotionRefused
+from flows.recalibration.flow import RecalibrationError
+from flows.registry.tracking import StoreError
+from flows.runtime.managed_server import ServerError
+from flows.runtime.temporary_server import TemporaryServerError
+
+URI = "sqlite:///nowhere/mlflow.db"
+
+
+@pytest.mark.parametrize("error, builtin", [
+    (InputError("--data: no such file"), ValueError),
+    (StoreError("store unreachable"), RuntimeError),
+    (ServerError("see server.log"), RuntimeError),
+    (TemporaryServerError("exited with 1"), RuntimeError),
+    (PromotionRefused("v3 is not READY"), RuntimeError),
+    (RecalibrationError("gate", ValueError("bad"), None), RuntimeError),
+    (ChampionUnhealthyError("m", "2", "graph unreadable"), RuntimeError),
+])
+def test_operator_errors_print_their_own_line(error, builtin):
+    assert isinstance(error, CordOpsError) and isinstance(error, builtin)
+    assert describe_error(error, URI) == str(error).splitlines()[0]
+    assert type(error).__name__ not in describe_error(error, URI)
+
+
+def test_any_other_exception_is_named_by_its_type():
+    assert describe_error(ValueError("expected 10 columns"), URI) == \
+        "ValueError: expected 10 columns"
+    assert describe_error(KeyError("x"), URI) == "KeyError: 'x'"
