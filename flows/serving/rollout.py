@@ -157,7 +157,7 @@ class _Copy:
 
 def sum_tolerance(model) -> float:
     """How far a repaired row may sum from 1 (as :func:`flows.serving.http.verify` allows)."""
-    from flows.promotion.gate import FIXED_PARITY_TOLERANCE
+    from onnx_export.parity import FIXED_PARITY_TOLERANCE
 
     return max(FIXED_PARITY_TOLERANCE[str(model.contract.dtype)], 1e-6) * \
         model.contract.n_classes
