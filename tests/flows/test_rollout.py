@@ -291,30 +291,35 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
         assert code == 1 and line.startswith("error:") and f"cannot roll out v{v3}" in line
         graph.write_bytes(_disagreeing(original))
         history_before = gate.read_history(client, MODEL)
-        with Traffic(urls[:1], [{"inputs": rows.tolist()}, {"inputs": magic_rows.tolist()}]
-                     ) as traffic:
+        # Ordinary rows first, until v3 has answered some of them; only then the rows that
+        # show its defect (sent together from the start, which comes first is a race).
+        with Traffic(urls[:1], [{"inputs": rows.tolist()}]) as normal:
             time.sleep(0.5)
             code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
                                 "--version", v3, "--mode", "canary", "--steps", "50",
                                 "--min-requests", "100000", "--min-seconds", "1",
                                 "--reason", "vs refit")
             assert code == 0, err
-            ended = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
-                          != rollout.ACTIVE and r, 60, "rollback")
-            time.sleep(1.0)
+            _wait(lambda: any(x.get("named") == v3 for x in list(normal.answers)), 60,
+                  "v3 answering canary rows")
+            assert rollout.read(client, MODEL)["state"] == rollout.ACTIVE
+            with Traffic(urls[:1], [{"inputs": magic_rows.tolist()}], threads=2) as magic:
+                ended = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
+                              != rollout.ACTIVE and r, 60, "rollback")
+                time.sleep(1.0)
         assert ended["state"] == rollout.ROLLED_BACK, ended
         assert "top-1 disagrees" in ended["outcome"], ended["outcome"]
         assert str(registry.champion_version(client, MODEL).version) == v2
         assert gate.read_history(client, MODEL) == history_before  # no champion moved
-        answers = traffic.answers
+        answers = normal.answers + magic.answers
         assert answers and all(x["status"] == 200 for x in answers), \
             [x for x in answers if x["status"] != 200][:3]
-        sent_magic = [x for x in answers if x["payload"] == 1]
+        sent_magic = magic.answers
         assert sent_magic and all(x["named"] == v2 for x in sent_magic)  # never v3's answer
         good = _expected(v2, magic_rows)
         for x in sent_magic:
             np.testing.assert_allclose(x["repaired"], good, rtol=0, atol=1e-6)
-        assert any(x["named"] == v3 for x in answers)  # v3 did answer other rows meanwhile
+        assert any(x["named"] == v3 for x in normal.answers)  # v3 answered ordinary rows
         # The defect is logged with the row that showed it.
         assert f"breaks an invariant on row 2: input [{MAGIC:g}, " in logs[0].read_text()
         code, _, err = _cli(capsys, "rollout", "abort", "--model-name", MODEL)
