@@ -45,7 +45,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from cord_ops.atomic import write_json_atomic
-from flows.registry import owner
+from flows.registry import owner, retries
 
 LOCK_FOLDER = ".cord-locks"
 #: Registered-model tag naming the holder (``prefect`` and ``lease`` locks).
@@ -276,8 +276,14 @@ def _hold_lease(stack: ExitStack, client, model_name: str, timeout: float, log,
     def try_acquire(seconds: float) -> bool:
         deadline = time.monotonic() + seconds
         while True:
-            if attempt():
-                return True
+            try:
+                if attempt():
+                    return True
+            except Exception as exc:
+                # Another process's write holding an embedded store's database for longer
+                # than sqlite's busy timeout is contention, not a failure: try again.
+                if not retries.is_transient(exc):
+                    raise
             if time.monotonic() >= deadline:
                 return False
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))

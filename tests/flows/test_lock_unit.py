@@ -138,3 +138,46 @@ def test_an_unknown_kind_is_refused_before_anything_is_held(tmp_path):
         with lock.registry_lock("nfs", "m", 1.0, Log(), {}, store_folder=tmp_path):
             pass
     assert not (tmp_path / ".cord-locks").exists()
+
+
+class TagStore:
+    """A registered model's tags in memory, standing in for the store the lease lock writes
+    to; ``failures`` are raised by the next tag writes, one each."""
+
+    def __init__(self, failures=()):
+        self.tags: dict[str, str] = {}
+        self.failures = list(failures)
+        self.writes = 0
+
+    def get_registered_model(self, name):
+        return type("Model", (), {"tags": dict(self.tags)})()
+
+    def set_registered_model_tag(self, name, key, value):
+        self.writes += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        self.tags[key] = value
+
+    def delete_registered_model_tag(self, name, key):
+        self.tags.pop(key, None)
+
+
+def test_a_lease_write_that_meets_a_locked_database_tries_again():
+    from mlflow.exceptions import MlflowException
+
+    store = TagStore([MlflowException("(sqlite3.OperationalError) database is locked")])
+    with lock.registry_lock("lease", "m", 10.0, Log(), {"run_id": "r"}, client=store):
+        held = json.loads(store.tags[lock.LEASE_TAG])
+        assert held["run_id"] == "r"
+    assert store.writes >= 2 and lock.LEASE_TAG not in store.tags
+
+
+def test_a_lease_write_that_fails_for_good_fails_at_once():
+    from mlflow.exceptions import MlflowException
+
+    store = TagStore([MlflowException("attempt to write a readonly database")])
+    started = time.monotonic()
+    with pytest.raises(MlflowException, match="readonly"):
+        with lock.registry_lock("lease", "m", 10.0, Log(), {"run_id": "r"}, client=store):
+            pass
+    assert time.monotonic() - started < 5.0 and store.writes == 1

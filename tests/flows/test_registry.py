@@ -199,8 +199,8 @@ def _holder(folder, timeout, run_id, hold, kind="file", uri=""):
     # (e.g. a model-from-code's) whose modules would shadow the standard library.
     env = {**os.environ, "PYTHONPATH": _checkout_root()}
     return subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder), str(timeout),
-                             run_id, str(hold), kind, uri], stdout=subprocess.PIPE, text=True,
-                            env=env)
+                             run_id, str(hold), kind, uri], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _stamp(out: str, word: str) -> float:
@@ -244,8 +244,9 @@ def test_lease_lock_serialises_processes_and_a_dead_local_holder_is_taken_over(s
     from flows.registry import lock
 
     holders = [_holder(tmp_path, 120, f"run-{i}", 1.5, "lease", store) for i in range(3)]
-    outs = [h.communicate(timeout=180)[0] for h in holders]
-    assert [h.returncode for h in holders] == [0, 0, 0], outs
+    ends = [h.communicate(timeout=180) for h in holders]
+    outs = [out for out, _ in ends]
+    assert [h.returncode for h in holders] == [0, 0, 0], ends
     spans = sorted((_stamp(o, "acquired"), _stamp(o, "released")) for o in outs)
     for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
         assert start >= end, spans  # one holder at a time
