@@ -37,7 +37,7 @@ import mlflow.pyfunc
 import numpy as np
 
 from cord_ops.atomic import owned_temporary_directory
-from flows.serving.contract import InputContract, InputError, score_matrix
+from flows.serving.contract import InputContract, ScoringInputError, score_matrix
 
 ONNX_ARTIFACT = "onnx_model"
 ONNX_FILE = "model.onnx"
@@ -72,7 +72,7 @@ class CordOnnxModel(mlflow.pyfunc.PythonModel):
         names = _output_names((params or {}).get("outputs"))
         try:
             scores = score_matrix(model_input, self.contract)
-        except InputError as exc:
+        except ScoringInputError as exc:
             raise MlflowException.invalid_parameter_value(str(exc)) from None
         from onnx_export.runtime import run_batched
 

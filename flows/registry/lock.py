@@ -45,6 +45,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from cord_ops.atomic import write_json_atomic
+from flows.errors import CordOpsError
 from flows.registry import owner, retries
 
 LOCK_FOLDER = ".cord-locks"
@@ -64,7 +65,7 @@ DEFAULT_TIMEOUT = 600.0
 KINDS = ("file", "prefect", "lease")
 
 
-class LockTimeout(RuntimeError):
+class LockTimeout(CordOpsError, RuntimeError):
     """The registry lock of a model was not acquired within the timeout."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from cord_ops import data
+from flows.errors import CordOpsError
 
 ARTIFACT_DIR = "reference"
 ARTIFACT_NAME = "evaluation.npz"
@@ -30,7 +31,7 @@ CONTEXT = "evaluation"
 DIGEST_LENGTH = 32
 
 
-class ReferenceUnavailable(LookupError):
+class ReferenceUnavailable(CordOpsError, LookupError):
     """The run has no usable reference split (never logged, artifact gone or altered)."""
 
 

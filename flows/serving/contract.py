@@ -19,7 +19,7 @@ and messages as every other entry point): finite values, exactly ``K`` columns (
 for a binary model), and for models that read probabilities, non-negative rows summing
 to 1 within the storage dtype's tolerance, renormalised before they are scored. A float64
 value too large for a float32 graph is refused rather than turned into inf. Every refusal
-is an :class:`InputError` whose ``reason`` is a short code (used as a metric label) and
+is a :class:`ScoringInputError` whose ``reason`` is a short code (used as a metric label) and
 whose message names the input, the first offending row and the expectation.
 
 :func:`from_payload` reads the JSON bodies of MLflow's scoring protocol (``inputs``,
@@ -34,14 +34,15 @@ import numpy as np
 
 from cord_ops.names import INPUT_KINDS
 from cord_ops.validation import is_one_column, narrowed, stored_scores
+from flows.errors import CordOpsError
 
-#: Codes of :attr:`InputError.reason`.
+#: Codes of :attr:`ScoringInputError.reason`.
 REASONS = ("bad_payload", "bad_shape", "wrong_width", "non_finite", "not_probabilities",
            "out_of_range")
 PAYLOAD_KEYS = ("inputs", "instances", "dataframe_split", "dataframe_records")
 
 
-class InputError(ValueError):
+class ScoringInputError(CordOpsError, ValueError):
     """A refused input; ``reason`` is one of :data:`REASONS`."""
 
     def __init__(self, reason: str, message: str):
@@ -87,7 +88,7 @@ class InputContract:
 
 
 def score_matrix(value, contract: InputContract, name: str = "input") -> np.ndarray:
-    """``value`` as a C-contiguous ``[n, K]`` array in the contract's dtype, or InputError
+    """``value`` as a C-contiguous ``[n, K]`` array in the contract's dtype, or ScoringInputError
     (one score column of a binary model as its two columns, probability rows
     renormalised: ``cord_ops.validation.stored_scores``)."""
     arr = _as_array(value, name)
@@ -98,14 +99,14 @@ def score_matrix(value, contract: InputContract, name: str = "input") -> np.ndar
                              f"{arr.shape[1]}")
         stored = stored_scores(arr, contract.input_kind, name, n_classes=contract.n_classes)
     except (TypeError, ValueError) as exc:
-        raise InputError(_reason(arr, contract), str(exc)) from None
+        raise ScoringInputError(_reason(arr, contract), str(exc)) from None
     with np.errstate(over="ignore"):  # overflow is what the next line looks for
         out = narrowed(stored, contract.dtype)
     if out.dtype != arr.dtype and not (np.isfinite(out.min()) and np.isfinite(out.max())):
         row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
-        raise InputError("out_of_range",
-                         f"{name}: row {row} has a value outside the {contract.dtype} range "
-                         f"of this model (|x| <= {np.finfo(contract.dtype).max:.3g})")
+        raise ScoringInputError("out_of_range",
+                                f"{name}: row {row} has a value outside the {contract.dtype} range "
+                                f"of this model (|x| <= {np.finfo(contract.dtype).max:.3g})")
     return out
 
 
@@ -126,8 +127,8 @@ def _as_array(value, name: str) -> np.ndarray:
     """Any accepted form as an ndarray (not yet checked for width or values)."""
     if isinstance(value, dict):
         if len(value) != 1:
-            raise InputError("bad_shape", f"{name}: expected one input (the scores), got "
-                                          f"{len(value)}: {sorted(map(str, value))}")
+            raise ScoringInputError("bad_shape", f"{name}: expected one input (the scores), got "
+                                                 f"{len(value)}: {sorted(map(str, value))}")
         ((key, value),) = value.items()
         name = f"{name}[{key!r}]"
     frame_type = _pandas_types()
@@ -154,9 +155,9 @@ def _frame_array(frame, name: str) -> np.ndarray:
         return _list_array(list(frame.iloc[:, 0]), f"{name} column {frame.columns[0]!r}")
     for column, dtype in frame.dtypes.items():
         if dtype.kind not in "iuf":
-            raise InputError("bad_shape", f"{name}: column {column!r} has dtype {dtype}; "
-                                          "expected numeric columns (one per class) or one "
-                                          "column of arrays")
+            raise ScoringInputError("bad_shape", f"{name}: column {column!r} has dtype {dtype}; "
+                                                 "expected numeric columns (one per class) or one "
+                                                 "column of arrays")
     return frame.to_numpy()
 
 
@@ -170,21 +171,22 @@ def _list_array(value, name: str) -> np.ndarray:
     if arr is not None and arr.dtype.kind in "iuf":
         return arr
     if arr is not None and arr.dtype.kind in "USb":
-        raise InputError("bad_shape", f"{name}: expected numbers, got {arr.dtype} values")
+        raise ScoringInputError("bad_shape", f"{name}: expected numbers, got {arr.dtype} values")
     rows = list(value) if not np.isscalar(value) and value is not None else None
     if rows is None:
-        raise InputError("bad_shape", f"{name}: expected a 2-D array (n, K) of numbers, "
-                                      f"got {type(value).__name__}")
+        raise ScoringInputError("bad_shape", f"{name}: expected a 2-D array (n, K) of numbers, "
+                                             f"got {type(value).__name__}")
     widths = [np.size(row) if not np.isscalar(row) and row is not None else -1 for row in rows]
     for row, width in enumerate(widths):
         if width != widths[0]:
-            raise InputError("bad_shape", f"{name}: row {row} has {width} values but row 0 has "
-                                          f"{widths[0]}; expected rows of equal length")
+            raise ScoringInputError(
+                "bad_shape", f"{name}: row {row} has {width} values but row 0 has "
+                             f"{widths[0]}; expected rows of equal length")
     try:
         arr = np.asarray([np.asarray(row, dtype=np.float64) for row in rows]) if rows else \
             np.empty((0, 0))
     except (TypeError, ValueError) as exc:
-        raise InputError("bad_shape", f"{name}: expected numbers ({exc})") from None
+        raise ScoringInputError("bad_shape", f"{name}: expected numbers ({exc})") from None
     return arr
 
 
@@ -197,13 +199,15 @@ def from_payload(body) -> object:
     ``columns`` and ``data``; ``dataframe_records`` a list of row objects.
     """
     if not isinstance(body, dict):
-        raise InputError("bad_payload", f"request body: expected a JSON object with one of "
-                                        f"{', '.join(PAYLOAD_KEYS)}, got {type(body).__name__}")
+        raise ScoringInputError(
+            "bad_payload", f"request body: expected a JSON object with one of "
+                           f"{', '.join(PAYLOAD_KEYS)}, got {type(body).__name__}")
     keys = [key for key in PAYLOAD_KEYS if key in body]
     unknown = sorted(set(body) - set(PAYLOAD_KEYS) - {"params"})
     if len(keys) != 1 or unknown:
-        raise InputError("bad_payload", f"request body: expected exactly one of "
-                                        f"{', '.join(PAYLOAD_KEYS)}, got keys {sorted(body)}")
+        raise ScoringInputError(
+            "bad_payload", f"request body: expected exactly one of "
+                           f"{', '.join(PAYLOAD_KEYS)}, got keys {sorted(body)}")
     (key,) = keys
     value = body[key]
     if key == "dataframe_split":
@@ -215,8 +219,8 @@ def from_payload(body) -> object:
     if isinstance(value, dict) and len(value) == 1:
         return value  # {"scores": rows}
     if not isinstance(value, list):
-        raise InputError("bad_payload", f"{key}: expected a list of rows, got "
-                                        f"{type(value).__name__}")
+        raise ScoringInputError("bad_payload", f"{key}: expected a list of rows, got "
+                                               f"{type(value).__name__}")
     return value
 
 
@@ -230,22 +234,23 @@ def _one_column(rows: list, columns: list):
 
 def _split_rows(value):
     if not isinstance(value, dict) or not isinstance(value.get("data"), list):
-        raise InputError("bad_payload", "dataframe_split: expected an object with 'columns' "
-                                        "and a 'data' list of rows")
+        raise ScoringInputError("bad_payload", "dataframe_split: expected an object with 'columns' "
+                                               "and a 'data' list of rows")
     columns = value.get("columns") or []
     return _one_column(value["data"], columns)
 
 
 def _record_rows(value, what: str = "dataframe_records"):
     if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
-        raise InputError("bad_payload", f"{what}: expected a list of row objects")
+        raise ScoringInputError("bad_payload", f"{what}: expected a list of row objects")
     if not value:
         return []
     columns = list(value[0])
     rows = []
     for index, record in enumerate(value):
         if list(record) != columns:
-            raise InputError("bad_payload", f"{what}: row {index} has fields {list(record)}; "
-                                            f"expected {columns} as in row 0")
+            raise ScoringInputError(
+                "bad_payload", f"{what}: row {index} has fields {list(record)}; "
+                               f"expected {columns} as in row 0")
         rows.append([record[c] for c in columns])
     return _one_column(rows, columns)

@@ -45,7 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from flows.serving.contract import REASONS, InputContract, InputError, from_payload, score_matrix
+from flows.errors import CordOpsError
+from flows.serving.contract import (
+    REASONS,
+    InputContract,
+    ScoringInputError,
+    from_payload,
+    score_matrix,
+)
 
 DEFAULT_PORT = 5005
 DEFAULT_POLL_INTERVAL = 10.0
@@ -62,7 +69,7 @@ ERROR_REASONS = (*REASONS, "bad_json", "unsupported_media_type", "no_model", "in
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-class VersionRejected(RuntimeError):
+class VersionRejected(CordOpsError, RuntimeError):
     """A version that must not be served (unreadable graph, failed verification)."""
 
 
@@ -515,7 +522,7 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
                 return refuse(400, "bad_json", f"request body is not JSON ({exc})")
             try:
                 scores = score_matrix(from_payload(payload), model.contract)
-            except InputError as exc:
+            except ScoringInputError as exc:
                 return refuse(400, exc.reason, str(exc))
             batcher.arriving -= 1
             arrived = False

@@ -12,9 +12,13 @@ from flows.preflight.checks import InputError
 from flows.promotion.gate import ChampionUnhealthyError
 from flows.promotion.operations import PromotionRefused
 from flows.recalibration.flow import RecalibrationError
+from flows.registry.lock import LockTimeout
+from flows.registry.reference import ReferenceUnavailable
 from flows.registry.tracking import StoreError
 from flows.runtime.managed_server import ServerError
 from flows.runtime.temporary_server import TemporaryServerError
+from flows.serving.contract import ScoringInputError
+from flows.serving.http import VersionRejected
 
 URI = "sqlite:///nowhere/mlflow.db"
 
@@ -27,6 +31,10 @@ URI = "sqlite:///nowhere/mlflow.db"
     (PromotionRefused("v3 is not READY"), RuntimeError),
     (RecalibrationError("gate", ValueError("bad"), None), RuntimeError),
     (ChampionUnhealthyError("m", "2", "graph unreadable"), RuntimeError),
+    (LockTimeout("registry lock of model 'm' still held by run r after 1 s"), RuntimeError),
+    (ReferenceUnavailable("run r logged no evaluation dataset input"), LookupError),
+    (ScoringInputError("bad_shape", "input: row 3 has 9 values but row 0 has 10"), ValueError),
+    (VersionRejected("v2: repaired rows do not sum to 1 on the probe batch"), RuntimeError),
 ])
 def test_operator_errors_print_their_own_line(error, builtin):
     assert isinstance(error, CordOpsError) and isinstance(error, builtin)

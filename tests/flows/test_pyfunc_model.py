@@ -21,7 +21,7 @@ from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
 from flows import pyfunc_model
 from flows.registry import versions as registry
-from flows.serving.contract import InputContract, InputError, score_matrix
+from flows.serving.contract import InputContract, ScoringInputError, score_matrix
 from onnx_export import export_onnx
 
 
@@ -85,7 +85,7 @@ def test_pyfunc_accepts_arrays_and_frames_and_refuses_bad_rows(logits_model, dig
     bad[3, 2] = np.nan
     message = _refusal(model, bad)
     assert "row 3" in message
-    with pytest.raises(InputError) as direct:  # the server's rule gives the same message
+    with pytest.raises(ScoringInputError) as direct:  # the server's rule gives the same message
         score_matrix(bad, contract)
     assert str(direct.value) in message
     assert "expected 10 classes" in _refusal(model, rows[:, :9])

@@ -15,7 +15,7 @@ from scipy.special import softmax
 
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from flows.serving.contract import InputContract, InputError, from_payload, score_matrix
+from flows.serving.contract import InputContract, ScoringInputError, from_payload, score_matrix
 from flows.serving.http import OUTPUTS, Metrics, MicroBatcher, ServedModel, verify
 from onnx_export import export_onnx, open_session
 
@@ -67,7 +67,7 @@ def test_the_first_non_finite_row_is_named(rows, data, bad):
     rows = rows.copy()
     for row in marked:
         rows[row, data.draw(st.integers(0, k - 1))] = bad
-    with pytest.raises(InputError, match=rf"^input: row {min(marked)} contains NaN or inf") \
+    with pytest.raises(ScoringInputError, match=rf"^input: row {min(marked)} contains NaN or inf") \
             as caught:
         score_matrix(rows.tolist(), InputContract(k, "logits", "float32"))
     assert caught.value.reason == "non_finite"
@@ -76,7 +76,7 @@ def test_the_first_non_finite_row_is_named(rows, data, bad):
 @given(score_rows(min_k=4), st.integers(-2, 2).filter(bool))
 def test_a_wrong_width_is_refused(rows, delta):
     contract = InputContract(rows.shape[1] + delta, "logits", "float64")
-    with pytest.raises(InputError, match="classes \\(columns\\)") as caught:
+    with pytest.raises(ScoringInputError, match="classes \\(columns\\)") as caught:
         score_matrix(pd.DataFrame(rows), contract)
     assert caught.value.reason == "wrong_width"
 
@@ -88,7 +88,7 @@ def test_probability_rows_must_sum_to_one(logits, row, excess):
     contract = InputContract(4, "probs", "float32")
     np.testing.assert_allclose(score_matrix(probs, contract), probs, rtol=1e-6)
     probs[row] *= 1 + excess
-    with pytest.raises(InputError, match=rf"row {row} sums to") as caught:
+    with pytest.raises(ScoringInputError, match=rf"row {row} sums to") as caught:
         score_matrix(probs, contract)
     assert caught.value.reason == "not_probabilities"
 
@@ -100,15 +100,15 @@ def test_malformed_inputs_get_their_own_reason():
         "out_of_range": np.array([[1e39, 0.0, 0.0]]),
     }
     for reason, value in cases.items():
-        with pytest.raises(InputError) as caught:
+        with pytest.raises(ScoringInputError) as caught:
             score_matrix(value, contract)
         assert caught.value.reason == reason, (reason, str(caught.value))
     for body in ({}, {"inputs": [[1, 2, 3]], "instances": [[1, 2, 3]]}, [1, 2],
                  {"dataframe_records": [{"a": 1}, {"b": 2}]}):
-        with pytest.raises(InputError) as caught:
+        with pytest.raises(ScoringInputError) as caught:
             from_payload(body)
         assert caught.value.reason == "bad_payload"
-    with pytest.raises(InputError, match="column 'name' has dtype"):
+    with pytest.raises(ScoringInputError, match="column 'name' has dtype"):
         score_matrix(pd.DataFrame({"name": ["a"], "x": [1.0], "y": [2.0]}), contract)
 
 
@@ -204,7 +204,7 @@ def test_a_binary_model_takes_one_score_column_in_every_form(kind):
     (2, np.array([[0.5], [np.nan]]), "non_finite", r"^input: row 1 contains NaN or inf"),
 ])
 def test_a_wrong_width_or_value_is_refused_in_one_line(k, rows, reason, message):
-    with pytest.raises(InputError, match=message) as info:
+    with pytest.raises(ScoringInputError, match=message) as info:
         score_matrix(rows, InputContract(k, "probs", "float64"))
     assert info.value.reason == reason and "\n" not in str(info.value)
 
@@ -214,7 +214,7 @@ def test_float32_rows_are_renormalised_before_scoring():
     out = score_matrix(rows, InputContract(2, "probs", "float64"))
     wide = rows.astype(np.float64)
     assert np.array_equal(out, wide / wide.sum(axis=1, keepdims=True))
-    with pytest.raises(InputError, match=r"row 0 sums to 1\.000299") as info:
+    with pytest.raises(ScoringInputError, match=r"row 0 sums to 1\.000299") as info:
         score_matrix(np.array([[0.3, 0.7003]], np.float32), InputContract(2, "probs",
                                                                           "float64"))
     assert info.value.reason == "not_probabilities"
