@@ -376,6 +376,8 @@ def validate_model_command(args) -> None:
 def _check_version_exists(uri: str, name: str, version: str) -> None:
     from mlflow.exceptions import MlflowException
 
+    from flows.registry import versions as registry
+
     client = tracking.client(uri)
     try:
         client.get_model_version(name, version)
@@ -383,7 +385,7 @@ def _check_version_exists(uri: str, name: str, version: str) -> None:
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
-    held = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+    held = sorted(int(v.version) for v in registry.model_versions(client, name))
     raise inputs.InputError(f"--version {version}: model '{name}' has no version {version} in "
                             f"{uri} (versions: {', '.join(map(str, held)) or 'none'})")
 
