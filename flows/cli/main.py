@@ -316,7 +316,9 @@ def validate_monitor(args) -> None:
     _check_flow_options(args)
     inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
-    inputs.registered_model(args.tracking_uri, args.model_name, "champion")
+    from flows.registry.versions import CHAMPION
+
+    inputs.registered_model(args.tracking_uri, args.model_name, CHAMPION)
     batch = inputs.load_data(args.data, args.input_kind)
     inputs.champion_reads(args.tracking_uri, args.model_name, batch)
     inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed,
