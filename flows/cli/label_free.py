@@ -118,6 +118,7 @@ def is_label_free(args) -> bool:
 def validate(args) -> None:
     """Thresholds, files, the champion and every batch against what it reads."""
     from flows.recalibration import label_free
+    from flows.registry.versions import CHAMPION
 
     try:
         label_free.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
@@ -125,8 +126,8 @@ def validate(args) -> None:
     except ValueError as exc:
         raise inputs.InputError(f"{exc}" if str(exc).startswith("--") else
                                 f"{exc} (given as --data)") from exc
-    inputs.registered_model(args.tracking_uri, args.model_name, "champion")
-    reads = inputs.model_reads(args.tracking_uri, f"models:/{args.model_name}@champion")
+    inputs.registered_model(args.tracking_uri, args.model_name, CHAMPION)
+    reads = inputs.model_reads(args.tracking_uri, f"models:/{args.model_name}@{CHAMPION}")
     if reads is None:
         raise inputs.InputError(f"'{args.model_name}'@champion in {args.tracking_uri}: its "
                                 "classes and input kind are not recorded; label-free "

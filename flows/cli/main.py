@@ -316,7 +316,9 @@ def validate_monitor(args) -> None:
     _check_flow_options(args)
     inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
-    inputs.registered_model(args.tracking_uri, args.model_name, "champion")
+    from flows.registry.versions import CHAMPION
+
+    inputs.registered_model(args.tracking_uri, args.model_name, CHAMPION)
     batch = inputs.load_data(args.data, args.input_kind)
     inputs.champion_reads(args.tracking_uri, args.model_name, batch)
     inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed,
@@ -376,6 +378,8 @@ def validate_model_command(args) -> None:
 def _check_version_exists(uri: str, name: str, version: str) -> None:
     from mlflow.exceptions import MlflowException
 
+    from flows.registry import versions as registry
+
     client = tracking.client(uri)
     try:
         client.get_model_version(name, version)
@@ -383,7 +387,7 @@ def _check_version_exists(uri: str, name: str, version: str) -> None:
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
-    held = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+    held = sorted(int(v.version) for v in registry.model_versions(client, name))
     raise inputs.InputError(f"--version {version}: model '{name}' has no version {version} in "
                             f"{uri} (versions: {', '.join(map(str, held)) or 'none'})")
 

@@ -4,7 +4,8 @@ Every ``cord-ops`` command validates its files, options, cron expressions and mo
 here first, so a typo costs well under the 8-15 s a Prefect server takes to start and
 leaves no store, run or deployment behind. Nothing in this module imports Prefect or
 MLflow, and nothing creates the tracking store: a registered model is looked up read-only
-in an embedded sqlite store, and only a remote store is asked through ``MlflowClient``.
+in an embedded sqlite store, and only a remote store is asked through ``MlflowClient``
+(both in :mod:`flows.registry.store_reads`, which says why).
 
 Each check raises :class:`InputError` with one line that names the file, option or model
 and the expectation.
@@ -21,6 +22,7 @@ from pathlib import Path
 from cord_ops.names import CALIBRATOR_NAMES
 from flows.errors import CordOpsError
 from flows.files import GLOB_CHARS
+from flows.registry import store_reads
 
 CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31),
                ("month", 1, 12), ("day of week", 0, 7))
@@ -327,15 +329,10 @@ def _sunday_as_zero(field: str) -> str:
 
 
 # ---------------------------------------------------------------- the tracking store
-def embedded_database(uri: str) -> Path | None:
-    """The sqlite file of an embedded store URI, None for any other store."""
-    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-
-
 def existing_store(uri: str) -> str:
     """``uri`` if its store exists; for an embedded store, its database file must be there
     (a read must never create an empty store somewhere else)."""
-    database = embedded_database(uri)
+    database = store_reads.embedded_database(uri)
     if database is not None and not database.is_file():
         raise InputError(
             f"no MLflow store at {uri}: the default store is ./mlruns/mlflow.db in the "
@@ -352,49 +349,12 @@ def existing_store(uri: str) -> str:
     return uri
 
 
-def _sqlite_versions(database: Path, name: str, alias: str | None) -> tuple[list[str], bool]:
-    """(registered model names, whether ``name`` (at ``alias``) exists), read-only."""
-    connection = sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    try:
-        names = [row[0] for row in connection.execute(
-            "SELECT name FROM registered_models ORDER BY name")]
-        if name not in names:
-            return names, False
-        if alias is None:
-            return names, True
-        found = connection.execute(
-            "SELECT 1 FROM registered_model_aliases WHERE name = ? AND alias = ?",
-            (name, alias)).fetchone()
-        return names, found is not None
-    finally:
-        connection.close()
-
-
-def _client_versions(uri: str, name: str, alias: str | None) -> tuple[list[str], bool]:
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    names = sorted(m.name for m in client.search_registered_models(max_results=1000))
-    if name not in names:
-        return names, False
-    if alias is None:
-        return names, True
-    try:
-        client.get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return names, False
-    return names, True
-
-
 def registered_model(uri: str, name: str, alias: str | None = None) -> None:
     """Check that model ``name`` (and its ``@alias`` when given) is registered in the
     store ``uri``; the error names the store and the models it does hold."""
     existing_store(uri)
-    database = embedded_database(uri)
     try:
-        names, found = (_sqlite_versions(database, name, alias) if database is not None
-                        else _client_versions(uri, name, alias))
+        names, found = store_reads.registered_names(uri, name, alias)
     except sqlite3.DatabaseError as exc:
         raise InputError(f"{uri}: cannot read the MLflow store ({exc})") from exc
     if found:
@@ -406,65 +366,18 @@ def registered_model(uri: str, name: str, alias: str | None = None) -> None:
                      f"--model-name {name}` first")
 
 
-def _sqlite_version(database: Path, name: str, alias: str | None,
-                   version: str | None) -> dict | None:
-    """Version ``version`` of ``name`` (or the one at ``@alias``): its number, the run's
-    n_classes and input_kind params and the version's tags, read-only."""
-    connection = sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    try:
-        if alias is not None:
-            found = connection.execute(
-                "SELECT v.version, v.run_id FROM registered_model_aliases a JOIN model_versions"
-                " v ON v.name = a.name AND v.version = a.version WHERE a.name = ? AND "
-                "a.alias = ?", (name, alias)).fetchone()
-        else:
-            found = connection.execute(
-                "SELECT version, run_id FROM model_versions WHERE name = ? AND version = ?",
-                (name, version)).fetchone()
-        if found is None:
-            return None
-        number, run_id = found
-        params = dict(connection.execute(
-            "SELECT key, value FROM params WHERE run_uuid = ? AND key IN "
-            "('n_classes', 'input_kind')", (run_id,)))
-        tags = dict(connection.execute(
-            "SELECT key, value FROM model_version_tags WHERE name = ? AND version = ?",
-            (name, number)))
-    finally:
-        connection.close()
-    return {"version": str(number), "n_classes": params.get("n_classes"),
-            "input_kind": params.get("input_kind"), "tags": tags}
-
-
-def _client_version(uri: str, name: str, alias: str | None,
-                    version: str | None) -> dict | None:
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    try:
-        current = (client.get_model_version_by_alias(name, alias) if alias is not None
-                   else client.get_model_version(name, version))
-    except MlflowException:
-        return None
-    params = client.get_run(current.run_id).data.params
-    return {"version": str(current.version), "n_classes": params.get("n_classes"),
-            "input_kind": params.get("input_kind"), "tags": dict(current.tags)}
-
-
 def champion_reads(uri: str, name: str, dataset) -> None:
     """When ``name`` has a champion in the store ``uri``, ``dataset`` must have its number
     of classes and input kind: the gate scores the champion on the new data, and a
     monitored batch is scored by it. A store that does not exist yet has no champion."""
-    from flows.registry.versions import INPUT_KIND_TAG
+    from flows.registry.versions import CHAMPION, INPUT_KIND_TAG
 
-    database = embedded_database(uri)
+    database = store_reads.embedded_database(uri)
     if database is not None and not database.is_file():
         return
     try:
-        champion = (_sqlite_version(database, name, "champion", None)
-                    if database is not None
-                    else _client_version(existing_store(uri), name, "champion", None))
+        champion = store_reads.version_reads(existing_store(uri) if database is None else uri,
+                                             name, CHAMPION, None)
     except sqlite3.DatabaseError:
         return  # not readable as an MLflow store: the store's own check reports it
     if champion is None:
@@ -500,10 +413,8 @@ def model_reads(uri: str, model: str) -> tuple[int, str, str] | None:
     if not model.startswith("models:/"):
         return None
     name, alias, version = _parse_model_uri(model)
-    database = embedded_database(uri)
     try:
-        found = (_sqlite_version(database, name, alias, version) if database is not None
-                 else _client_version(uri, name, alias, version))
+        found = store_reads.version_reads(uri, name, alias, version)
     except sqlite3.DatabaseError:
         return None
     if found is None or found["n_classes"] is None:

@@ -132,7 +132,7 @@ def status(client, name: str, limit: int = 10) -> Status:
     except MlflowException:
         raise LookupError(f"no registered model named '{name}'") from None
     holder = registry.champion_version(client, name)
-    versions = sorted(client.search_model_versions(f"name = '{name}'"),
+    versions = sorted(registry.model_versions(client, name),
                       key=lambda mv: int(mv.version), reverse=True)[:limit]
     rows = []
     for mv in versions:

@@ -57,7 +57,7 @@ from flows.registry import journal, owner, reference, tracking
 from flows.registry import lock as registry_lock
 from flows.registry import versions as registry
 from flows.registry.retries import is_store_outage
-from flows.runtime import faults
+from flows.runtime import checkpoints
 from flows.runtime.tasks import compute_task, store_task
 from onnx_export import parity
 
@@ -685,14 +685,14 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
                            ("reference_problem", scored_ref.problem or "none")):
             client.set_model_version_tag(name, version, f"cord.gate.{key}", value[:5000])
     registry.record_decision(client, name, version, decision)
-    faults.checkpoint("gate_recorded")
+    checkpoints.checkpoint("gate_recorded")
     if decision.promote:
         gating.push_history(client, name, {
             "version": version, "from": previous_champion, "how": "gate", "by": "gate",
             "reason": decision.reason[:300],
             "at": datetime.now(UTC).isoformat(timespec="seconds")})
     registry.move_alias(client, name, version, decision)
-    faults.checkpoint("alias_moved")
+    checkpoints.checkpoint("alias_moved")
     get_run_logger().info("gate: %s v%s (%s)", decision.label, version, decision.reason)
     return decision
 
@@ -713,7 +713,7 @@ def finish_run(uri: str, run_id: str, model_name: str, version: str) -> None:
 
     client = MlflowClient(uri)
     client.set_terminated(run_id, "FINISHED")
-    faults.checkpoint("run_finished")
+    checkpoints.checkpoint("run_finished")
     registry.complete_version(client, model_name, version)
 
 
@@ -800,7 +800,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         if session is not None:
             session.close()
         raise RecalibrationError(steps.current, exc, _uri_if_store(steps.current, uri)) from exc
-    faults.checkpoint("start_run")
+    checkpoints.checkpoint("start_run")
 
     from mlflow import MlflowClient
 
@@ -849,13 +849,13 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                                   0 if eval_dataset is None else len(eval_dataset.files))))
             steps(log_params_and_metrics, uri, run_id, params, report, repair, parity, fit_warnings,
                   policy)
-            faults.checkpoint("log_params")
+            checkpoints.checkpoint("log_params")
             digests = steps(log_report_artifacts, uri, run_id, report, fitted, repair)
             digests.update(steps(log_reference, uri, run_id, evaluation))
-            faults.checkpoint("log_artifacts")
+            checkpoints.checkpoint("log_artifacts")
             model_info = steps(log_onnx_model, uri, run_id, experiment, model, evaluation,
                                         dtype)
-            faults.checkpoint("log_model")
+            checkpoints.checkpoint("log_model")
             steps(verify_artifacts, uri, run_id, model_info, model, digests)
             steps(ensure_model, uri, model_name)
             # The registry section: one run of this model at a time, across processes.
@@ -864,12 +864,12 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             with registry_lock.registry_lock(lock, model_name, lock_timeout,
                                              get_run_logger(), holder,
                                              client=MlflowClient(uri), store_folder=folder):
-                faults.checkpoint("lock_acquired")
+                checkpoints.checkpoint("lock_acquired")
                 try:
                     failure.version, failure.previous = steps(
                         register, uri, run_id, experiment, model_name, model_info, parity,
                         dataset, repair, calibrator)
-                    faults.checkpoint("registered")
+                    checkpoints.checkpoint("registered")
                     decision = steps(gate, uri, model_name, failure.version, failure.previous,
                                      counts, evaluation, report, parity, model, dtype,
                                      policy, promote)

@@ -165,23 +165,32 @@ def registry_lookups(mlflow_client):
     MLflow look the logged model up through the process-wide tracking URI, not the
     client's (MLflow's own TODO in ``SqlAlchemyStore.create_model_version``). For that one
     call the process-wide URI is pointed at this client's store and then put back exactly
-    as it was, environment variable included; a lock keeps two threads from interleaving.
-    A tracking server resolves the URI itself, so for HTTP stores nothing changes.
+    as it was; a lock keeps two threads from interleaving. A tracking server resolves the
+    URI itself, so for HTTP stores nothing changes.
+
+    Only public MLflow calls: ``MLFLOW_TRACKING_URI`` is what an unconfigured MLflow
+    resolves, so pointing it at the store is enough unless the process pinned a URI with
+    ``mlflow.set_tracking_uri`` (``mlflow.get_tracking_uri()`` then still answers the pinned
+    one); only then is the pin moved, and set back to the value it answered before.
     """
     uri = mlflow_client.tracking_uri
     if uri.startswith(("http://", "https://")):
         yield
         return
     import mlflow
-    from mlflow.tracking._tracking_service import utils
 
     with _GLOBAL_URI_LOCK:
-        saved, saved_env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
-        mlflow.set_tracking_uri(uri)
+        saved_env = os.environ.get("MLFLOW_TRACKING_URI")
+        pinned = mlflow.get_tracking_uri()
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+        repinned = mlflow.get_tracking_uri() != uri
         try:
+            if repinned:
+                mlflow.set_tracking_uri(uri)
             yield
         finally:
-            mlflow.set_tracking_uri(saved)
+            if repinned:
+                mlflow.set_tracking_uri(pinned)
             if saved_env is None:
                 os.environ.pop("MLFLOW_TRACKING_URI", None)
             else:

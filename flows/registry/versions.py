@@ -77,8 +77,27 @@ def champion_version(client, name: str):
         return None
 
 
-def _versions(client, name: str):
-    return client.search_model_versions(f"name = '{name}'")
+def name_filter(name: str) -> str:
+    """The ``search_model_versions`` filter that selects registered model ``name``.
+
+    MLflow's search grammar has no escape inside a string literal: the value is the text
+    between the outer quotes, verbatim (``'o''brien'`` searches for ``o''brien``), and a
+    literal may be single- or double-quoted. So the literal takes the quote the name does
+    not hold. A name holding both kinds cannot be written as an equality at all; it becomes
+    a ``LIKE`` pattern with each single quote as the one-character wildcard ``_``, which may
+    also match other names (as may ``%`` or ``_`` in it): :func:`model_versions` keeps only
+    the exact name.
+    """
+    if "'" not in name:
+        return f"name = '{name}'"
+    if '"' not in name:
+        return f'name = "{name}"'
+    return "name LIKE '{}'".format(name.replace("'", "_"))
+
+
+def model_versions(client, name: str) -> list:
+    """Every version of registered model ``name`` (none when the model does not exist)."""
+    return [mv for mv in client.search_model_versions(name_filter(name)) if mv.name == name]
 
 
 def _run_or_none(client, run_id: str | None):
@@ -132,7 +151,7 @@ def clean_up(client, name: str, experiment_id: str | None) -> list[str]:
             runs[run_id] = _run_or_none(client, run_id)
         return runs[run_id]
 
-    for mv in _versions(client, name):
+    for mv in model_versions(client, name):
         if mv.tags.get(REGISTRATION_TAG) != PENDING:
             continue
         run = run_of(mv.run_id)
@@ -201,7 +220,7 @@ def register_version(client, name: str, run_id: str, model_uri: str, model_id: s
     attempt reached the store), that version is returned.
     """
     ensure_registered_model(client, name)
-    for mv in _versions(client, name):
+    for mv in model_versions(client, name):
         if mv.run_id == run_id:
             return mv
     return client.create_model_version(

@@ -104,3 +104,42 @@ def test_the_demo_flow_in_process_changes_nothing_process_wide(tmp_path, monkeyp
                                            digits.scores)
     assert served["repaired"].shape == digits.scores.shape
     assert dict(os.environ) == environ and mlflow.get_tracking_uri() == tracking_uri
+
+
+
+LOOKUPS = """
+import json, os, sys
+import mlflow
+from mlflow import MlflowClient
+from flows.registry import tracking
+
+store, pin, env_after_pin = sys.argv[1:4]
+if pin:
+    mlflow.set_tracking_uri(pin)
+if env_after_pin:  # the environment changed after the pin: the pin still wins
+    os.environ["MLFLOW_TRACKING_URI"] = env_after_pin
+before = [mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")]
+with tracking.registry_lookups(MlflowClient(store)):
+    inside = MlflowClient().tracking_uri  # how MLflow's registry finds the logged model
+after = [mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")]
+os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///later.db"
+later = mlflow.get_tracking_uri()  # a pin still answers; without one the environment does
+print(json.dumps({"before": before, "inside": inside, "after": after, "later": later}))
+"""
+
+
+@pytest.mark.parametrize(("pin", "env_after_pin"), [
+    ("", ""), ("sqlite:///pinned.db", ""), ("sqlite:///pinned.db", "sqlite:///moved.db")])
+def test_registry_lookups_point_mlflow_at_the_store_and_put_everything_back(
+        tmp_path, pin, env_after_pin):
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    result = subprocess.run([sys.executable, "-c", LOOKUPS, store, pin, env_after_pin],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={**env, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["inside"] == store
+    assert seen["after"] == seen["before"]
+    assert seen["before"][1] == (env_after_pin or pin or None)
+    assert seen["later"] == (pin or "sqlite:///later.db")

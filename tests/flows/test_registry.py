@@ -305,3 +305,67 @@ def _checkout_root() -> str:
     import cord_ops
 
     return str(Path(cord_ops.__file__).resolve().parents[1])
+
+
+def test_versions_are_found_for_a_name_holding_quotes(client):
+    """MLflow's filter grammar has no escape inside a literal, so a name with a quote (or
+    both kinds) must still select exactly its own versions; the decoys differ from ``both``
+    only where its LIKE pattern has wildcards, or by the case of a letter."""
+    from flows.promotion import operations
+
+    both = "it's \"ok\""
+    names = ["o'brien", 'say "hi"', both, "it_s \"ok\"", "It's \"ok\"", "plain"]
+    for count, name in enumerate(names, start=1):
+        client.create_registered_model(name)
+        for _ in range(count):
+            client.create_model_version(name, source=str(Path.cwd()))
+
+    for count, name in enumerate(names, start=1):
+        found = registry.model_versions(client, name)
+        assert sorted(int(mv.version) for mv in found) == list(range(1, count + 1)), name
+        assert {mv.name for mv in found} == {name}
+        assert len(operations.status(client, name).rows) == count, name
+    assert registry.model_versions(client, "nobody's") == []
+
+
+def test_the_command_line_lists_the_versions_of_a_quoted_name(client, store):
+    from flows.cli.main import _check_version_exists
+    from flows.preflight.checks import InputError
+
+    client.create_registered_model("o'brien")
+    client.create_model_version("o'brien", source=str(Path.cwd()))
+    with pytest.raises(InputError, match=r"has no version 9 .*\(versions: 1\)"):
+        _check_version_exists(store, "o'brien", "9")
+
+
+def test_store_reads_read_an_embedded_store_and_never_write_one(client, store, tmp_path):
+    from flows.registry import store_reads
+
+    experiment = client.create_experiment("e")
+    run = client.create_run(experiment)
+    client.log_param(run.info.run_id, "n_classes", "7")
+    client.log_param(run.info.run_id, "input_kind", "probs")
+    for name in ("b", "a"):
+        client.create_registered_model(name)
+    client.create_model_version("a", source=str(Path.cwd()))
+    client.create_model_version("a", source=str(Path.cwd()), run_id=run.info.run_id,
+                                tags={"k": "v"})
+    client.set_registered_model_alias("a", registry.CHAMPION, "2")
+
+    assert store_reads.registered_names(store, "a", registry.CHAMPION) == (["a", "b"], True)
+    assert store_reads.registered_names(store, "b", registry.CHAMPION) == (["a", "b"], False)
+    assert store_reads.registered_names(store, "c", None) == (["a", "b"], False)
+    expected = {"version": "2", "n_classes": "7", "input_kind": "probs", "tags": {"k": "v"}}
+    assert store_reads.version_reads(store, "a", registry.CHAMPION, None) == expected
+    assert store_reads.version_reads(store, "a", None, "2") == expected
+    assert store_reads.version_reads(store, "a", None, "3") is None
+
+    # a sqlite file that is not an MLflow store is reported, not given MLflow's tables
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as connection:
+        connection.execute("CREATE TABLE t (x)")
+    connection.close()
+    before = foreign.read_bytes()
+    with pytest.raises(sqlite3.DatabaseError):
+        store_reads.registered_names(f"sqlite:///{foreign}", "a", None)
+    assert foreign.read_bytes() == before

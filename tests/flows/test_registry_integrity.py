@@ -25,10 +25,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from fault_site import cord_faults as faults
 
 from flows.registry import owner
 from flows.registry import versions as registry
-from flows.runtime import faults
+from flows.runtime import checkpoints
 
 pytestmark = [pytest.mark.slow]
 
@@ -53,7 +54,9 @@ def _env(prefect_api_url: str | None, **extra) -> dict[str, str]:
         # machine its sqlite answers 503 for a while, which Prefect's client retries:
         # give it more attempts than the default 5.
         env["PREFECT_CLIENT_MAX_RETRIES"] = "12"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    # The fault site first: every process started with this environment runs its
+    # sitecustomize, which installs the test fault hook (tests/fault_site/cord_faults.py).
+    env["PYTHONPATH"] = os.pathsep.join([str(faults.SITE), *(p for p in sys.path if p)])
     return {**env, **extra}
 
 
@@ -479,7 +482,15 @@ def test_real_tracking_server_concurrency_outage_and_replay(tmp_path, mlflow_tem
 
 
 # ---------------------------------------------------------------- partial artifacts
-@pytest.mark.usefixtures("prefect_harness")
+@pytest.fixture
+def fault_hook():
+    """The test fault hook installed in this process (the flow runs in it), then removed."""
+    previous = checkpoints.install(faults.hook)
+    yield
+    checkpoints.install(previous)
+
+
+@pytest.mark.usefixtures("prefect_harness", "fault_hook")
 def test_a_partial_artifact_is_never_registered(store, digits_file, monkeypatch):
     """An artifact cut short after logging (what a full disk or an interrupted upload
     leaves): the digest check refuses it, nothing is registered, the run is FAILED with

@@ -1,44 +1,39 @@
-"""Test-only fault injection: kill this process with SIGKILL at a named step.
+"""Test-only fault injection, installed as the hook of :mod:`flows.runtime.checkpoints`:
+kill this process with SIGKILL at a named step, or break its environment there.
 
-The crash tests must reach narrow windows (between registering a version and moving the
-alias, between moving the alias and completing the version, ...) deterministically;
-timing a ``kill -9`` from outside misses them. The flow calls :func:`checkpoint` at each
-named step; when the environment variable ``CORD_OPS_TEST_KILL_AT`` names that step, the
-process kills itself there, exactly as ``kill -9`` would (no clean-up, no atexit).
+A process gets it through ``sitecustomize.py`` beside this file, which Python runs at
+start-up when this folder is on ``PYTHONPATH`` (the registry-integrity tests put it there
+for every process they start); a test in the pytest process installs :func:`hook` itself.
+The hook reads the environment at each step, so a process forked before its child's
+environment is set (``launcher.py``) still obeys the child's.
 
-``CORD_OPS_TEST_FAULT=STEP=ACTION`` breaks the environment instead, at that step, and the
-flow carries on into the broken world:
+When ``CORD_OPS_TEST_KILL_AT`` names the step, the process kills itself there, exactly as
+``kill -9`` would (no clean-up, no atexit). ``CORD_OPS_TEST_FAULT=STEP=ACTION`` breaks the
+environment instead, at that step, and the flow carries on into the broken world:
 
 - ``killpg:PGID``: SIGKILL a process group (the tracking server dies mid-run);
 - ``fill:PATH``: write PATH until the file system is full (the disk fills mid-run);
 - ``truncate:GLOB``: cut every file matching GLOB to zero bytes (a partial artifact).
 
-Unset (always, outside the tests), a checkpoint does nothing.
+Neither set, a checkpoint does nothing.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
+
+from flows.runtime import checkpoints
 
 KILL_AT = "CORD_OPS_TEST_KILL_AT"
 FAULT = "CORD_OPS_TEST_FAULT"
-
-#: The named steps, in the order a recalibration passes them.
-STEPS = (
-    "start_run",             # run RUNNING, nothing logged
-    "log_params",            # params and metrics logged
-    "log_artifacts",         # reports and state logged, no model yet
-    "log_model",             # logged model READY, digests not yet verified
-    "lock_acquired",         # holds the registry lock, nothing registered
-    "registered",            # pending version exists
-    "gate_recorded",         # decision tags on the pending version, alias not moved
-    "alias_moved",           # a pending version holds @champion
-    "run_finished",          # run FINISHED, version still pending
-)
+#: The folder to put on a process's PYTHONPATH so that it starts with :func:`hook` installed.
+SITE = Path(__file__).resolve().parent
+STEPS = checkpoints.STEPS
 
 
-def checkpoint(step: str) -> None:
+def hook(step: str) -> None:
     """SIGKILL this process when ``CORD_OPS_TEST_KILL_AT`` is ``step``; inject the fault
     of ``CORD_OPS_TEST_FAULT`` when it names ``step``."""
     if os.environ.get(KILL_AT) == step:
@@ -46,6 +41,10 @@ def checkpoint(step: str) -> None:
     at, _, action = os.environ.get(FAULT, "").partition("=")
     if at == step:
         _inject(action)
+
+
+def install() -> None:
+    checkpoints.install(hook)
 
 
 def _inject(action: str) -> None:
