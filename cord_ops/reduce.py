@@ -601,11 +601,15 @@ def _preconditioned(reduce, n, theta, factor, input_kind, floor, max_iter, gtol,
 def calibrator_state(name: str, params: dict, k: int, input_kind: str, prob_floor: float,
                      classes=None) -> dict:
     """The JSON state (``Calibrator.to_dict`` layout) of a calibrator fitted by reduction."""
-    cal = make_calibrator(name, input_kind=input_kind)
+    # The family's default options: its constructor parameters (scikit-learn's get_params)
+    # other than the two every calibrator has, which the state keeps at the top level.
+    options = {key: value for key, value in
+               make_calibrator(name, input_kind=input_kind).get_params().items()
+               if key not in ("input_kind", "prob_floor")}
     return {"name": name, "version": 2, "input_kind": input_kind,
             "prob_floor": float(prob_floor), "n_classes": int(k),
             "classes": list(range(k)) if classes is None else list(classes),
-            "options": {key: getattr(cal, key) for key in cal._options}, "params": params}
+            "options": options, "params": params}
 
 
 def fit_calibrator(name: str, reduce, n: int, k: int, *, input_kind="logits", sample=None,
