@@ -15,7 +15,7 @@ Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
 
 For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
 probabilities), CBPE on the champion, ATC, DoC and CBPE after the EM prior correction; and
-whether ``flows.recalibration.label_free.alert_reasons`` alarms at the default thresholds
+whether ``flows.monitoring.label_free.alert_reasons`` alarms at the default thresholds
 (false alarms on (i), detection on (ii) and (iii)). With ``--nannyml PYTHON`` (an interpreter with
 nannyml installed) NannyML's CBPE (accuracy, its own isotonic calibration on the
 reference split's raw probabilities) runs on the same batches.
@@ -41,13 +41,13 @@ from cord_ops import CORD
 from cord_ops import label_free as lf
 from cord_ops.calibrators import make_calibrator
 from cord_ops.calibrators._base import softmax
-from flows.recalibration.label_free import Thresholds, alert_reasons
+from flows.monitoring.label_free import Thresholds, alert_reasons
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 ESTIMATORS = ("cbpe_raw", "cbpe", "atc", "doc", "cbpe_prior")
 SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence")
-#: What each alarm reason starts with (flows.recalibration.label_free.alert_reasons).
+#: What each alarm reason starts with (flows.monitoring.label_free.alert_reasons).
 CAUSES = {"ks": "ks drift", "chi2": "chi2 drift", "accuracy": "estimated accuracy",
           "priors": "class priors moved"}
 

@@ -37,7 +37,7 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d
 
 from cord_ops.calibrators import CALIBRATOR_NAMES, Calibrator, make_calibrator
 from cord_ops.calibrators._base import softmax
-from cord_ops.cord import CORD
+from cord_ops.cord import CORD, check_cord_params
 from cord_ops.validation import check_labels, check_probabilities, check_scores, top1
 
 METHODS = ("auto", "decision_function", "predict_proba")
@@ -103,7 +103,7 @@ class CORDCalibratedClassifier(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 isinstance(cv, numbers.Integral) and not isinstance(cv, bool) and cv >= 2):
             raise ValueError(f"cv: expected None, an integer >= 2 or a splitter, got {cv!r}")
         # CORD checks its own parameters in fit; checking here fails before any fit runs.
-        CORD(mean_target=self.mean_target, local_weight=self.local_weight)._check_params()
+        check_cord_params(CORD(mean_target=self.mean_target, local_weight=self.local_weight))
 
     def _resolve_method(self, estimator) -> str:
         if self.method != "auto":

@@ -696,6 +696,28 @@ class CORD(BaseEstimator):
             raise ValueError(f"{path}: {exc}") from exc
 
 
+def check_cord_params(cord: CORD) -> None:
+    """Raise ValueError when ``cord``'s ``mean_target`` or ``local_weight`` is not valid:
+    the check ``CORD.fit`` makes first, for code that fits eta* elsewhere (the partition
+    drivers of :mod:`cord_ops.reduce`) or wants a bad parameter to fail before any fit."""
+    cord._check_params()
+
+
+def fit_from_row_scalars(cord: CORD, b: np.ndarray, lower: np.ndarray, g: np.ndarray,
+                         k: int) -> CORD:
+    """Fit ``cord`` from the per-row scalars of :func:`row_scalars` (b, the lower bound of
+    I, g) of every calibration row of K = ``k`` classes, in row order: the eta* and mu of
+    ``CORD.fit`` on those rows, bit for bit. Returns ``cord``, fitted."""
+    return cord._fit_scalars(b, lower, g, k)
+
+
+def set_fitted(cord: CORD, eta: float, mu: float, n: int, k: int) -> CORD:
+    """Record ``eta`` and ``mu``, computed elsewhere (a reduction over partitions), as
+    ``cord``'s fit on ``n`` rows of K = ``k`` classes; ``transform`` then uses them.
+    Returns ``cord``, fitted."""
+    return cord._set_fitted(eta, mu, n, k)
+
+
 def minimal_repair(original, calibrated) -> np.ndarray:
     """Table 2's minimal pointwise repair.
 

@@ -36,7 +36,7 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 
 from cord_ops.calibrators import calibrator_from_dict, make_calibrator
-from cord_ops.calibrators._affine import _dense_newton_step, _newton
+from cord_ops.calibrators._affine import dense_newton_step, newton
 from cord_ops.calibrators._base import warn_not_converged
 from cord_ops.calibrators.temperature import (
     BETA_BOUNDS,
@@ -48,10 +48,13 @@ from cord_ops.cord import (
     CORD,
     EPS_NUM,
     bisect_multiplier,
+    check_cord_params,
+    fit_from_row_scalars,
     interior_response,
     multiplier_of,
     row_terms,
     screen_margin,
+    set_fitted,
 )
 from cord_ops.metrics import PROB_FLOOR
 from cord_ops.names import REDUCIBLE
@@ -456,7 +459,7 @@ def temperature_step(beta: float, sums: tuple[int, int], n: int) -> float:
 
 class _ReducedVectorProblem:
     """``_affine._Problem`` for a diagonal map whose sums come from partitions: the mean
-    NLL, its gradient and (as ``d``) its Hessian, for ``_affine._newton``."""
+    NLL, its gradient and (as ``d``) its Hessian, for ``_affine.newton``."""
 
     def __init__(self, reduce, n, input_kind, prob_floor):
         self.reduce, self.n, self.kind, self.floor = reduce, n, input_kind, prob_floor
@@ -496,8 +499,8 @@ def fit_vector(reduce, n: int, k: int, *, input_kind="logits", prob_floor=None,
     else:
         problem = _ReducedVectorProblem(reduce, n, input_kind, floor)
         theta0 = np.column_stack([np.ones(k), np.zeros(k)])
-        theta, _, n_iter, converged, message = _newton(problem, theta0, max_iter, gtol,
-                                                       _dense_newton_step)
+        theta, _, n_iter, converged, message = newton(problem, theta0, max_iter, gtol,
+                                                      dense_newton_step)
     if not converged:
         warn_not_converged("vs", f"{message}; {n_iter} iterations, max_iter={max_iter}")
     return {"weights": theta[:, 0].tolist(), "bias": theta[:, 1].tolist()}, floor
@@ -598,11 +601,15 @@ def _preconditioned(reduce, n, theta, factor, input_kind, floor, max_iter, gtol,
 def calibrator_state(name: str, params: dict, k: int, input_kind: str, prob_floor: float,
                      classes=None) -> dict:
     """The JSON state (``Calibrator.to_dict`` layout) of a calibrator fitted by reduction."""
-    cal = make_calibrator(name, input_kind=input_kind)
+    # The family's default options: its constructor parameters (scikit-learn's get_params)
+    # other than the two every calibrator has, which the state keeps at the top level.
+    options = {key: value for key, value in
+               make_calibrator(name, input_kind=input_kind).get_params().items()
+               if key not in ("input_kind", "prob_floor")}
     return {"name": name, "version": 2, "input_kind": input_kind,
             "prob_floor": float(prob_floor), "n_classes": int(k),
             "classes": list(range(k)) if classes is None else list(classes),
-            "options": {key: getattr(cal, key) for key in cal._options}, "params": params}
+            "options": options, "params": params}
 
 
 def fit_calibrator(name: str, reduce, n: int, k: int, *, input_kind="logits", sample=None,
@@ -676,15 +683,15 @@ def fit_cord(reduce, n: int, k: int, cord: CORD | None = None, *,
     eta* as ``fit`` on all rows, bit for bit.
     """
     cord = CORD() if cord is None else cord
-    cord._check_params()
+    check_cord_params(cord)
     if gather:
         scalars = reduce(cord_row_scalars)
-        return cord._fit_scalars(*(np.concatenate([s[i] for s in scalars]) for i in range(3)),
-                                 k)
+        return fit_from_row_scalars(cord, *(np.concatenate([s[i] for s in scalars])
+                                            for i in range(3)), k)
     upper = 1.0 - EPS_NUM
     mean = _ReducedMean(reduce, n)
     if cord.mean_target == "none":
-        return cord._set_fitted(0.0, mean.exact(0.0), n, k)
+        return set_fitted(cord, 0.0, mean.exact(0.0), n, k)
     sums = reduce(cord_sums)
     b, lower, g, pointwise = (exact_mean(sum(s[i] for s in sums), n) for i in range(4))
     source = {"inherited": b, "local": g, "pointwise": pointwise}[cord.mean_target]
@@ -695,7 +702,7 @@ def fit_cord(reduce, n: int, k: int, cord: CORD | None = None, *,
 
     eta = bisect_multiplier(mean, mu, lambda: max(r[0] for r in ranges()),
                             lambda: min(r[1] for r in ranges()))
-    return cord._set_fitted(eta, mu, n, k)
+    return set_fitted(cord, eta, mu, n, k)
 
 
 def metrics_from_sums(sums: list[dict]) -> dict:

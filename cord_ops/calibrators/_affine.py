@@ -162,7 +162,10 @@ class _Problem:
         return h
 
 
-def _dense_newton_step(problem, grad, d):
+def dense_newton_step(problem, grad, d):
+    """The Newton step ``-H^-1 grad`` with the dense Hessian ``problem.hessian(d)`` (``d``:
+    what ``problem.value_grad`` returned beside the gradient), by Cholesky; for
+    :func:`newton`."""
     h = problem.hessian(d)
     # Softmax's shift invariance leaves H singular for unpenalised maps; a tiny ridge keeps
     # the Cholesky factorisation defined without changing the step elsewhere.
@@ -281,7 +284,15 @@ def _cg_newton_step_full(problem, grad, d, max_cg=100):
     return step if np.any(step) else -inv_diag * grad
 
 
-def _newton(problem, theta, max_iter, gtol, newton_step, rtol=1e-15):
+def newton(problem, theta, max_iter, gtol, newton_step, rtol=1e-15):
+    """Minimise ``problem`` from ``theta`` by Newton steps (``newton_step(problem, grad, d)``,
+    e.g. :func:`dense_newton_step`) with an Armijo backtracking line search.
+
+    ``problem.value_grad(theta)`` returns (loss, gradient, d), ``d`` being whatever the step
+    needs besides the gradient. Stops when the largest gradient entry is <= ``gtol``, when
+    the loss decrease is below ``rtol`` relative (float64 resolution), when the line search
+    stalls or after ``max_iter`` steps. Returns (theta, loss, steps, converged, why).
+    """
     loss, grad, d = problem.value_grad(theta)
     for it in range(1, max_iter + 1):
         if np.max(np.abs(grad)) <= gtol:
@@ -389,9 +400,9 @@ def fit_affine(
         solver = ("newton" if theta.size <= NEWTON_MAX_PARAMS
                   else "lbfgs" if full else "newton-cg")
     if solver in ("newton", "newton-cg"):
-        step = (_dense_newton_step if solver == "newton"
+        step = (dense_newton_step if solver == "newton"
                 else _cg_newton_step_full if full else _cg_newton_step)
-        theta, loss, n_iter, converged, message = _newton(problem, theta, max_iter, gtol, step,
+        theta, loss, n_iter, converged, message = newton(problem, theta, max_iter, gtol, step,
                                                           newton_rtol)
     else:
         theta, loss, n_iter, converged, message = _lbfgs(problem, theta, max_iter, gtol, ftol)

@@ -3,7 +3,7 @@ anything is started or written) and its summary. A ``--data`` that is a folder, 
 file without labels takes this path; a labelled file keeps the labelled monitor.
 
 Exit status 0, or :data:`ALERT_STATUS` (3) when any batch is an alert (thresholds:
-:mod:`flows.recalibration.label_free`, docs/label-free.md), after every batch was logged.
+:mod:`flows.monitoring.label_free`, docs/label-free.md), after every batch was logged.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 from flows.preflight import checks as inputs
 
 ALERT_STATUS = 3
-#: flows.recalibration.label_free's defaults, restated so building the parser imports no
+#: flows.monitoring.label_free's defaults, restated so building the parser imports no
 #: numpy (a test keeps them equal).
 DEFAULT_ALPHA = 0.01
 DEFAULT_MAX_ACCURACY_DROP = 0.03
@@ -67,7 +67,7 @@ def validate_schedule(args) -> None:
         return
     from pathlib import Path
 
-    from flows.recalibration import label_free
+    from flows.monitoring import label_free
 
     if not inputs.is_batch_input(args.label_free_data):
         raise inputs.InputError(f"--label-free-data {args.label_free_data}: expected a glob "
@@ -107,7 +107,7 @@ def is_label_free(args) -> bool:
     if inputs.is_batch_input(args.data):
         return True
     path = inputs.data_file(args.data, "--data")
-    from flows.recalibration import label_free
+    from flows.monitoring import label_free
 
     try:
         return not label_free.has_labels(path)
@@ -117,7 +117,7 @@ def is_label_free(args) -> bool:
 
 def validate(args) -> None:
     """Thresholds, files, the champion and every batch against what it reads."""
-    from flows.recalibration import label_free
+    from flows.monitoring import label_free
     from flows.registry.versions import CHAMPION
 
     try:

@@ -8,7 +8,7 @@ it has one, else its position 0..n-1. Every batch row needs exactly one label: a
 with a repeated key, a missing row, a key that is not the batch's, or a label outside
 [0, K) for the champion's K is refused with one line naming the file, the array and the
 row, before anything is written. The joined batch then meets its earlier estimates as a
-labelled one does (:func:`flows.recalibration.label_free.meet_labels`): realised accuracy
+labelled one does (:func:`flows.monitoring.label_free.meet_labels`): realised accuracy
 and calibration, and the estimation errors, on every finished label-free run whose scores
 digest is the batch's.
 """
@@ -22,7 +22,7 @@ import numpy as np
 from prefect import flow
 
 from cord_ops import data
-from flows.recalibration import label_free
+from flows.monitoring import label_free
 from flows.recalibration.label_free_monitor import settle
 from flows.registry import tracking
 

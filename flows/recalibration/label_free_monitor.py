@@ -1,5 +1,5 @@
 """The label-free monitoring flow (``cord-ops monitor --data BATCH`` on batches without
-labels): :mod:`flows.recalibration.label_free` holds the batches, thresholds and MLflow
+labels): :mod:`flows.monitoring.label_free` holds the batches, thresholds and MLflow
 records, this module the Prefect flow and its tasks.
 
 The champion is run once on its pinned reference split and every batch together (one
@@ -17,8 +17,8 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from cord_ops import label_free as estimators
+from flows.monitoring import label_free
 from flows.promotion import gate
-from flows.recalibration import label_free
 from flows.registry import reference, tracking
 from flows.registry import versions as registry
 from flows.runtime.tasks import compute_task, store_task
@@ -92,7 +92,7 @@ def log_batch(uri: str, model_name: str, version: str, batch: label_free.Batch, 
 @store_task
 def settle(uri: str, model_name: str, batch: label_free.Batch,
            scored_by: dict[str, label_free.Scored] | None = None) -> dict[str, dict[str, float]]:
-    """:func:`flows.recalibration.label_free.meet_labels` as a task."""
+    """:func:`flows.monitoring.label_free.meet_labels` as a task."""
     return label_free.meet_labels(tracking.client(uri), model_name, batch, scored_by)
 
 
@@ -125,10 +125,10 @@ def monitor_label_free(data: str | Path | list[str], model_name: str = "cord-ops
                        tracking_uri: str | None = None) -> label_free.LabelFreeResult:
     """Score ``model_name@champion`` on every batch ``data`` names (one file, a folder or a
     glob of .npz/.parquet files, or a list of files; labels optional) and log one label-free
-    run per batch (:mod:`flows.recalibration.label_free`). Batches that carry labels are
-    settled at once (:func:`flows.recalibration.label_free.meet_labels`). A batch whose EM
+    run per batch (:mod:`flows.monitoring.label_free`). Batches that carry labels are
+    settled at once (:func:`flows.monitoring.label_free.meet_labels`). A batch whose EM
     priors moved past the threshold gets the prior-shift candidate's state logged with its
-    run (:func:`flows.recalibration.label_free.prior_shift_candidate`). With ``emit_events``,
+    run (:func:`flows.monitoring.label_free.prior_shift_candidate`). With ``emit_events``,
     every alert is also a Prefect event :data:`ALERT_EVENT`."""
     from flows.preflight import checks as inputs
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from flows.recalibration import label_free
+from flows.monitoring import label_free
 from flows.recalibration.label_free_monitor import monitor_label_free
 from flows.registry import tracking
 from flows.registry import versions as registry

@@ -3,7 +3,7 @@ version's repaired rows (outputs only; the raw inputs are never kept), the label
 estimates and drift statistics of :mod:`cord_ops.label_free` on it against that version's
 pinned reference split, as Prometheus gauges, as ``GET /monitor``, and flushed on
 ``POST /monitor/flush`` to MLflow as one label-free monitoring run
-(:func:`flows.recalibration.label_free.log_batch_run`, ``data.path`` = ``serve:<name>@<version>``).
+(:func:`flows.monitoring.label_free.log_batch_run`, ``data.path`` = ``serve:<name>@<version>``).
 
 The window holds the last ``window_rows`` rows answered by the version being served, in
 float32 (``window_rows`` x K x 4 bytes); a swap to another version starts a new window.
@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from cord_ops import label_free as estimators
-from flows.recalibration import label_free
+from flows.monitoring import label_free
 
 DEFAULT_WINDOW_ROWS = 10_000
 #: Fewest rows in the window before estimates are published (the drift tests and EM on a

@@ -39,7 +39,7 @@ from distributed import Client, LocalCluster, get_worker, wait
 from cord_ops import data
 from cord_ops.calibrators import calibrator_from_dict
 from cord_ops.calibrators.temperature import BETA_RTOL
-from cord_ops.cord import CORD
+from cord_ops.cord import CORD, check_cord_params
 from cord_ops.reduce import (
     PASS_ONLY,
     REDUCIBLE,
@@ -306,7 +306,7 @@ def fit_shards(spec, calibrator: str = "ts", *, dask_address: str | None = None,
                          f"(it needs every row at once); expected one of "
                          f"{', '.join(REDUCIBLE)}")
     cord = CORD() if cord is None else cord
-    cord._check_params()
+    check_cord_params(cord)
     shards = describe_shards(spec, input_kind)
     plan = ShardPlan(shards, None, 0, 1.0, shards.n, 0)
     with open_session(plan, dask_address=dask_address, client=client, n_workers=n_workers,

@@ -106,3 +106,27 @@ def test_memory_holds_one_block_and_the_row_scalars():
     # one block pair being generated (z, logits and both softmaxes: ~6 block arrays) plus
     # the sweep's working copy; the whole data would be 40 block arrays
     assert peak < 12 * block_bytes, peak / block_bytes
+
+
+def test_the_public_fit_helpers_give_fits_eta_and_mu():
+    """What a driver that fits outside ``CORD.fit`` uses (cord_ops.reduce, flows.shards):
+    the row scalars of all rows give fit's eta* and mu bit for bit, a recorded fit
+    transforms as fit's does, and bad parameters fail the same check."""
+    from cord_ops.cord import check_cord_params, fit_from_row_scalars, row_scalars, set_fitted
+
+    rng = np.random.default_rng(3)
+    p0 = rng.dirichlet(np.ones(5), size=200)
+    q = rng.dirichlet(np.ones(5) * 0.5, size=200)
+    for target in ("inherited", "none", "local", "pointwise"):
+        fitted = CORD(mean_target=target).fit(p0, q)
+        b, lower, g = row_scalars(p0, q, 0.5)
+        again = fit_from_row_scalars(CORD(mean_target=target), b, lower, g, 5)
+        assert (again.eta_, again.mu_, again.n_fit_) == (fitted.eta_, fitted.mu_, 200)
+        recorded = set_fitted(CORD(mean_target=target), fitted.eta_, fitted.mu_, 200, 5)
+        assert np.array_equal(recorded.transform(p0, q), fitted.transform(p0, q))
+        assert recorded.n_classes_ == recorded.n_features_in_ == 5
+    check_cord_params(CORD())
+    with pytest.raises(ValueError, match="mean_target"):
+        check_cord_params(CORD(mean_target="median"))
+    with pytest.raises(ValueError, match="local_weight"):
+        check_cord_params(CORD(local_weight=2.0))

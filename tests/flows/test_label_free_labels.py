@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from cord_ops import data
 from flows.cli.main import main
-from flows.recalibration import label_free
+from flows.monitoring import label_free
 from flows.recalibration.label_free_labels import batch_keys, join_labels
 from flows.recalibration.label_free_monitor import monitor_label_free
 

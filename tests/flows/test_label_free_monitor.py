@@ -17,7 +17,7 @@ import pytest
 from cord_ops import data
 from flows.cli import label_free as label_free_cli
 from flows.cli.main import main
-from flows.recalibration import label_free
+from flows.monitoring import label_free
 from flows.recalibration.flow import recalibrate
 from flows.recalibration.label_free_monitor import monitor_label_free
 from flows.recalibration.monitor import monitor

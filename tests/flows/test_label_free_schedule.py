@@ -13,8 +13,8 @@ import pytest
 from cord_ops import data
 from flows.cli import label_free as label_free_cli
 from flows.cli.main import build_parser
+from flows.monitoring import label_free
 from flows.preflight.checks import InputError
-from flows.recalibration import label_free
 from flows.recalibration.label_free_monitor import monitor_label_free
 from flows.recalibration.label_free_schedule import LABEL_FREE_DEPLOYMENT, monitor_new_batches
 from flows.recalibration.schedule import MONITOR_DEPLOYMENT, build_deployments

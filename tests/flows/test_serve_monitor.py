@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from servers import free_port, running, wait_until_ready
 
-from flows.recalibration import label_free
+from flows.monitoring import label_free
 
 pytestmark = pytest.mark.slow
 
