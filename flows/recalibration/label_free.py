@@ -261,6 +261,8 @@ class BatchReport:
     cbpe_raw: float
     reasons: list[str]
     realised: dict[str, float] | None = None
+    #: The version the batch's prior-shift candidate was registered as (``--register-candidate``).
+    candidate_version: str | None = None
 
     @property
     def alert(self) -> bool:
@@ -417,9 +419,17 @@ def meet_labels(client, model_name: str, batch: Batch,
             values["error.priors_tv"] = label_free.total_variation(estimated, realised)
         tags = {LABELS_TAG: "arrived", LABELS_RUN_TAG: batch.path}
         if run.data.tags.get(PRIOR_SHIFT_TAG, "none") != "none":
-            found, tags[PRIOR_SHIFT_VERDICT_TAG] = settle_candidate(
-                client, run.info.run_id, scored_by[version], batch.labels)
+            found, verdict = settle_candidate(client, run.info.run_id, scored_by[version],
+                                              batch.labels)
+            from flows.recalibration import label_free_register
+
+            registered = run.data.tags.get(label_free_register.VERSION_TAG)
+            if registered:
+                verdict = verdict.replace("; not registered", f"; registered as v{registered}")
+            tags[PRIOR_SHIFT_VERDICT_TAG] = verdict
             values.update(found)
+            # the registered version carries it too, which lifts promote's refusal
+            label_free_register.record_verdict(client, model_name, run, verdict, found)
         tracking.log_values(client, run.info.run_id, metrics=values, tags=tags)
         settled[run.info.run_id] = values
     return settled
