@@ -15,7 +15,8 @@ reference split pinned again as its own, the pyfunc + onnx flavours of
 :mod:`flows.pyfunc_model` checked byte for byte, and under the registry lock clean-up,
 a pending version, its tags, complete. ``@champion`` never moves: no label has judged the
 candidate, and the version says so (``cord.label_free=true``) until labels settle it
-(:func:`record_verdict`); ``promote`` refuses it until then without ``--allow-label-free``.
+(:func:`flows.recalibration.label_free.record_verdict`); ``promote`` refuses it until
+then without ``--allow-label-free``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from flows.registry import versions as registry
 
 KIND = "prior-shift-candidate"
 #: Monitoring-run tag: the version a candidate was registered as.
-VERSION_TAG = "monitor.prior_shift_version"
+VERSION_TAG = label_free.PRIOR_SHIFT_VERSION_TAG
 #: Version and run tags (also in :mod:`flows.registry.versions`, where promotion reads them).
 LABEL_FREE_TAG = registry.LABEL_FREE_TAG
 VERDICT_TAG = registry.LABEL_FREE_VERDICT_TAG
@@ -215,21 +216,3 @@ def _check_logged(uri: str, info, graph) -> None:
     if onnx_files != [expected]:
         raise ValueError(f"{info.model_uri}: the logged ONNX file does not match the graph "
                          "whose parity was checked; nothing registered")
-
-
-def record_verdict(client, model_name: str, monitor_run, verdict: str,
-                   values: dict[str, float]) -> None:
-    """Write the labelled verdict on the version the run's candidate was registered as
-    (nothing when it was not registered, or the version is gone)."""
-    from mlflow.exceptions import MlflowException
-
-    created = monitor_run.data.tags.get(VERSION_TAG)
-    if not created:
-        return
-    try:
-        client.set_model_version_tag(model_name, created, VERDICT_TAG, verdict[:5000])
-    except MlflowException:
-        return  # deleted since: nothing to mark
-    for key, value in values.items():
-        client.set_model_version_tag(model_name, created, f"cord.label_free.{key}",
-                                     repr(float(value)))
