@@ -150,3 +150,33 @@ def test_bad_inputs_are_refused():
     twice = export_prior_shift(champion, fitted, source, "1")
     with pytest.raises(ValueError, match="prior-shift candidate"):
         export_prior_shift(twice, fitted, source, "2")
+
+
+def _pass_through_champion(k: int):
+    """A stand-in champion whose ``repaired`` and ``original`` are its probability input,
+    so a row can put all its mass on a class whose weight is 0 (no fitted champion does)."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Identity", ["scores"], ["repaired"]),
+             helper.make_node("Identity", ["scores"], ["original"]),
+             helper.make_node("ArgMax", ["scores"], ["label"], axis=1, keepdims=0,
+                              select_last_index=0)]
+    graph = helper.make_graph(
+        nodes, "pass", [helper.make_tensor_value_info("scores", TensorProto.DOUBLE, ["N", k])],
+        [helper.make_tensor_value_info("repaired", TensorProto.DOUBLE, ["N", k]),
+         helper.make_tensor_value_info("original", TensorProto.DOUBLE, ["N", k]),
+         helper.make_tensor_value_info("label", TensorProto.INT64, ["N"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_a_row_the_weights_send_to_zero_is_kept_as_it_was():
+    rows = np.array([[0.0, 1.0, 0.0], [0.2, 0.5, 0.3], [0.6, 0.1, 0.3], [0.1, 0.2, 0.7]])
+    source, target = np.full(3, 1 / 3), np.array([0.5, 0.0, 0.5])
+    fitted = PriorShiftRepair().fit(rows, rows, source, target)
+    expected = fitted.transform(rows, rows)
+    got = _run(export_prior_shift(_pass_through_champion(3), fitted, source, "1"), rows,
+               "float64")
+    np.testing.assert_allclose(got["repaired"], expected, atol=FIXED_PARITY_TOLERANCE["float64"])
+    assert np.array_equal(got["repaired"].argmax(1), rows.argmax(1))
+    # the dead row kept its mass on class 1 (a plain division would give NaN)
+    assert np.isfinite(got["repaired"]).all() and got["repaired"][0].argmax() == 1
