@@ -44,6 +44,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emit-event", action="store_true",
                         help="without labels: also emit a Prefect event "
                              "cord-ops.monitor.alert for every alert")
+    parser.add_argument("--register-candidate", action="store_true",
+                        help="without labels: register each batch's prior-shift candidate "
+                             "(logged when the class priors moved) as a new label-free "
+                             "version; @champion stays, promote refuses it until labels judge "
+                             "it (docs/label-free.md)")
 
 
 def add_schedule_options(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +95,7 @@ def schedule_parameters(args) -> dict | None:
     return {"data": args.label_free_data, "model_name": args.model_name,
             "alpha": args.alpha, "max_accuracy_drop": args.max_accuracy_drop,
             "max_prior_shift": args.max_prior_shift, "emit_events": args.emit_event,
-            "tracking_uri": args.tracking_uri}
+            "tracking_uri": args.tracking_uri, "register_candidates": args.register_candidate}
 
 
 def add_labels_option(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +141,10 @@ def validate(args) -> None:
     if args.input_kind not in ("auto", input_kind):
         raise inputs.InputError(f"--input-kind {args.input_kind}: {source} reads {input_kind}")
     if getattr(args, "labels", None) is not None:
+        if args.register_candidate:
+            raise inputs.InputError("--register-candidate: registers what a batch without "
+                                    "labels estimates; with --labels there is nothing to "
+                                    "register (the labels judge an earlier candidate)")
         return _validate_labels(args, files, n_classes, input_kind, source)
     for path in files:
         try:
@@ -181,6 +190,9 @@ def summary(result) -> list[str]:
         lines.append("  drift: " + ", ".join(f"{t.test} p={t.p_value:.3g} "
                                              f"(statistic {t.statistic:.4g})" for t in est.drift)
                      + f"; EM priors moved {est.prior_shift:.4f} (TV)")
+        if r.candidate_version is not None:
+            lines.append(f"  prior-shift candidate: registered as v{r.candidate_version} "
+                         "(label-free; @champion unchanged)")
         if r.realised is not None:
             lines.append(f"  labels: realised accuracy {r.realised['realised.accuracy']:.4f}, "
                          f"CBPE error {r.realised['error.cbpe']:+.4f}")
@@ -202,6 +214,7 @@ def run(args) -> int:
     result = monitor_label_free(data=str(args.data), model_name=args.model_name,
                                 alpha=args.alpha, max_accuracy_drop=args.max_accuracy_drop,
                                 max_prior_shift=args.max_prior_shift,
-                                emit_events=args.emit_event, tracking_uri=args.tracking_uri)
+                                emit_events=args.emit_event, tracking_uri=args.tracking_uri,
+                                register_candidates=args.register_candidate)
     print("\n".join(summary(result)), flush=True)
     return ALERT_STATUS if result.alert else 0

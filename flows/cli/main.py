@@ -312,6 +312,10 @@ def validate_monitor(args) -> None:
     args.label_free = label_free_cli.is_label_free(args)
     if args.label_free:
         return label_free_cli.validate(args)
+    if args.register_candidate:
+        raise inputs.InputError(f"--register-candidate: {args.data} holds labels; a "
+                                "prior-shift candidate is registered from a batch without "
+                                "them (a labelled batch recalibrates through the gate)")
     inputs.data_file(args.data, "--data")
     _check_flow_options(args)
     inputs.non_negative(args.max_ece_increase, "--max-ece-increase")

@@ -35,7 +35,7 @@ def cmd_promote(args) -> int:
 
     client, uri = store_client(args)
     previous = champion_ops.promote(client, uri, args.model_name, str(args.version), args.reason,
-                                args.lock_timeout)
+                                    args.lock_timeout, allow_label_free=args.allow_label_free)
     before = "none" if previous is None else f"v{previous}"
     print(f"{args.model_name}@champion: {before} -> v{args.version} ({args.reason}); "
           f"undo with `cord-ops rollback --model-name {args.model_name}`")
@@ -64,6 +64,9 @@ def add_cli(sub) -> None:
     p.add_argument("--model-name", required=True, help="registered model name")
     p.add_argument("--version", required=True, type=positive_int, help="version to promote")
     p.add_argument("--reason", required=True, help="why (recorded as a version tag)")
+    p.add_argument("--allow-label-free", action="store_true",
+                   help="promote a label-free prior-shift candidate that no labels have "
+                        "judged yet (refused without this)")
     add_lock_timeout(p)
     p.set_defaults(func=cmd_promote)
 

@@ -48,6 +48,9 @@ PRIOR_SHIFT_TAG = "monitor.prior_shift_candidate"
 #: Run tag written when labels meet a run with a prior-shift candidate: the gate's NLL
 #: rules applied to it on the labelled batch.
 PRIOR_SHIFT_VERDICT_TAG = "monitor.prior_shift_verdict"
+#: Run tag: the version the candidate was registered as (``monitor --register-candidate``,
+#: :mod:`flows.recalibration.label_free_register`).
+PRIOR_SHIFT_VERSION_TAG = "monitor.prior_shift_version"
 #: Defaults of the alert thresholds (docs/label-free.md): a p-value below 0.01 in either
 #: drift test, an estimated accuracy 3 points below the reference's, EM priors 0.1 (total
 #: variation) away from the reference's.
@@ -261,6 +264,8 @@ class BatchReport:
     cbpe_raw: float
     reasons: list[str]
     realised: dict[str, float] | None = None
+    #: The version the batch's prior-shift candidate was registered as (``--register-candidate``).
+    candidate_version: str | None = None
 
     @property
     def alert(self) -> bool:
@@ -378,6 +383,27 @@ def settle_candidate(client, run_id: str, scored: Scored,
              "candidate.champion_nll": champion}, verdict)
 
 
+def record_verdict(client, model_name: str, version: str | None, verdict: str,
+                   values: dict[str, float]) -> None:
+    """Write the labelled verdict on the version a candidate was registered as (nothing
+    when it was not registered, or the version is gone since): ``promote`` refuses a
+    label-free version until it has one."""
+    from mlflow.exceptions import MlflowException
+
+    from flows.registry import versions as registry
+
+    if not version:
+        return
+    try:
+        client.set_model_version_tag(model_name, version, registry.LABEL_FREE_VERDICT_TAG,
+                                     verdict[:5000])
+    except MlflowException:
+        return
+    for key, value in values.items():
+        client.set_model_version_tag(model_name, version, f"cord.label_free.{key}",
+                                     repr(float(value)))
+
+
 def realised_values(scored: Scored, labels: np.ndarray) -> dict[str, float]:
     found = metrics.evaluate(scored.repaired, labels, reference=scored.original)
     return {f"realised.{k}": float(found[k]) for k in ("accuracy", "ece", "nll", "brier")}
@@ -417,9 +443,15 @@ def meet_labels(client, model_name: str, batch: Batch,
             values["error.priors_tv"] = label_free.total_variation(estimated, realised)
         tags = {LABELS_TAG: "arrived", LABELS_RUN_TAG: batch.path}
         if run.data.tags.get(PRIOR_SHIFT_TAG, "none") != "none":
-            found, tags[PRIOR_SHIFT_VERDICT_TAG] = settle_candidate(
-                client, run.info.run_id, scored_by[version], batch.labels)
+            found, verdict = settle_candidate(client, run.info.run_id, scored_by[version],
+                                              batch.labels)
+            registered = run.data.tags.get(PRIOR_SHIFT_VERSION_TAG)
+            if registered:
+                verdict = verdict.replace("; not registered", f"; registered as v{registered}")
+            tags[PRIOR_SHIFT_VERDICT_TAG] = verdict
             values.update(found)
+            # the registered version carries it too, which lifts promote's refusal
+            record_verdict(client, model_name, registered, verdict, found)
         tracking.log_values(client, run.info.run_id, metrics=values, tags=tags)
         settled[run.info.run_id] = values
     return settled

@@ -190,10 +190,13 @@ def format_status(report: Status) -> str:
 
 
 # ---------------------------------------------------------------- checks
-def check_promotable(client, name: str, version: str) -> float:
+def check_promotable(client, name: str, version: str, allow_label_free: bool = False) -> float:
     """The checks an alias move needs; returns the version's NLL on its reference split.
 
-    Raises :class:`PromotionRefused` naming the first failed check.
+    A label-free prior-shift candidate (``cord.label_free=true``) that no labels have
+    judged yet (no ``cord.label_free.verdict``) is refused unless ``allow_label_free``:
+    nothing but an assumption (label shift) says it is better. Raises
+    :class:`PromotionRefused` naming the first failed check.
     """
     from mlflow.exceptions import MlflowException
 
@@ -202,6 +205,13 @@ def check_promotable(client, name: str, version: str) -> float:
     except MlflowException:
         raise PromotionRefused(f"{name} has no version {version}") from None
     tags = mv.tags
+    if tags.get(registry.LABEL_FREE_TAG) == "true" and \
+            not tags.get(registry.LABEL_FREE_VERDICT_TAG) and not allow_label_free:
+        raise PromotionRefused(
+            f"v{version} is a label-free prior-shift candidate of v"
+            f"{tags.get('cord.label_free.source_version', '?')} that no labels have judged "
+            "yet (docs/label-free.md); monitor its batch with labels first, or pass "
+            "--allow-label-free to promote it anyway")
     state = tags.get(registry.REGISTRATION_TAG)
     if state != registry.COMPLETE:
         raise PromotionRefused(f"v{version} has not finished registration "
@@ -271,11 +281,12 @@ def move_champion(client, name: str, version: str, reason: str, how: str) -> Non
 
 
 def promote(client, uri: str, name: str, version: str, reason: str,
-            lock_timeout: float | None = None) -> str | None:
+            lock_timeout: float | None = None, allow_label_free: bool = False) -> str | None:
     """Move ``@champion`` of ``name`` to ``version``; returns the previous champion.
 
     The operator's override of the gate: a version the gate rejected (worse than the
-    uncalibrated model, say) may be promoted, with a reason. Raises
+    uncalibrated model, say) may be promoted, with a reason; a label-free candidate not
+    yet judged by labels only with ``allow_label_free`` (:func:`check_promotable`). Raises
     :class:`PromotionRefused` when a check fails or ``reason`` is empty.
     """
     version = str(version)
@@ -286,7 +297,7 @@ def promote(client, uri: str, name: str, version: str, reason: str,
         previous = None if holder is None else str(holder.version)
         if previous == version:
             raise PromotionRefused(f"v{version} already holds @{registry.CHAMPION}")
-        check_promotable(client, name, version)
+        check_promotable(client, name, version, allow_label_free)
         # Before the alias: see gate.push_history.
         gate.push_history(client, name, {"version": version, "from": previous,
                                          "how": "promote", "by": who(), "at": now(),

@@ -90,6 +90,15 @@ def log_batch(uri: str, model_name: str, version: str, batch: label_free.Batch, 
 
 
 @store_task
+def register_candidate(uri: str, model_name: str, version: str, run_id: str,
+                       batch: label_free.Batch) -> str:
+    """:func:`flows.recalibration.label_free_register.register_candidate` as a task."""
+    from flows.recalibration import label_free_register
+
+    return label_free_register.register_candidate(uri, model_name, version, run_id, batch)
+
+
+@store_task
 def settle(uri: str, model_name: str, batch: label_free.Batch,
            scored_by: dict[str, label_free.Scored] | None = None) -> dict[str, dict[str, float]]:
     """:func:`flows.monitoring.label_free.meet_labels` as a task."""
@@ -122,14 +131,17 @@ def monitor_label_free(data: str | Path | list[str], model_name: str = "cord-ops
                        max_accuracy_drop: float = label_free.DEFAULT_MAX_ACCURACY_DROP,
                        max_prior_shift: float = label_free.DEFAULT_MAX_PRIOR_SHIFT,
                        emit_events: bool = False,
-                       tracking_uri: str | None = None) -> label_free.LabelFreeResult:
+                       tracking_uri: str | None = None,
+                       register_candidates: bool = False) -> label_free.LabelFreeResult:
     """Score ``model_name@champion`` on every batch ``data`` names (one file, a folder or a
     glob of .npz/.parquet files, or a list of files; labels optional) and log one label-free
     run per batch (:mod:`flows.monitoring.label_free`). Batches that carry labels are
     settled at once (:func:`flows.monitoring.label_free.meet_labels`). A batch whose EM
     priors moved past the threshold gets the prior-shift candidate's state logged with its
     run (:func:`flows.monitoring.label_free.prior_shift_candidate`). With ``emit_events``,
-    every alert is also a Prefect event :data:`ALERT_EVENT`."""
+    every alert is also a Prefect event :data:`ALERT_EVENT`. With ``register_candidates``, each
+    such candidate is also registered as a new, label-free version of the model
+    (:mod:`flows.recalibration.label_free_register`; ``@champion`` stays)."""
     from flows.preflight import checks as inputs
 
     uri = tracking.store_uri(tracking_uri)
@@ -157,6 +169,11 @@ def monitor_label_free(data: str | Path | list[str], model_name: str = "cord-ops
                            thresholds, est, profile.priors_, candidate)
         report = label_free.BatchReport(batch.path, run_id, batch.n, batch.scores_sha256, est,
                                         cbpe_raw, reasons)
+        if register_candidates and candidate is not None:
+            report.candidate_version = register_candidate(uri, model_name, champion.version,
+                                                          run_id, batch)
+            logger.info("registered the label-free prior-shift candidate of %s as v%s",
+                        batch.path, report.candidate_version)
         if batch.labels is not None:
             report.realised = settle(uri, model_name, batch,
                                      {champion.version: scored}).get(run_id)

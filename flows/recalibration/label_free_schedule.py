@@ -72,7 +72,8 @@ def monitor_new_batches(data: str, model_name: str = "cord-ops",
                         max_accuracy_drop: float = label_free.DEFAULT_MAX_ACCURACY_DROP,
                         max_prior_shift: float = label_free.DEFAULT_MAX_PRIOR_SHIFT,
                         emit_events: bool = False,
-                        tracking_uri: str | None = None) -> label_free.LabelFreeResult | None:
+                        tracking_uri: str | None = None,
+                        register_candidates: bool = False) -> label_free.LabelFreeResult | None:
     """Monitor, without labels, the batches ``data`` names that were not monitored yet.
 
     None (and a log line) when the model has no ``@champion`` yet, when ``data`` names no
@@ -100,4 +101,4 @@ def monitor_new_batches(data: str, model_name: str = "cord-ops",
     return monitor_label_free(data=fresh, model_name=model_name, alpha=alpha,
                               max_accuracy_drop=max_accuracy_drop,
                               max_prior_shift=max_prior_shift, emit_events=emit_events,
-                              tracking_uri=uri)
+                              tracking_uri=uri, register_candidates=register_candidates)

@@ -48,6 +48,12 @@ ERROR_TAG = "cord.error"
 INPUT_KIND_TAG = "cord.input_kind"
 #: Version tag with the number of classes K the graph reads.
 N_CLASSES_TAG = "cord.n_classes"
+#: Version (and run) tag of a prior-shift candidate registered without labels
+#: (:mod:`flows.recalibration.label_free_register`): "true".
+LABEL_FREE_TAG = "cord.label_free"
+#: Version tag: the verdict of the labels that later met a label-free candidate's batch.
+#: Until it exists, ``promote`` refuses the version without its override.
+LABEL_FREE_VERDICT_TAG = "cord.label_free.verdict"
 
 
 def ensure_registered_model(client, name: str) -> None:

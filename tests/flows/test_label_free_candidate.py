@@ -1,0 +1,126 @@
+"""The label-free prior-shift candidate registered as a version (``cord-ops monitor --data
+BATCH --register-candidate``) against a real MLflow store: the registered graph keeps every
+top-1 and is the numpy candidate, ``@champion`` stays, bad input is refused with one line
+before anything is written, ``promote`` refuses the unjudged version without
+``--allow-label-free``, and labels settling the batch write the verdict on the version."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cord_ops import data
+from cord_ops.prior_shift import PriorShiftRepair
+from flows.cli.main import main
+from flows.recalibration import label_free, label_free_register
+from flows.recalibration.flow import recalibrate
+from flows.recalibration.monitor import monitor
+from flows.registry import versions as registry
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_register_candidate_serves_the_moved_graph_and_promotion_waits_for_labels(
+        store, tmp_path, digits, capsys):
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    first = recalibrate(data=str(data.save_npz(tmp_path / "d.npz", digits.scores,
+                                               digits.labels, "logits")), model_name="m")
+    rows = np.flatnonzero(digits.labels <= 2)  # classes 0-2 only: a label shift
+    batch = tmp_path / "shifted.npz"
+    np.savez(batch, logits=digits.scores[rows])
+    labelled = data.save_npz(tmp_path / "shifted-labelled.npz", digits.scores[rows],
+                             digits.labels[rows], "logits")
+
+    # -------- bad input: one error line, no run, no version
+    capsys.readouterr()
+    assert main(["monitor", "--data", str(labelled), "--model-name", "m",
+                 "--register-candidate"]) == 1
+    assert "--register-candidate: " in _one_error_line(capsys)
+    labels_only = tmp_path / "labels.npz"
+    np.savez(labels_only, labels=digits.labels[rows], row_id=np.arange(len(rows)))
+    assert main(["monitor", "--data", str(batch), "--labels", str(labels_only),
+                 "--model-name", "m", "--register-candidate"]) == 1
+    assert "--register-candidate: " in _one_error_line(capsys)
+    assert client.get_experiment_by_name(label_free.monitoring_experiment("m")) is None
+    assert [str(v.version) for v in client.search_model_versions("name = 'm'")] == [first.version]
+
+    # -------- registered: a new version, label-free, @champion unchanged
+    assert main(["monitor", "--data", str(batch), "--model-name", "m",
+                 "--register-candidate"]) == 3  # the prior shift is an alert
+    out = capsys.readouterr().out
+    versions = {str(v.version): v for v in client.search_model_versions("name = 'm'")}
+    assert set(versions) == {first.version, str(int(first.version) + 1)}
+    created = str(int(first.version) + 1)
+    assert f"prior-shift candidate: registered as v{created}" in out
+    assert str(registry.champion_version(client, "m").version) == first.version
+    mv = versions[created]
+    assert mv.tags[registry.LABEL_FREE_TAG] == "true"
+    assert mv.tags[label_free_register.SOURCE_VERSION_TAG] == first.version
+    assert mv.tags[registry.REGISTRATION_TAG] == registry.COMPLETE
+    assert registry.LABEL_FREE_VERDICT_TAG not in mv.tags
+    monitoring = client.get_run(mv.tags[label_free_register.MONITOR_RUN_TAG]).data.tags
+    assert monitoring[label_free_register.VERSION_TAG] == created
+    assert client.get_run(mv.run_id).info.status == "FINISHED"
+
+    # the served graph is the numpy candidate on the batch, and keeps every top-1
+    champion_out = registry.run_registered_model(client, f"models:/m/{first.version}",
+                                                 digits.scores[rows])
+    original = champion_out["original"].astype(np.float64)
+    repaired = champion_out["repaired"].astype(np.float64)
+    original /= original.sum(1, keepdims=True)
+    repaired /= repaired.sum(1, keepdims=True)
+    got = registry.run_registered_model(client, f"models:/m/{created}", digits.scores[rows])
+    assert np.array_equal(got["label"], digits.scores[rows].argmax(1))
+    assert np.array_equal(got["repaired"].argmax(1), digits.scores[rows].argmax(1))
+    run = client.get_run(mv.tags[label_free_register.MONITOR_RUN_TAG])
+    priors = np.array([run.data.metrics[f"prior.estimated.{k}"] for k in range(10)])
+    source = np.array([run.data.metrics[f"prior.reference.{k}"] for k in range(10)])
+    expected = PriorShiftRepair().fit(original, repaired, source / source.sum(),
+                                      priors / priors.sum()).transform(original, repaired)
+    assert np.abs(got["repaired"] - expected).max() < 1e-4
+    # moved toward the batch's classes: more mass on 0-2 than the champion gives
+    assert got["repaired"][:, :3].sum(1).mean() > repaired[:, :3].sum(1).mean() + 0.01
+
+    # -------- promote: refused while no labels judged it; the override promotes
+    assert main(["promote", "--model-name", "m", "--version", created,
+                 "--reason", "priors moved"]) == 1
+    line = _one_error_line(capsys)
+    assert "label-free" in line and "--allow-label-free" in line
+    assert str(registry.champion_version(client, "m").version) == first.version
+
+    # -------- labels arrive: the verdict is written on the version too
+    monitor(data=str(labelled), model_name="m", recalibrate_on_drift=False)
+    judged = client.get_model_version("m", created).tags
+    assert judged[registry.LABEL_FREE_VERDICT_TAG].startswith("better than the champion")
+    assert f"registered as v{created}" in judged[registry.LABEL_FREE_VERDICT_TAG]
+    assert float(judged["cord.label_free.candidate.tpcr"]) == 0.0
+    # judged: promote no longer needs the override
+    capsys.readouterr()
+    assert main(["promote", "--model-name", "m", "--version", created,
+                 "--reason", "labels agree"]) == 0
+    assert str(registry.champion_version(client, "m").version) == created
+
+
+def test_allow_label_free_promotes_an_unjudged_candidate(store, tmp_path, digits, capsys):
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    first = recalibrate(data=str(data.save_npz(tmp_path / "d.npz", digits.scores,
+                                               digits.labels, "logits")), model_name="m")
+    batch = tmp_path / "shifted.npz"
+    np.savez(batch, logits=digits.scores[digits.labels <= 2])
+    assert main(["monitor", "--data", str(batch), "--model-name", "m",
+                 "--register-candidate"]) == 3
+    created = str(int(first.version) + 1)
+    capsys.readouterr()
+    assert main(["promote", "--model-name", "m", "--version", created, "--reason", "urgent",
+                 "--allow-label-free"]) == 0
+    assert str(registry.champion_version(client, "m").version) == created
