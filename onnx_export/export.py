@@ -92,8 +92,9 @@ def _requested_outputs(outputs) -> tuple[str, ...]:
     return tuple(name for name in OUTPUTS if name in names)
 
 
-def _prune(nodes: list, initializers: list, keep: tuple[str, ...]) -> tuple[list, list]:
-    """The nodes and initializers that ``keep`` depends on, in their original order."""
+def prune_unused(nodes: list, initializers: list, keep: tuple[str, ...]) -> tuple[list, list]:
+    """The nodes and initializers that ``keep`` depends on, in their original order (also
+    used by :mod:`onnx_export.prior_shift` on a composed graph)."""
     needed, kept = set(keep), []
     for node in reversed(nodes):
         if needed.intersection(node.output):
@@ -262,7 +263,7 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
             "original": tensor_info("original", elem, ["N", k]),
             "label": tensor_info("label", TensorProto.INT64, ["N"]),
             "confidence": tensor_info("confidence", elem, ["N"])}
-    nodes, initializers = _prune(gb.nodes, gb.initializers, keep)
+    nodes, initializers = prune_unused(gb.nodes, gb.initializers, keep)
     graph = helper.make_graph(
         nodes,
         f"cord_{calibrator.name}_{dtype}",

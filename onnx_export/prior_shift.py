@@ -32,7 +32,7 @@ from onnx import helper
 
 from cord_ops.label_free import check_priors, prior_weights
 from onnx_export.builder import GraphBuilder, tensor_info
-from onnx_export.export import OUTPUTS_KEY, _prune, model_metadata
+from onnx_export.export import OUTPUTS_KEY, model_metadata, prune_unused
 from onnx_export.repair import build_repair, on_boundary
 
 #: Metadata keys of a candidate graph (besides the champion's, which it keeps).
@@ -150,7 +150,7 @@ def export_prior_shift(champion: onnx.ModelProto, repair, source_priors,
                                           dtype=np.int64), out="confidence")
 
     keep = tuple(o.name for o in champion.graph.output)
-    kept, initializers = _prune(nodes + gb.nodes,
+    kept, initializers = prune_unused(nodes + gb.nodes,
                                 list(champion.graph.initializer) + gb.initializers, keep)
     graph_outputs = []
     for o in champion.graph.output:

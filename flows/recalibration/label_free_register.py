@@ -15,7 +15,7 @@ reference split pinned again as its own, the pyfunc + onnx flavours of
 :mod:`flows.pyfunc_model` checked byte for byte, and under the registry lock clean-up,
 a pending version, its tags, complete. ``@champion`` never moves: no label has judged the
 candidate, and the version says so (``cord.label_free=true``) until labels settle it
-(:func:`flows.recalibration.label_free.record_verdict`); ``promote`` refuses it until
+(:func:`flows.monitoring.label_free.record_verdict`); ``promote`` refuses it until
 then without ``--allow-label-free``.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from cord_ops import metrics
 from cord_ops.validation import top1
-from flows.recalibration import label_free
+from flows.monitoring import label_free
 from flows.registry import versions as registry
 
 KIND = "prior-shift-candidate"

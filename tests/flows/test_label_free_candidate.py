@@ -12,7 +12,8 @@ import pytest
 from cord_ops import data
 from cord_ops.prior_shift import PriorShiftRepair
 from flows.cli.main import main
-from flows.recalibration import label_free, label_free_register
+from flows.monitoring import label_free
+from flows.recalibration import label_free_register
 from flows.recalibration.flow import recalibrate
 from flows.recalibration.monitor import monitor
 from flows.registry import versions as registry
