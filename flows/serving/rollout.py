@@ -15,7 +15,9 @@ record (:mod:`flows.promotion.rollout`) beside ``@champion``.
   waits on, or slows the answer to, a request beyond sharing the CPU.
 - **Canary**: a request whose key (header ``X-Rollout-Key``, else the client's address)
   hashes under the step's fraction (:func:`flows.promotion.rollout_steps.routes_to_candidate`) is
-  answered by the candidate, after the answer passed the invariants every repaired answer
+  answered by the candidate (batched on a worker thread of its own, :data:`CANDIDATE_LANE`,
+  so a slow candidate delays only its callers and the p99 ratio sees it), after the
+  answer passed the invariants every repaired answer
   keeps (finite, sums to 1, keeps its input's top-1); an answer that fails them, or a
   candidate error, is replaced by the champion's answer (the request never fails) and is
   a breach that rolls the rollout back. The champion scores a copy of each candidate
@@ -41,6 +43,9 @@ from flows.promotion import rollout, rollout_steps
 from flows.promotion.rollout_steps import Budget, Decision, Figures, Plan
 
 KEY_HEADER = "X-Rollout-Key"
+#: The candidate's micro-batching lane (its own worker thread: a slow candidate run does
+#: not hold up the champion's answers; flows.serving.http.MicroBatcher).
+CANDIDATE_LANE = "candidate"
 DEFAULT_SHADOW_QUEUE = 1024
 #: Seconds between judgements of the current step (a breach is acted on within this).
 JUDGE_INTERVAL = 0.25
@@ -303,7 +308,7 @@ class RolloutController:
         if rows is None:
             return None  # not the candidate's fault: a value its float type cannot hold
         try:
-            outputs = await batcher.score(candidate, rows)
+            outputs = await batcher.score(candidate, rows, lane=CANDIDATE_LANE)
         except Exception as exc:  # any failure of the candidate is its breach
             problem = f"{type(exc).__name__}: {exc}"
         else:
