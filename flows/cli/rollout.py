@@ -26,7 +26,7 @@ def _steps(text: str) -> tuple[float, ...]:
 
 
 def cmd_rollout(args) -> int:
-    from flows.cli.operator import _client
+    from flows.cli.operator import store_client
     from flows.promotion import rollout
     from flows.promotion.rollout_steps import Plan
 
@@ -39,7 +39,7 @@ def cmd_rollout(args) -> int:
         plan = Plan.build(args.mode, args.steps, args.min_requests, args.min_seconds)
         budget = Budget(args.max_error_rate, args.max_p99_ratio, args.max_confidence_shift)
         budget.check()
-        client, uri = _client(args)
+        client, uri = store_client(args)
         record = rollout.start(client, uri, args.model_name, str(args.version), plan, budget,
                                args.reason, args.allow_harm, args.lock_timeout)
         print(rollout.format_record(record))
@@ -47,7 +47,7 @@ def cmd_rollout(args) -> int:
               f"`cord-ops rollout status --model-name {args.model_name}`, stop with "
               f"`cord-ops rollout abort --model-name {args.model_name}`")
         return 0
-    client, uri = _client(args)
+    client, uri = store_client(args)
     if args.action == "status":
         print(rollout.format_record(rollout.read(client, args.model_name)))
         return 0
@@ -59,7 +59,7 @@ def cmd_rollout(args) -> int:
 
 def add_cli(sub) -> None:
     """Add ``rollout`` to the ``cord-ops`` parser's subparsers."""
-    from flows.cli.operator import _add_lock_timeout, _positive
+    from flows.cli.operator import add_lock_timeout, positive_int
 
     p = sub.add_parser(
         "rollout", help="stage a version beside @champion: shadow, canary steps, promotion",
@@ -71,14 +71,14 @@ def add_cli(sub) -> None:
                     "abort: end it; @champion is not touched. See docs/rollout.md.")
     p.add_argument("action", choices=("start", "status", "abort"))
     p.add_argument("--model-name", required=True, help="registered model name")
-    p.add_argument("--version", type=_positive, help="start: the candidate version")
+    p.add_argument("--version", type=positive_int, help="start: the candidate version")
     p.add_argument("--mode", choices=MODES, default="shadow",
                    help="start: shadow (a shadow step, then the canary steps) or canary "
                         "(canary steps only) (default: shadow)")
     p.add_argument("--steps", type=_steps, default=DEFAULT_CANARY, metavar="PERCENTS",
                    help="start: canary steps in percent of requests (default: "
                         f"{','.join(f'{s * 100:g}' for s in DEFAULT_CANARY)})")
-    p.add_argument("--min-requests", type=_positive, default=DEFAULT_MIN_REQUESTS,
+    p.add_argument("--min-requests", type=positive_int, default=DEFAULT_MIN_REQUESTS,
                    help="start: candidate requests compared with the champion before a step "
                         f"may advance (default: {DEFAULT_MIN_REQUESTS})")
     p.add_argument("--min-seconds", type=float, default=DEFAULT_MIN_SECONDS,
@@ -101,5 +101,5 @@ def add_cli(sub) -> None:
     p.add_argument("--allow-harm", action="store_true",
                    help="start: roll out a version the gate found worse than the "
                         "uncalibrated model (the operator's explicit override)")
-    _add_lock_timeout(p)
+    add_lock_timeout(p)
     p.set_defaults(func=cmd_rollout)
