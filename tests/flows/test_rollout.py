@@ -442,3 +442,64 @@ def test_a_slow_candidate_rolled_back_on_its_latency_budget(
     _check_answers(during.answers + after.answers, expected)
     assert any(x["named"] == v2 for x in during.answers)  # it did answer, correctly
     assert {x["named"] for x in after.answers} == {v1}
+
+
+def test_a_candidate_deleted_or_emptied_during_its_rollout_is_rolled_back(
+        store, prefect_harness, digits_file, digits, tmp_path, cord_ops_command, capsys):
+    """A candidate answering canary callers is deleted from the registry (then another has
+    its model files removed from the artifact store): the server, which holds it in memory
+    and could go on serving it, rolls the rollout back naming why; no request fails and
+    the champion does not move."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    from flows.recalibration.flow import recalibrate
+
+    client = MlflowClient()
+    v1, v2 = _two_versions(digits_file)
+    v3 = recalibrate(data=str(digits_file), calibrator="vs", model_name=MODEL,
+                     promote=False).version
+    rows = digits.scores[:6]
+    expected = {v: _expected(v, rows) for v in (v1, v2, v3)}  # before they go
+    port, log = free_port(), tmp_path / "serve.log"
+    url = f"http://127.0.0.1:{port}"
+    history_before = gate.read_history(client, MODEL)
+
+    def remove_files(version: str) -> None:
+        folder = Path(client.get_model_version_download_uri(MODEL, version)
+                      .removeprefix("file://"))
+        assert folder != Path(client.get_model_version_download_uri(MODEL, v1)
+                              .removeprefix("file://"))
+        shutil.rmtree(folder)
+
+    outcomes, answers = {}, []
+    with _serve(cord_ops_command, port, log) as server:
+        wait_until_ready(f"{url}/health", server, log, timeout=60)
+        for version, remove in ((v2, lambda v: client.delete_model_version(MODEL, v)),
+                                (v3, remove_files)):
+            with Traffic([url], [{"inputs": rows.tolist()}]) as during:
+                code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
+                                    "--version", version, "--mode", "canary", "--steps",
+                                    "50", "--min-requests", "100000", "--min-seconds", "1",
+                                    "--reason", "to be removed")
+                assert code == 0, err
+                _wait(lambda v=version: any(x.get("named") == v for x in list(during.answers)),
+                      60, f"v{version} answering canary rows")
+                remove(version)
+                ended = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
+                              != rollout.ACTIVE and r, 30, f"rollback of v{version}")
+            with Traffic([url], [{"inputs": rows.tolist()}]) as after:
+                time.sleep(1.0)
+            assert ended["state"] == rollout.ROLLED_BACK, ended
+            assert {x["named"] for x in after.answers} == {v1}
+            outcomes[version] = ended["outcome"]
+            answers += during.answers + after.answers
+    assert outcomes[v2] == f"candidate v{v2} was deleted from the registry during the rollout"
+    assert outcomes[v3].startswith(f"candidate v{v3}'s model files are gone from the "
+                                   "artifact store"), outcomes[v3]
+    _check_answers(answers, expected)
+    assert str(registry.champion_version(client, MODEL).version) == v1
+    assert gate.read_history(client, MODEL) == history_before
+    assert rollout.CHALLENGER not in client.get_registered_model(MODEL).aliases
+    assert "registry poll failed" not in log.read_text()
