@@ -50,7 +50,8 @@ def register_versions(uri: str, artifacts: Path) -> np.ndarray:
 
     from cord_ops import CORD
     from cord_ops.calibrators import make_calibrator
-    from flows import pyfunc_model, registry
+    from flows import pyfunc_model
+    from flows.registry import versions as registry
     from onnx_export import export_onnx
 
     rng = np.random.default_rng(0)

@@ -9,7 +9,8 @@ import argparse
 
 def store_client(args):
     """(client, uri) of the store ``--tracking-uri`` or the environment names, checked
-    (and created) first."""
+    (and created) first; every registry-side subcommand (here and :mod:`flows.cli.rollout`)
+    opens its store with it."""
     from flows.registry import tracking
 
     uri = tracking.store_uri(getattr(args, "tracking_uri", None))
@@ -57,7 +58,8 @@ def add_cli(sub) -> None:
     """Add the operator subcommands to the ``cord-ops`` parser's subparsers."""
     p = sub.add_parser("status", help="champion, health and recent versions of a model")
     p.add_argument("--model-name", required=True, help="registered model name")
-    p.add_argument("--limit", type=positive_int, default=10, help="versions shown (default: 10)")
+    p.add_argument("--limit", type=positive_int, default=10,
+                   help="versions shown (default: 10)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("promote", help="move @champion to a version, after the gate's checks")
@@ -79,12 +81,14 @@ def add_cli(sub) -> None:
 
 
 def add_lock_timeout(parser) -> None:
+    """``--lock-timeout``, the same option on every command that takes the registry lock."""
     parser.add_argument("--lock-timeout", type=float, default=None, metavar="SECONDS",
                         help="wait at most this long for a recalibration of the model to "
                              "leave the registry (default: the recalibration's)")
 
 
 def positive_int(text: str) -> int:
+    """argparse ``type`` for a version number or count (a 1-line error, not a traceback)."""
     try:
         value = int(text)
     except ValueError:

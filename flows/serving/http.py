@@ -65,6 +65,8 @@ VERSION_HEADER = "X-Model-Version"
 OUTPUTS = ("repaired", "label", "confidence")
 #: Rows of the synthetic probe batch every new version is verified on.
 PROBE_ROWS = 256
+#: The micro-batching lane of the served (champion) version's requests.
+MAIN_LANE = "main"
 ERROR_REASONS = (*REASONS, "bad_json", "unsupported_media_type", "no_model", "internal")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -378,64 +380,88 @@ class _Pending:
     future: asyncio.Future
 
 
+class _Lane:
+    """One batching loop with its own worker thread (see :class:`MicroBatcher`)."""
+
+    def __init__(self, name: str):
+        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self.executor = ThreadPoolExecutor(max_workers=1,
+                                           thread_name_prefix=f"onnxruntime-{name}")
+        self.task: asyncio.Task | None = None
+
+
 class MicroBatcher:
     """Scores queued requests together: one onnxruntime run per version per batch.
 
     The batch loop takes every request already queued; while requests are still being
     read (``arriving``) and the batch is under ``max_rows``, it waits up to ``window``
-    seconds for them. Runs happen on one worker thread (onnxruntime releases the GIL and
+    seconds for them. Runs happen on a worker thread (onnxruntime releases the GIL and
     uses its own intra-op threads), so the event loop keeps reading requests meanwhile.
+
+    Each *lane* (``score(..., lane=)``) has its own queue, loop and worker thread. The
+    champion's requests use :data:`MAIN_LANE`; a rollout's candidate uses another, so a
+    candidate whose runs are slow delays only the requests it answers: on one shared
+    thread every champion request queued behind a slow candidate run would wait for it,
+    the champion's latency would rise with the candidate's and the rollout's p99 ratio
+    (candidate over champion) could not see the slowness.
     """
 
     def __init__(self, window: float, max_rows: int, metrics: Metrics):
         self.window, self.max_rows, self.metrics = window, max_rows, metrics
         self.arriving = 0
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxruntime")
-        self._task: asyncio.Task | None = None
+        self._lanes: dict[str, _Lane] = {}
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._lane(MAIN_LANE)
+
+    def _lane(self, name: str) -> _Lane:
+        lane = self._lanes.get(name)
+        if lane is None:
+            lane = self._lanes[name] = _Lane(name)
+            lane.task = asyncio.get_running_loop().create_task(self._loop(lane))
+        return lane
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for lane in self._lanes.values():
+            if lane.task is not None:
+                lane.task.cancel()
+            lane.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def score(self, model: ServedModel, scores: np.ndarray) -> dict[str, np.ndarray]:
+    async def score(self, model: ServedModel, scores: np.ndarray,
+                    lane: str = MAIN_LANE) -> dict[str, np.ndarray]:
         future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(model, scores, future))
+        self._lane(lane).queue.put_nowait(_Pending(model, scores, future))
         return await future
 
-    async def _collect(self) -> list[_Pending]:
-        batch = [await self._queue.get()]
+    async def _collect(self, lane: _Lane) -> list[_Pending]:
+        batch = [await lane.queue.get()]
         rows = batch[0].scores.shape[0]
         deadline = asyncio.get_running_loop().time() + self.window
         while rows < self.max_rows:
-            if self._queue.empty():
+            if lane.queue.empty():
                 remaining = deadline - asyncio.get_running_loop().time()
                 if self.arriving <= 0 or remaining <= 0:
                     break
                 try:
-                    item = await asyncio.wait_for(self._queue.get(), remaining)
+                    item = await asyncio.wait_for(lane.queue.get(), remaining)
                 except TimeoutError:
                     break
             else:
-                item = self._queue.get_nowait()
+                item = lane.queue.get_nowait()
             batch.append(item)
             rows += item.scores.shape[0]
         return batch
 
-    async def _loop(self) -> None:
+    async def _loop(self, lane: _Lane) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._collect()
+            batch = await self._collect(lane)
             groups: dict[int, list[_Pending]] = {}
             for item in batch:  # one run per version: a request never mixes versions
                 groups.setdefault(id(item.model), []).append(item)
             for items in groups.values():
                 try:
-                    outputs = await loop.run_in_executor(self._executor, _run_group, items)
+                    outputs = await loop.run_in_executor(lane.executor, _run_group, items)
                 except Exception as exc:
                     for item in items:
                         if not item.future.done():

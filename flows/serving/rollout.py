@@ -15,11 +15,16 @@ record (:mod:`flows.promotion.rollout`) beside ``@champion``.
   waits on, or slows the answer to, a request beyond sharing the CPU.
 - **Canary**: a request whose key (header ``X-Rollout-Key``, else the client's address)
   hashes under the step's fraction (:func:`flows.promotion.rollout_steps.routes_to_candidate`) is
-  answered by the candidate, after the answer passed the invariants every repaired answer
+  answered by the candidate (batched on a worker thread of its own, :data:`CANDIDATE_LANE`,
+  so a slow candidate delays only its callers and the p99 ratio sees it), after the
+  answer passed the invariants every repaired answer
   keeps (finite, sums to 1, keeps its input's top-1); an answer that fails them, or a
   candidate error, is replaced by the champion's answer (the request never fails) and is
   a breach that rolls the rollout back. The champion scores a copy of each candidate
   answer off the request's path for the agreement figures.
+- A candidate deleted from the registry, or whose model files are gone from the artifact
+  store, is rolled back at the next poll (it could not be promoted, and only the servers
+  that loaded it before could still serve it).
 - Every answer names the one version that produced it; ``/rollout`` and ``/metrics``
   expose the figures per version.
 
@@ -41,6 +46,9 @@ from flows.promotion import rollout, rollout_steps
 from flows.promotion.rollout_steps import Budget, Decision, Figures, Plan
 
 KEY_HEADER = "X-Rollout-Key"
+#: The candidate's micro-batching lane (its own worker thread: a slow candidate run does
+#: not hold up the champion's answers; flows.serving.http.MicroBatcher).
+CANDIDATE_LANE = "candidate"
 DEFAULT_SHADOW_QUEUE = 1024
 #: Seconds between judgements of the current step (a breach is acted on within this).
 JUDGE_INTERVAL = 0.25
@@ -303,7 +311,7 @@ class RolloutController:
         if rows is None:
             return None  # not the candidate's fault: a value its float type cannot hold
         try:
-            outputs = await batcher.score(candidate, rows)
+            outputs = await batcher.score(candidate, rows, lane=CANDIDATE_LANE)
         except Exception as exc:  # any failure of the candidate is its breach
             problem = f"{type(exc).__name__}: {exc}"
         else:
@@ -475,6 +483,10 @@ class RolloutController:
             self._condemn(record, "abort", f"@champion moved from v{record['champion']} to "
                                            f"v{now} during the rollout")
             return
+        gone = self._candidate_gone(record["version"])
+        if gone is not None:
+            self._condemn(record, "rollback", gone)
+            return
         if served is None or served.version != record["champion"]:
             self._set_step(None)  # the follower has not caught up with the champion yet
             return
@@ -503,6 +515,28 @@ class RolloutController:
                                       candidate))
             _log(f"v{candidate.version} vs v{record['champion']}: "
                  f"{self.step.plan.describe(self.step.index)} (rollout {record['id']})")
+
+    def _candidate_gone(self, version: str) -> str | None:
+        """Why the candidate can no longer be promoted, when its version was deleted from
+        the registry or its model files from the artifact store (a server that loaded it
+        would otherwise go on serving it from memory, and a restarted one fail to load it
+        at every poll); None while it is there. Any other store error propagates: an
+        outage is retried at the next poll, not a reason to end the rollout."""
+        import mlflow.artifacts
+        from mlflow.exceptions import MlflowException
+
+        try:  # as flows.serving.http.model_location (not imported: http imports this module)
+            location = self.client.get_model_version_download_uri(self.name, version)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return f"candidate v{version} was deleted from the registry during the rollout"
+            raise
+        files = mlflow.artifacts.list_artifacts(artifact_uri=location,
+                                                tracking_uri=self.follower.tracking_uri)
+        if not any(f.path.rsplit("/", 1)[-1] == "MLmodel" for f in files or ()):
+            return (f"candidate v{version}'s model files are gone from the artifact store "
+                    f"(no MLmodel under {location})")
+        return None
 
     def _set_step(self, step: ActiveStep | None) -> None:
         self.step = step

@@ -141,6 +141,63 @@ def _disagreeing(graph: bytes) -> bytes:
     return model.SerializeToString()
 
 
+#: The slow graph's extra work: a loop of SLOW_TRIPS products of a SLOW_SIDE-square matrix
+#: (about 0.25 ms each on one core of the CI machine: tens of ms a run, whatever the rows).
+SLOW_SIDE, SLOW_TRIPS = 256, 300
+
+
+def _slow(graph: bytes) -> bytes:
+    """``graph`` with a Loop of matrix products added whose result is multiplied by 0 and
+    added to ``repaired``: the answers are bit-for-bit the original's (x + 0 == x), so the
+    version passes verification, parity and its reference split, but every run costs the
+    loop. The loop's start depends on the input, so onnxruntime cannot fold it away."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load_from_string(graph)
+    g = model.graph
+    source = g.input[0].name
+    elem = g.input[0].type.tensor_type.elem_type
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    for node in g.node:
+        for i, name in enumerate(node.output):
+            if name == "repaired":
+                node.output[i] = "repaired_true"
+        for i, name in enumerate(node.input):
+            if name == "repaired":
+                node.input[i] = "repaired_true"
+    w = np.random.default_rng(0).standard_normal((SLOW_SIDE, SLOW_SIDE)) / np.sqrt(SLOW_SIDE)
+    g.initializer.extend([
+        numpy_helper.from_array(w.astype(dtype), "slow_w"),
+        numpy_helper.from_array(np.ones((SLOW_SIDE, SLOW_SIDE), dtype), "slow_ones"),
+        numpy_helper.from_array(np.array(SLOW_TRIPS, np.int64), "slow_trips"),
+        numpy_helper.from_array(np.array(True), "slow_cond"),
+        numpy_helper.from_array(np.array(0, dtype), "slow_zero"),
+    ])
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["slow_x", "slow_w"], ["slow_xw"]),
+         helper.make_node("Tanh", ["slow_xw"], ["slow_x_next"]),  # bounded: 0 * it is 0
+         helper.make_node("Identity", ["slow_cond_in"], ["slow_cond_out"])],
+        "slow_body",
+        [helper.make_tensor_value_info("slow_i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("slow_cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("slow_x", elem, None)],
+        [helper.make_tensor_value_info("slow_cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("slow_x_next", elem, None)])
+    g.node.extend([
+        helper.make_node("ReduceSum", [source], ["slow_sum"], keepdims=0),
+        helper.make_node("Tanh", ["slow_sum"], ["slow_seed"]),
+        helper.make_node("Mul", ["slow_ones", "slow_seed"], ["slow_x0"]),
+        helper.make_node("Loop", ["slow_trips", "slow_cond", "slow_x0"], ["slow_x_end"],
+                         body=body),
+        helper.make_node("ReduceSum", ["slow_x_end"], ["slow_total"], keepdims=0),
+        helper.make_node("Mul", ["slow_total", "slow_zero"], ["slow_nothing"]),
+        helper.make_node("Add", ["repaired_true", "slow_nothing"], ["repaired"]),
+    ])
+    onnx.checker.check_model(model, full_check=True)
+    return model.SerializeToString()
+
+
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:
     from flows.cli.main import main
 
@@ -324,3 +381,125 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
         assert f"breaks an invariant on row 2: input [{MAGIC:g}, " in logs[0].read_text()
         code, _, err = _cli(capsys, "rollout", "abort", "--model-name", MODEL)
         assert code == 1 and "no active rollout" in err
+
+
+def _two_versions(digits_file):
+    """v1 (VS, @champion) and v2 (TS, registered without promotion) of MODEL."""
+    from flows.recalibration.flow import recalibrate
+
+    first = recalibrate(data=str(digits_file), calibrator="vs", model_name=MODEL)
+    second = recalibrate(data=str(digits_file), calibrator="ts", model_name=MODEL,
+                         promote=False)
+    assert first.decision.promote and not second.decision.promote
+    return first.version, second.version
+
+
+def _check_answers(answers: list[dict], expected: dict[str, np.ndarray]) -> None:
+    """No request failed, and each answer is wholly the one of the version it names."""
+    assert answers and all(x["status"] == 200 for x in answers), \
+        [x for x in answers if x["status"] != 200][:3]
+    for x in answers:
+        assert x["header"] == x["named"] and x["named"] in expected, x
+        np.testing.assert_allclose(x["repaired"], expected[x["named"]], rtol=0, atol=1e-6)
+
+
+def test_a_slow_candidate_rolled_back_on_its_latency_budget(
+        store, prefect_harness, digits_file, digits, tmp_path, cord_ops_command, capsys):
+    """A candidate whose graph answers exactly as it should but spends tens of ms a run
+    in a useless loop answers canary callers (correctly) until it has its latency samples,
+    then is rolled back on the p99 budget; the champion answers everyone after that."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    v1, v2 = _two_versions(digits_file)
+    graph = _model_file(client, v2)
+    graph.write_bytes(_slow(graph.read_bytes()))
+    rows = digits.scores[:6]
+    expected = {v: _expected(v, rows) for v in (v1, v2)}  # v2's from its slow graph
+    port, log = free_port(), tmp_path / "serve.log"
+    url = f"http://127.0.0.1:{port}"
+    with _serve(cord_ops_command, port, log) as server:
+        wait_until_ready(f"{url}/health", server, log, timeout=60)
+        history_before = gate.read_history(client, MODEL)
+        with Traffic([url], [{"inputs": rows.tolist()}]) as during:
+            code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
+                                "--version", v2, "--mode", "canary", "--steps", "50",
+                                "--min-requests", "100000", "--min-seconds", "1",
+                                "--reason", "ts, slow graph")
+            assert code == 0, err
+            try:
+                ended = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
+                              != rollout.ACTIVE and r, 60, "rollback")
+            except AssertionError as exc:  # with what the server measured
+                raise AssertionError(f"{exc}: {httpx.get(f'{url}/rollout').json()}") from None
+        with Traffic([url], [{"inputs": rows.tolist()}]) as after:
+            time.sleep(1.0)
+    assert ended["state"] == rollout.ROLLED_BACK, ended
+    assert "p99 scoring time" in ended["outcome"], ended["outcome"]
+    assert "top-1" not in ended["outcome"] and "failed" not in ended["outcome"]
+    assert str(registry.champion_version(client, MODEL).version) == v1
+    assert gate.read_history(client, MODEL) == history_before
+    _check_answers(during.answers + after.answers, expected)
+    assert any(x["named"] == v2 for x in during.answers)  # it did answer, correctly
+    assert {x["named"] for x in after.answers} == {v1}
+
+
+def test_a_candidate_deleted_or_emptied_during_its_rollout_is_rolled_back(
+        store, prefect_harness, digits_file, digits, tmp_path, cord_ops_command, capsys):
+    """A candidate answering canary callers is deleted from the registry (then another has
+    its model files removed from the artifact store): the server, which holds it in memory
+    and could go on serving it, rolls the rollout back naming why; no request fails and
+    the champion does not move."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    from flows.recalibration.flow import recalibrate
+
+    client = MlflowClient()
+    v1, v2 = _two_versions(digits_file)
+    v3 = recalibrate(data=str(digits_file), calibrator="vs", model_name=MODEL,
+                     promote=False).version
+    rows = digits.scores[:6]
+    expected = {v: _expected(v, rows) for v in (v1, v2, v3)}  # before they go
+    port, log = free_port(), tmp_path / "serve.log"
+    url = f"http://127.0.0.1:{port}"
+    history_before = gate.read_history(client, MODEL)
+
+    def remove_files(version: str) -> None:
+        folder = Path(client.get_model_version_download_uri(MODEL, version)
+                      .removeprefix("file://"))
+        assert folder != Path(client.get_model_version_download_uri(MODEL, v1)
+                              .removeprefix("file://"))
+        shutil.rmtree(folder)
+
+    outcomes, answers = {}, []
+    with _serve(cord_ops_command, port, log) as server:
+        wait_until_ready(f"{url}/health", server, log, timeout=60)
+        for version, remove in ((v2, lambda v: client.delete_model_version(MODEL, v)),
+                                (v3, remove_files)):
+            with Traffic([url], [{"inputs": rows.tolist()}]) as during:
+                code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
+                                    "--version", version, "--mode", "canary", "--steps",
+                                    "50", "--min-requests", "100000", "--min-seconds", "1",
+                                    "--reason", "to be removed")
+                assert code == 0, err
+                _wait(lambda v=version: any(x.get("named") == v for x in list(during.answers)),
+                      60, f"v{version} answering canary rows")
+                remove(version)
+                ended = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
+                              != rollout.ACTIVE and r, 30, f"rollback of v{version}")
+            with Traffic([url], [{"inputs": rows.tolist()}]) as after:
+                time.sleep(1.0)
+            assert ended["state"] == rollout.ROLLED_BACK, ended
+            assert {x["named"] for x in after.answers} == {v1}
+            outcomes[version] = ended["outcome"]
+            answers += during.answers + after.answers
+    assert outcomes[v2] == f"candidate v{v2} was deleted from the registry during the rollout"
+    assert outcomes[v3].startswith(f"candidate v{v3}'s model files are gone from the "
+                                   "artifact store"), outcomes[v3]
+    _check_answers(answers, expected)
+    assert str(registry.champion_version(client, MODEL).version) == v1
+    assert gate.read_history(client, MODEL) == history_before
+    assert rollout.CHALLENGER not in client.get_registered_model(MODEL).aliases
+    assert "registry poll failed" not in log.read_text()
