@@ -104,6 +104,22 @@ _GATE_REPAIRED = ("metrics.nll validates with check_scores, which converts to fl
                   "itself; a graph's 'repaired' output is float32 or float64, both converted "
                   "exactly")
 
+# Reasons shared by several of cord_ops/calibrators/temperature.py's equivalent survivors.
+_TS_PREDICT = ("softmax's overwrite only says whether it may compute in its argument, here "
+               "the fresh product beta_ * logits, which nothing else holds: same values bit "
+               "for bit (softmax's docstring)")
+_TS_NAME = ("name=self.name passes 'ts', which is also the parameter's default, and no "
+            "calibrator subclasses TemperatureScaling")
+_TS_SCIPY_METHOD = ("scipy's minimize_scalar lower-cases the method name, and with bounds "
+                    "given and no method it chooses 'bounded' itself")
+_TS_MSE_MAXITER = ("bounded Brent to xatol 1e-10 on [0.05, 5] stops after about 60 steps, "
+                   "far below either cap")
+_TS_MSE_SCALE = ("bounded Brent only compares values and fits parabolas through them, both "
+                 "unchanged by a positive factor (n K) on the objective")
+_TS_EINSUM = "einsum subscripts are letters: upper case names the same axes"
+_TS_GRID_END = ("without the grid point 16 the best point is at most 15.75, whose window "
+                "min(15.75 + 0.25, 16) still reaches 16: the same bounded search")
+
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
 ACCEPTED: dict[str, str] = {
     # cord_ops/cord.py: the screen is an optimisation; the exact mean decides the same way
@@ -142,6 +158,34 @@ ACCEPTED: dict[str, str] = {
         'a zero slope at lo moves it to hi, which the exact-zero return gives back: same beta',
     'cord_ops/calibrators/temperature.py::solve_inverse_temperature::flat_top = g_hi == 0.0 and h_hi == 0.0 and hi > 1.0 -> flat_top = g_hi == 0.0 and h_hi == 0.0 and hi > 2.0':  # noqa: E501 - a key is one source line
         'hi is a power of 4 here: never in (1, 2]',
+    'cord_ops/calibrators/temperature.py::TemperatureScaling._predict::return softmax(self.beta_ * self._logits(x), overwrite=True) -> return softmax(self.beta_ * self._logits(x), overwrite=None)':  # noqa: E501 - a key is one source line
+        _TS_PREDICT,
+    'cord_ops/calibrators/temperature.py::TemperatureScaling._predict::return softmax(self.beta_ * self._logits(x), overwrite=True) -> return softmax(self.beta_ * self._logits(x), )':  # noqa: E501 - a key is one source line
+        _TS_PREDICT,
+    'cord_ops/calibrators/temperature.py::TemperatureScaling._predict::return softmax(self.beta_ * self._logits(x), overwrite=True) -> return softmax(self.beta_ * self._logits(x), overwrite=False)':  # noqa: E501 - a key is one source line
+        _TS_PREDICT,
+    'cord_ops/calibrators/temperature.py::TemperatureScaling._fit::name=self.name)) -> ))':  # noqa: E501 - a key is one source line
+        _TS_NAME,
+    'cord_ops/calibrators/temperature.py::bounded_refit::found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method="bounded", -> found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method=None,':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::bounded_refit::found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method="bounded", -> found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method="BOUNDED",':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::bounded_refit::found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method="bounded", | bounds=(max(best - 0.25, -16.0), min(best + 0.25, 16.0)), -> found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), bounds=(max(best - 0.25, -16.0), min(best + 0.25, 16.0)),':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::t = minimize_scalar(mse, bounds=(lo, hi), method="bounded", -> t = minimize_scalar(mse, bounds=(lo, hi), method=None,':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::t = minimize_scalar(mse, bounds=(lo, hi), method="bounded", -> t = minimize_scalar(mse, bounds=(lo, hi), method="BOUNDED",':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::t = minimize_scalar(mse, bounds=(lo, hi), method="bounded", | options={"xatol": 1e-10, "maxiter": 500}).x -> t = minimize_scalar(mse, bounds=(lo, hi), options={"xatol": 1e-10, "maxiter": 500}).x':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::options={"xatol": 1e-10, "maxiter": 500}).x -> options={"xatol": 1e-10, "maxiter": 501}).x':  # noqa: E501 - a key is one source line
+        _TS_MSE_MAXITER,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::return float(np.einsum("ij,ij->", q, q)) / q.size -> return float(np.einsum("ij,ij->", q, q)) * q.size':  # noqa: E501 - a key is one source line
+        _TS_MSE_SCALE,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::return float(np.einsum("ij,ij->", q, q)) / q.size -> return float(np.einsum("IJ,IJ->", q, q)) / q.size':  # noqa: E501 - a key is one source line
+        _TS_EINSUM,
+    'cord_ops/calibrators/temperature.py::bounded_refit::grid = np.arange(-16.0, 16.0 + 1e-9, 0.25) -> grid = np.arange(-16.0, 16.0 - 1e-9, 0.25)':  # noqa: E501 - a key is one source line
+        _TS_GRID_END,
     # onnx_export/repair.py: the float32 skip of c1 is an optimisation of a product by 1
     "onnx_export/repair.py::build_repair::unit_c1 = gb.dtype == np.float32 -> "
     "unit_c1 = None":

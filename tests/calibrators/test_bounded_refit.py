@@ -129,3 +129,43 @@ def test_the_refit_stays_inside_the_beta_bounds_at_both_ends():
     z = np.array([[0.0, -1e-6]] * 100 + [[-1000.0, 0.0]])
     high = temperature.bounded_refit(z, np.array([0] * 101), 1.0)
     assert 16.0 - 1e-6 < math.log(high) <= 16.0
+
+
+def test_the_refit_searches_between_the_grid_points():
+    # a margin of ln(9) / sqrt(e) puts the minimiser at beta = sqrt(e), log beta = 0.5:
+    # midway between two points of a grid by 1 (a coarser grid's window of +-0.25 around
+    # its best point would miss it), on the 0.25 grid itself
+    d = math.log(9.0) / math.exp(0.5)
+    z = np.array([[0.0, -d]] * 1000 + [[-40.0, 0.0]])
+    y = np.array([0] * 900 + [1] * 100 + [0])
+    assert temperature.bounded_refit(z, y, 0.5) == pytest.approx(1.6487212707001282, rel=1e-7)
+
+
+def test_the_floor_rule_counts_every_class_of_the_row():
+    # label logit 35.5 below two classes at 0: log-probability -35.5 - ln 2 = -36.19, at the
+    # floor (without the log-sum over the classes it would be -35.5, above it); the third
+    # class of the other rows (50 nats down) moves their optimum by ~1e-24 only
+    z = np.array([[0.0, -2.0, -50.0]] * 1000 + [[-35.5, 0.0, 0.0]])
+    y = np.array([0] * 900 + [1] * 100 + [0])
+    assert temperature.bounded_refit(z, y, 0.5) == pytest.approx(GROUP_BETA, rel=1e-7)
+
+
+# ---------------------------------------------------------------- the MSE fit of IROvA-TS
+def test_the_mse_fit_has_the_closed_form_minimiser_and_stops_at_its_bound():
+    # 9 of 10 rows (0, -2) labelled 0: the squared error p (1 - s)^2 + (1 - p) s^2 with
+    # s = sigmoid(2 / T) is least at s = p = 0.9, i.e. 1 / T = ln(9) / 2
+    z, y = _group(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an unknown solver option would warn
+        assert temperature.fit_inverse_temperature_mse(np.array(z), np.array(y)) == \
+            pytest.approx(GROUP_BETA, rel=1e-8)
+        # a margin of 0.01 wants T = 0.01 / ln 9 = 0.0046, below the bound 0.05: 1 / 0.05
+        flat = np.array([[0.0, -0.01]] * 10)
+        assert temperature.fit_inverse_temperature_mse(flat, np.array(y)) == \
+            pytest.approx(20.0, rel=1e-6)
+
+
+def test_ts_options_keep_their_documented_defaults_and_given_floor():
+    assert temperature.TemperatureScaling().max_iter == 100
+    ts = temperature.TemperatureScaling(input_kind="probs", prob_floor=1e-6)
+    assert (ts.input_kind, ts.prob_floor) == ("probs", 1e-6)
