@@ -56,6 +56,7 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py"],
     "cord_ops/calibrators/temperature.py": [
         "tests/calibrators/test_closed_forms.py", "tests/core/test_mutation_gaps.py",
+        "tests/calibrators/test_bounded_refit.py",
         # it checks the warning's stack level, which mutmut's trampoline frame shifts
         "--deselect=tests/core/test_mutation_gaps.py::test_the_bound_warning_points_at_the_caller_of_fit"],  # noqa: E501
     "cord_ops/validation.py": ["tests/calibrators/test_bad_input.py",
@@ -91,6 +92,33 @@ MODULES: dict[str, list[str]] = {
             "test_float32_rows_are_renormalised_before_scoring",
             "test_a_float32_graph_gets_the_stored_order_of_a_renormalised_near_tie")],
 }
+
+# Reasons shared by several of flows/promotion/gate.py's equivalent survivors below.
+_GATE_COUNTS = ("label counts are integer tuples (label_counts, Evidence); numpy's true "
+                "division turns an integer array into float64 exactly as the explicit "
+                "dtype does (counts are far below 2**53)")
+_GATE_TIMELINE = ("unconfirmed is False only before the first row, when timeline is still "
+                  "empty; from the second row on it is True, so `timeline and ...` decides "
+                  "alone")
+_GATE_REPAIRED = ("metrics.nll validates with check_scores, which converts to float64 "
+                  "itself; a graph's 'repaired' output is float32 or float64, both converted "
+                  "exactly")
+
+# Reasons shared by several of cord_ops/calibrators/temperature.py's equivalent survivors.
+_TS_PREDICT = ("softmax's overwrite only says whether it may compute in its argument, here "
+               "the fresh product beta_ * logits, which nothing else holds: same values bit "
+               "for bit (softmax's docstring)")
+_TS_NAME = ("name=self.name passes 'ts', which is also the parameter's default, and no "
+            "calibrator subclasses TemperatureScaling")
+_TS_SCIPY_METHOD = ("scipy's minimize_scalar lower-cases the method name, and with bounds "
+                    "given and no method it chooses 'bounded' itself")
+_TS_MSE_MAXITER = ("bounded Brent to xatol 1e-10 on [0.05, 5] stops after about 60 steps, "
+                   "far below either cap")
+_TS_MSE_SCALE = ("bounded Brent only compares values and fits parabolas through them, both "
+                 "unchanged by a positive factor (n K) on the objective")
+_TS_EINSUM = "einsum subscripts are letters: upper case names the same axes"
+_TS_GRID_END = ("without the grid point 16 the best point is at most 15.75, whose window "
+                "min(15.75 + 0.25, 16) still reaches 16: the same bounded search")
 
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
 ACCEPTED: dict[str, str] = {
@@ -130,6 +158,34 @@ ACCEPTED: dict[str, str] = {
         'a zero slope at lo moves it to hi, which the exact-zero return gives back: same beta',
     'cord_ops/calibrators/temperature.py::solve_inverse_temperature::flat_top = g_hi == 0.0 and h_hi == 0.0 and hi > 1.0 -> flat_top = g_hi == 0.0 and h_hi == 0.0 and hi > 2.0':  # noqa: E501 - a key is one source line
         'hi is a power of 4 here: never in (1, 2]',
+    'cord_ops/calibrators/temperature.py::TemperatureScaling._predict::return softmax(self.beta_ * self._logits(x), overwrite=True) -> return softmax(self.beta_ * self._logits(x), overwrite=None)':  # noqa: E501 - a key is one source line
+        _TS_PREDICT,
+    'cord_ops/calibrators/temperature.py::TemperatureScaling._predict::return softmax(self.beta_ * self._logits(x), overwrite=True) -> return softmax(self.beta_ * self._logits(x), )':  # noqa: E501 - a key is one source line
+        _TS_PREDICT,
+    'cord_ops/calibrators/temperature.py::TemperatureScaling._predict::return softmax(self.beta_ * self._logits(x), overwrite=True) -> return softmax(self.beta_ * self._logits(x), overwrite=False)':  # noqa: E501 - a key is one source line
+        _TS_PREDICT,
+    'cord_ops/calibrators/temperature.py::TemperatureScaling._fit::name=self.name)) -> ))':  # noqa: E501 - a key is one source line
+        _TS_NAME,
+    'cord_ops/calibrators/temperature.py::bounded_refit::found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method="bounded", -> found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method=None,':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::bounded_refit::found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method="bounded", -> found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method="BOUNDED",':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::bounded_refit::found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), method="bounded", | bounds=(max(best - 0.25, -16.0), min(best + 0.25, 16.0)), -> found = minimize_scalar(lambda t: reported_nll(z, y, math.exp(t)), bounds=(max(best - 0.25, -16.0), min(best + 0.25, 16.0)),':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::t = minimize_scalar(mse, bounds=(lo, hi), method="bounded", -> t = minimize_scalar(mse, bounds=(lo, hi), method=None,':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::t = minimize_scalar(mse, bounds=(lo, hi), method="bounded", -> t = minimize_scalar(mse, bounds=(lo, hi), method="BOUNDED",':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::t = minimize_scalar(mse, bounds=(lo, hi), method="bounded", | options={"xatol": 1e-10, "maxiter": 500}).x -> t = minimize_scalar(mse, bounds=(lo, hi), options={"xatol": 1e-10, "maxiter": 500}).x':  # noqa: E501 - a key is one source line
+        _TS_SCIPY_METHOD,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::options={"xatol": 1e-10, "maxiter": 500}).x -> options={"xatol": 1e-10, "maxiter": 501}).x':  # noqa: E501 - a key is one source line
+        _TS_MSE_MAXITER,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::return float(np.einsum("ij,ij->", q, q)) / q.size -> return float(np.einsum("ij,ij->", q, q)) * q.size':  # noqa: E501 - a key is one source line
+        _TS_MSE_SCALE,
+    'cord_ops/calibrators/temperature.py::fit_inverse_temperature_mse::return float(np.einsum("ij,ij->", q, q)) / q.size -> return float(np.einsum("IJ,IJ->", q, q)) / q.size':  # noqa: E501 - a key is one source line
+        _TS_EINSUM,
+    'cord_ops/calibrators/temperature.py::bounded_refit::grid = np.arange(-16.0, 16.0 + 1e-9, 0.25) -> grid = np.arange(-16.0, 16.0 - 1e-9, 0.25)':  # noqa: E501 - a key is one source line
+        _TS_GRID_END,
     # onnx_export/repair.py: the float32 skip of c1 is an optimisation of a product by 1
     "onnx_export/repair.py::build_repair::unit_c1 = gb.dtype == np.float32 -> "
     "unit_c1 = None":
@@ -152,6 +208,33 @@ ACCEPTED: dict[str, str] = {
         '|x| without |y|',
     'onnx_export/repair.py::interior_response::gb.const(np.finfo(gb.dtype).tiny), hint="hypot_scale") -> hint="hypot_scale")':  # noqa: E501 - a key is one source line
         "as for the floor's other mutants: max(|x|, |y|) > 0 here without it",
+    # flows/promotion/gate.py
+    'flows/promotion/gate.py::tv_distance::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, dtype=None)':  # noqa: E501 - a key is one source line
+        _GATE_COUNTS,
+    'flows/promotion/gate.py::tv_distance::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, )':  # noqa: E501 - a key is one source line
+        _GATE_COUNTS,
+    'flows/promotion/gate.py::tv_distance::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, dtype=None)':  # noqa: E501 - a key is one source line
+        _GATE_COUNTS,
+    'flows/promotion/gate.py::tv_distance::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, )':  # noqa: E501 - a key is one source line
+        _GATE_COUNTS,
+    'flows/promotion/gate.py::sampling_tv::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, dtype=None)':  # noqa: E501 - a key is one source line
+        _GATE_COUNTS,
+    'flows/promotion/gate.py::sampling_tv::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, )':  # noqa: E501 - a key is one source line
+        _GATE_COUNTS,
+    'flows/promotion/gate.py::sampling_tv::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, dtype=None)':  # noqa: E501 - a key is one source line
+        _GATE_COUNTS,
+    'flows/promotion/gate.py::sampling_tv::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, )':  # noqa: E501 - a key is one source line
+        _GATE_COUNTS,
+    'flows/promotion/gate.py::champion_timeline::if unconfirmed and timeline and timeline[-1] != before: -> if unconfirmed or timeline and timeline[-1] != before:':  # noqa: E501 - a key is one source line
+        _GATE_TIMELINE,
+    'flows/promotion/gate.py::champion_timeline::unconfirmed = False # the last entry came from a row no later row confirmed yet -> unconfirmed = None # the last entry came from a row no later row confirmed yet':  # noqa: E501 - a key is one source line
+        _GATE_TIMELINE,
+    'flows/promotion/gate.py::champion_timeline::unconfirmed = False # the last entry came from a row no later row confirmed yet -> unconfirmed = True # the last entry came from a row no later row confirmed yet':  # noqa: E501 - a key is one source line
+        _GATE_TIMELINE,
+    'flows/promotion/gate.py::score_champion::repaired = np.asarray(outputs["repaired"], dtype=np.float64) -> repaired = np.asarray(outputs["repaired"], dtype=None)':  # noqa: E501 - a key is one source line
+        _GATE_REPAIRED,
+    'flows/promotion/gate.py::score_champion::repaired = np.asarray(outputs["repaired"], dtype=np.float64) -> repaired = np.asarray(outputs["repaired"], )':  # noqa: E501 - a key is one source line
+        _GATE_REPAIRED,
     # flows/registry/journal.py
     'flows/registry/journal.py::record::error: OSError | None = None -> error: OSError | None = ""':
         "folders() is never empty, so error is always reassigned before the raise",

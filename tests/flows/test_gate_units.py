@@ -7,6 +7,7 @@ error and health texts, and the message words of every gate outcome."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -231,3 +232,181 @@ def test_reference_rules_on_each_tolerance_just_inside_and_outside():
     # On the own split the same 2 % would be harm: 1e-6 there.
     assert _decide(0.51, uncalibrated_nll=0.5).harms
     assert not _decide(0.5000004, uncalibrated_nll=0.5).harms
+
+
+def test_the_tie_word_covers_the_tolerance_boundary_itself():
+    # allowed_nll(1.0) = 1.0 + 1e-6 * 1.0 = 1.000001 exactly in float64: still a tie
+    champ = gate.ChampionScore("2", 1.0)
+    assert "ties champion v2's" in _decide(1.000001, champion=champ, uncalibrated_nll=2.0).reason
+    assert "is worse than champion v2's" in _decide(1.0000011, champion=champ,
+                                                    uncalibrated_nll=2.0).reason
+
+
+def test_the_decision_carries_the_reference_it_was_given():
+    ref = gate.ReferenceScore("2", 0.3, 0.31, uncalibrated_nll=0.4)
+    assert _decide(champion=gate.ChampionScore("2", 0.6), reference=ref).reference is ref
+    assert _decide().reference is None
+
+
+def test_champion_error_without_a_candidate_ends_at_the_fix():
+    assert str(gate.ChampionUnhealthyError("m", "1", "p")) == (
+        "champion v1 of 'm' cannot be scored (p); fix with `cord-ops promote --model-name m "
+        "--version N --reason TEXT` or `cord-ops rollback --model-name m`")
+
+
+def test_label_shift_rule_at_its_edges():
+    policy = gate.Policy.for_classes(2)
+    # One reference row, or one evaluation row, is a split: TV 1 against the other side
+    # (100, 0) / (0, 1): pooled (100/101, 1/101), spread sqrt(100/101^2 * 1.01) = 0.0995
+    # per class, allowance 0.2 + 0.5 * sqrt(2 / pi) * 0.199 = 0.279
+    one_ref = gate.evidence_problems(gate.Evidence((50, 50), (100, 0), (0, 1)), policy)
+    assert "evaluation labels are far from the champion's reference split (total " \
+        "variation 1.000 > 0.279)" in one_ref
+    one_eval = gate.evidence_problems(gate.Evidence((50, 50), (1, 0), (0, 100)), policy)
+    assert "evaluation labels are far from the champion's reference split (total " \
+        "variation 1.000 > 0.279)" in one_eval
+    # A shift exactly at the allowance passes: identical one-class splits have TV 0 and
+    # no sampling allowance, so with max_label_shift 0 the shift equals what is allowed.
+    exact = gate.Policy.for_classes(2, max_label_shift=0.0, max_class_share=1.0)
+    assert gate.evidence_problems(gate.Evidence((100, 0), (100, 0), (100, 0)), exact) == []
+
+
+def test_an_empty_split_skips_the_label_shift_rule_without_dividing_by_zero():
+    policy = gate.Policy.for_classes(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 0 / 0 in the TV arithmetic would warn
+        assert gate.evidence_problems(gate.Evidence((50, 50), (50, 50), (0, 0)), policy) == []
+        assert gate.evidence_problems(gate.Evidence((50, 50), (0, 0), (50, 50)),
+                                      policy) == ["evaluation split has 0 rows "
+                                                  "(< 100 needed for K=2)"]
+
+
+# ---------------------------------------------------------------- registry side, stubbed
+# The MLflow client and the model runner are collaborators: a stand-in client answers the
+# two reads score_champion / champion_reference make, and the runner is replaced, so these
+# tests pin what the gate does with the answers (the real store is tests/flows/
+# test_gate_store.py).
+class _Version:
+    def __init__(self, tags: dict, run_id: str = "run-7"):
+        self.tags, self.run_id = tags, run_id
+
+
+class _Client:
+    def __init__(self, version_tags: dict | None = None, model_tags: dict | None = None):
+        self.version_tags = version_tags or {}
+        self.model_tags = dict(model_tags or {})
+        self.writes: list[tuple] = []
+        self.asked: list[tuple] = []
+
+    def get_model_version(self, name, version):
+        self.asked.append((name, version))
+        return _Version(self.version_tags)
+
+    def get_registered_model(self, name):
+        return _Version(self.model_tags)
+
+    def set_registered_model_tag(self, name, key, value):
+        self.writes.append((name, key, value))
+        self.model_tags[key] = value
+
+
+SCORES = np.full((4, 3), 1 / 3)
+LABELS = np.array([0, 1, 2, 0])
+# rows that give label 0 one half and labels 1, 2 one quarter: NLL (ln 2 + 2 ln 4 + ln 2)/4
+HALF_QUARTER = np.array([[0.5, 0.25, 0.25]] * 4, dtype=np.float32)
+HALF_QUARTER_NLL = 1.0397207708399179  # 1.5 ln 2
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    """Replace the model runner: returns what ``runner.outputs`` holds (or raises
+    ``runner.error``) and records the arguments it was called with."""
+    class Runner:
+        outputs: dict = {"repaired": HALF_QUARTER}
+        error: Exception | None = None
+        calls: list = []
+
+        def __call__(self, client, uri, scores):
+            self.calls.append((client, uri, scores))
+            if self.error is not None:
+                raise self.error
+            return self.outputs
+
+    fake = Runner()
+    fake.calls = []
+    monkeypatch.setattr(gate.registry, "run_registered_model", fake)
+    return fake
+
+
+# registered with the input-kind tag of this split, or without one (then it is tried)
+@pytest.mark.parametrize("tags", [{gate.registry.INPUT_KIND_TAG: "probs"}, {}])
+def test_a_champion_that_runs_is_scored_by_its_nll_on_the_split(runner, tags):
+    client = _Client(tags)
+    score = gate.score_champion(client, "m", "3", SCORES, LABELS, "probs")
+    assert score == gate.ChampionScore("3", pytest.approx(HALF_QUARTER_NLL, rel=1e-12), None)
+    assert score.version == "3" and score.problem is None
+    ((used_client, uri, scores),) = runner.calls
+    assert used_client is client and uri == "models:/m/3" and scores is SCORES
+    assert client.asked == [("m", "3")]
+
+
+def test_a_champion_output_of_the_wrong_shape_is_a_problem(runner):
+    client = _Client()
+    runner.outputs = {"repaired": HALF_QUARTER[:2]}
+    assert gate.score_champion(client, "m", "3", SCORES, LABELS, "probs") == gate.ChampionScore(
+        "3", None, "ValueError: 'repaired' has shape (2, 3), expected (4, 3)")
+    runner.outputs = {"repaired": np.full((4, 2), 0.5)}
+    assert gate.score_champion(client, "m", "3", SCORES, LABELS, "probs") == gate.ChampionScore(
+        "3", None, "ValueError: 'repaired' has shape (4, 2), expected (4, 3)")
+    runner.outputs = {"calibrated": HALF_QUARTER}
+    assert gate.score_champion(client, "m", "3", SCORES, LABELS, "probs") == gate.ChampionScore(
+        "3", None, "KeyError: 'repaired'")
+
+
+def test_a_champion_that_fails_to_run_is_a_problem_cut_to_1000_characters(runner):
+    runner.error = RuntimeError("x" * 2000)
+    score = gate.score_champion(_Client(), "m", "3", SCORES, LABELS, "probs")
+    assert score.version == "3" and score.nll is None
+    assert score.problem == "RuntimeError: " + "x" * 986
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_a_champion_nll_that_is_not_finite_is_a_problem(runner, monkeypatch, value):
+    # metrics.nll floors the true-class probability, so this guard is reached only if
+    # that ever changes; pinned here with nll itself replaced
+    monkeypatch.setattr(gate.metrics, "nll", lambda probs, labels: value)
+    assert gate.score_champion(_Client(), "m", "3", SCORES, LABELS, "probs") == \
+        gate.ChampionScore("3", None, f"its NLL on this split is {value!r}")
+
+
+class _Split:
+    def __init__(self, n_classes, input_kind):
+        self.n_classes, self.input_kind = n_classes, input_kind
+
+
+@pytest.mark.parametrize("k, kind, why", [
+    (3, "probs", None),
+    (4, "probs", "incompatible: it holds 3 classes of probs, the candidate reads 4 of probs"),
+    (3, "logits", "incompatible: it holds 3 classes of probs, the candidate reads 3 of "
+                  "logits"),
+    (4, "logits", "incompatible: it holds 3 classes of probs, the candidate reads 4 of "
+                  "logits")])
+def test_the_champion_reference_split_is_used_only_when_compatible(monkeypatch, k, kind, why):
+    split = _Split(3, "probs")
+    asked = []
+    monkeypatch.setattr(gate.reference, "load_reference_split",
+                        lambda client, run_id: asked.append((client, run_id)) or split)
+    client = _Client()
+    found, problem = gate.champion_reference(client, "m", "3", k, kind)
+    assert (found, problem) == ((split, None) if why is None else (None, why))
+    assert asked == [(client, "run-7")] and client.asked == [("m", "3")]
+
+
+def test_the_health_tag_is_written_only_when_it_changes():
+    client = _Client(model_tags={gate.HEALTH_TAG: "ok"})
+    gate.record_health(client, "m", "3", None)
+    assert client.writes == []
+    gate.record_health(client, "m", "3", "graph missing")
+    assert client.writes == [("m", gate.HEALTH_TAG, "v3 cannot be scored: graph missing")]
+    gate.record_health(client, "m", "3", "graph missing")
+    assert len(client.writes) == 1

@@ -231,3 +231,62 @@ def test_heartbeat_waits_one_period_before_the_first_beat():
         time.sleep(0.1)
     assert tags.calls == []
     assert owner.HEARTBEAT_EVERY == owner.STALE_AFTER / 5
+
+
+# ---------------------------------------------------------------- the command's marker
+def test_mark_command_marks_this_process_unless_told_to_keep_a_given_marker(monkeypatch):
+    mine = str(os.getpid())
+    monkeypatch.setenv(owner.OWNER_ENV, "4242")
+    assert owner.mark_command() == mine and os.environ[owner.OWNER_ENV] == mine
+    monkeypatch.setenv(owner.OWNER_ENV, "4242")
+    assert owner.mark_command(keep=True) == "4242" and os.environ[owner.OWNER_ENV] == "4242"
+    monkeypatch.delenv(owner.OWNER_ENV)
+    assert owner.mark_command(keep=True) == mine and os.environ[owner.OWNER_ENV] == mine
+
+
+def test_a_detached_environment_drops_only_the_marker():
+    environ = {owner.OWNER_ENV: "4242", "PATH": "/bin", "HOME": "/root"}
+    assert owner.detached_environment(environ) == {"PATH": "/bin", "HOME": "/root"}
+    assert environ[owner.OWNER_ENV] == "4242"  # the argument is left as it was
+    assert owner.detached_environment({"PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+def test_the_watchdog_kills_what_carries_the_marker_once_the_command_ends(tmp_path,
+                                                                         monkeypatch):
+    """In-process (so the watchdog started is this module's): the write end returned is
+    "the command"; closing it is its end. A sleeper carrying the marker must die, a
+    PYTHONPATH that would break the watchdog's imports must not reach it (``-I``), and it
+    must hold none of the command's output pipes, carry no marker itself and run in a
+    session of its own (a SIGKILL to the command's group must not take it along)."""
+    broken = tmp_path / "shadow"
+    broken.mkdir()
+    (broken / "psutil.py").write_text("raise ImportError('shadowed psutil')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken))
+    marker = f"test-watchdog-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv(owner.OWNER_ENV, marker)  # as mark_command leaves it
+    before = {p.pid for p in psutil.Process().children()}
+    write_end = owner.watch_command(marker)
+    (watchdog,) = [p for p in psutil.Process().children() if p.pid not in before]
+    sleeper = None
+    try:
+        assert os.readlink(f"/proc/{watchdog.pid}/fd/1") == "/dev/null"
+        assert os.readlink(f"/proc/{watchdog.pid}/fd/2") == "/dev/null"
+        assert os.getsid(watchdog.pid) == watchdog.pid
+        assert owner.OWNER_ENV not in watchdog.environ()
+        # started well after the watchdog: one that saw end of file at once (the wrong
+        # stdin) has looked and gone by then
+        time.sleep(1.5)
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                   env={**os.environ, owner.OWNER_ENV: marker,
+                                        "PYTHONPATH": ""})
+        time.sleep(0.3)
+        assert sleeper.poll() is None  # nothing is killed while the command runs
+        os.close(write_end)
+        assert sleeper.wait(timeout=5) == -9
+        watchdog.wait(timeout=5)
+    finally:
+        if sleeper is not None and sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+        if watchdog.is_running():
+            watchdog.kill()

@@ -10,6 +10,7 @@ and unreachable-store checks run the installed ``cord-ops`` script itself.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -406,17 +407,26 @@ def test_disk_full_mid_run_records_the_failure_and_registers_nothing(
     (line,) = _error_lines(text)
     assert "No space left on device" in line or "disk is full" in line, line
     uri = f"sqlite:///{store / 'mlflow.db'}"
-    # With the disk full the store may still take the failure record (SQLite commits into
-    # pages it already has) or not; then the journal took it, and the line says where.
-    journaled = [*(cache / "cord-ops").rglob("*.json"), *store.glob(".cord-journal/*.json")]
-    assert len(journaled) == (1 if "journaled to" in line else 0), (line, journaled)
-    assert all(f"journaled to {path} " in line for path in journaled), line
+    # The fault fills the tmpfs to its last block, so the store cannot take the failure
+    # record (SQLite has no room for its rollback journal) and neither can the journal
+    # folder beside it: the record goes to the fallback under XDG_CACHE_HOME, in the
+    # folder named by the URI's hash, and the line says so.
+    fallback = cache / "cord-ops" / "journal" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    (journaled,) = fallback.glob("*.json")
+    assert f"journaled to {journaled} " in line, line
+    assert not list(store.glob(".cord-journal/*")), "the full disk took a journal file"
+    entry = json.loads(journaled.read_text())
+    assert (entry["kind"], entry["status"], entry["tracking_uri"]) == ("run_failed", "FAILED", uri)
+    assert "No space left on device" in entry["error"], entry
     filler.unlink()  # the operator frees space; the next command replays any journal
 
     (codes,) = launch([[_spec(_recalibrate(digits_file, "ts"), tmpfs,
                               tmp_path / "after.log")]], env, tmp_path)
 
-    assert codes == [0], (tmp_path / "after.log").read_text()[-3000:]
+    after = (tmp_path / "after.log").read_text()
+    assert codes == [0], after[-3000:]
+    assert f"recorded a failure journaled while the store was down: {journaled}" in after, \
+        after[-3000:]
     assert integrity(store / "mlflow.db") == "ok"
     versions, _ = assert_registry_sound(uri)
     assert len(versions) == 1
