@@ -102,6 +102,18 @@ def _model_file(client, version: str) -> Path:
     return Path(location.removeprefix("file://")) / "artifacts" / "model.onnx"
 
 
+def _rename_repaired(g) -> None:
+    """Rename graph ``g``'s ``repaired`` to ``repaired_true``, so an added node can produce
+    ``repaired`` from it."""
+    for node in g.node:
+        for i, name in enumerate(node.output):
+            if name == "repaired":
+                node.output[i] = "repaired_true"
+        for i, name in enumerate(node.input):
+            if name == "repaired":
+                node.input[i] = "repaired_true"
+
+
 def _disagreeing(graph: bytes) -> bytes:
     """``graph`` changed so that a row whose first input is MAGIC gets its repaired row
     reversed (its top-1 moves, its label does not); every other row is untouched, so the
@@ -113,13 +125,7 @@ def _disagreeing(graph: bytes) -> bytes:
     g = model.graph
     source = g.input[0].name
     elem = g.input[0].type.tensor_type.elem_type
-    for node in g.node:
-        for i, name in enumerate(node.output):
-            if name == "repaired":
-                node.output[i] = "repaired_true"
-        for i, name in enumerate(node.input):
-            if name == "repaired":
-                node.input[i] = "repaired_true"
+    _rename_repaired(g)
     g.initializer.extend([
         helper.make_tensor("magic_col", TensorProto.INT64, [], [0]),
         helper.make_tensor("magic_value", elem, [], [MAGIC]),
@@ -159,13 +165,7 @@ def _slow(graph: bytes) -> bytes:
     source = g.input[0].name
     elem = g.input[0].type.tensor_type.elem_type
     dtype = helper.tensor_dtype_to_np_dtype(elem)
-    for node in g.node:
-        for i, name in enumerate(node.output):
-            if name == "repaired":
-                node.output[i] = "repaired_true"
-        for i, name in enumerate(node.input):
-            if name == "repaired":
-                node.input[i] = "repaired_true"
+    _rename_repaired(g)
     w = np.random.default_rng(0).standard_normal((SLOW_SIDE, SLOW_SIDE)) / np.sqrt(SLOW_SIDE)
     g.initializer.extend([
         numpy_helper.from_array(w.astype(dtype), "slow_w"),
