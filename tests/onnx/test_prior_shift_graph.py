@@ -180,3 +180,32 @@ def test_a_row_the_weights_send_to_zero_is_kept_as_it_was():
     assert np.array_equal(got["repaired"].argmax(1), rows.argmax(1))
     # the dead row kept its mass on class 1 (a plain division would give NaN)
     assert np.isfinite(got["repaired"]).all() and got["repaired"][0].argmax() == 1
+
+
+def test_a_binary_champion_of_one_score_column_gives_a_candidate_of_one_column_too():
+    """A binary classifier's file of P(class 1) alone, with exact 0, 1, 0.5 and float32 values:
+    the candidate takes the one column as the champion does, answers as for the two-column
+    rows, and keeps every decision."""
+    rng = np.random.default_rng(3)
+    p1 = rng.beta(0.7, 0.7, 200).astype(np.float32)
+    p1[:10], p1[10:20], p1[20:25] = 0.0, 1.0, 0.5  # exact ends and ties at the top
+    labels = (rng.random(200) < p1).astype(np.int64)
+    labels[:2] = [0, 1]
+    two = np.stack([1 - p1, p1], axis=1).astype(np.float64)
+    champion = _champion(two, labels, "probs", "ts", "float32")
+    out = _run(champion, p1[:, None], "float32")
+    original, repaired = out["original"].astype(np.float64), out["repaired"].astype(np.float64)
+    fitted = PriorShiftRepair().fit(original, repaired, np.array([0.5, 0.5]),
+                                    np.array([0.8, 0.2]))
+    candidate = export_prior_shift(champion, fitted, np.array([0.5, 0.5]), "3")
+
+    one_column = _run(candidate, p1[:, None], "float32")
+    two_columns = _run(candidate, two, "float32")
+    np.testing.assert_array_equal(one_column["repaired"], two_columns["repaired"])
+    assert one_column["repaired"].shape == (200, 2)
+    expected = fitted.transform(original, repaired)
+    assert np.abs(one_column["repaired"] - expected).max() <= FIXED_PARITY_TOLERANCE["float32"]
+    assert np.array_equal(one_column["label"], out["label"])
+    # 0.8 / 0.2 priors pull mass to class 0; rows the classifier gave class 1 keep it.
+    assert np.array_equal(np.argmax(one_column["repaired"], axis=1), out["label"])
+    assert (out["label"] == 1).sum() > 20
