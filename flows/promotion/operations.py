@@ -209,7 +209,7 @@ def check_promotable(client, name: str, version: str, allow_label_free: bool = F
             not tags.get(registry.LABEL_FREE_VERDICT_TAG) and not allow_label_free:
         raise PromotionRefused(
             f"v{version} is a label-free prior-shift candidate of v"
-            f"{tags.get('cord.label_free.source_version', '?')} that no labels have judged "
+            f"{tags.get(registry.LABEL_FREE_SOURCE_TAG, '?')} that no labels have judged "
             "yet (docs/label-free.md); monitor its batch with labels first, or pass "
             "--allow-label-free to promote it anyway")
     state = tags.get(registry.REGISTRATION_TAG)

@@ -40,7 +40,7 @@ VERSION_TAG = label_free.PRIOR_SHIFT_VERSION_TAG
 #: Version and run tags (also in :mod:`flows.registry.versions`, where promotion reads them).
 LABEL_FREE_TAG = registry.LABEL_FREE_TAG
 VERDICT_TAG = registry.LABEL_FREE_VERDICT_TAG
-SOURCE_VERSION_TAG = "cord.label_free.source_version"
+SOURCE_VERSION_TAG = registry.LABEL_FREE_SOURCE_TAG
 MONITOR_RUN_TAG = "cord.label_free.monitor_run"
 
 

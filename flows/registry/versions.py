@@ -54,6 +54,8 @@ LABEL_FREE_TAG = "cord.label_free"
 #: Version tag: the verdict of the labels that later met a label-free candidate's batch.
 #: Until it exists, ``promote`` refuses the version without its override.
 LABEL_FREE_VERDICT_TAG = "cord.label_free.verdict"
+#: Version tag of a label-free candidate: the version whose graph it moved to new priors.
+LABEL_FREE_SOURCE_TAG = "cord.label_free.source_version"
 
 
 def ensure_registered_model(client, name: str) -> None:
