@@ -48,7 +48,8 @@ def cmd_rollback(args) -> int:
 
     client, uri = store_client(args)
     current, target = champion_ops.rollback(client, uri, args.model_name, args.reason,
-                                        args.lock_timeout)
+                                            args.lock_timeout,
+                                            allow_label_free=args.allow_label_free)
     why = f": {args.reason}" if args.reason else ""
     print(f"{args.model_name}@champion: v{current} -> v{target} (rollback{why})")
     return 0
@@ -76,6 +77,9 @@ def add_cli(sub) -> None:
     p.add_argument("--model-name", required=True, help="registered model name")
     p.add_argument("--reason", default=None,
                    help="why (recorded as a version tag and in the champion history)")
+    p.add_argument("--allow-label-free", action="store_true",
+                   help="roll back to a label-free prior-shift candidate that no labels "
+                        "have judged yet (refused without this)")
     add_lock_timeout(p)
     p.set_defaults(func=cmd_rollback)
 

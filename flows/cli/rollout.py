@@ -41,7 +41,8 @@ def cmd_rollout(args) -> int:
         budget.check()
         client, uri = store_client(args)
         record = rollout.start(client, uri, args.model_name, str(args.version), plan, budget,
-                               args.reason, args.allow_harm, args.lock_timeout)
+                               args.reason, args.allow_harm, args.lock_timeout,
+                               allow_label_free=args.allow_label_free)
         print(rollout.format_record(record))
         print(f"every `cord-ops serve --model-name {args.model_name}` follows it; watch with "
               f"`cord-ops rollout status --model-name {args.model_name}`, stop with "
@@ -101,5 +102,9 @@ def add_cli(sub) -> None:
     p.add_argument("--allow-harm", action="store_true",
                    help="start: roll out a version the gate found worse than the "
                         "uncalibrated model (the operator's explicit override)")
+    p.add_argument("--allow-label-free", action="store_true",
+                   help="start: roll out a label-free prior-shift candidate that no labels "
+                        "have judged yet; its promotion at the end applies the same "
+                        "override (refused without this)")
     add_lock_timeout(p)
     p.set_defaults(func=cmd_rollout)

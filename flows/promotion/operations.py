@@ -307,13 +307,15 @@ def promote(client, uri: str, name: str, version: str, reason: str,
 
 
 def rollback(client, uri: str, name: str, reason: str | None = None,
-             lock_timeout: float | None = None) -> tuple[str | None, str]:
+             lock_timeout: float | None = None,
+             allow_label_free: bool = False) -> tuple[str | None, str]:
     """Return ``@champion`` of ``name`` to the champion before the current one in the
     history (:func:`flows.promotion.gate.champion_timeline`); returns (from, to). The move is
     appended to the history as a ``rollback`` row, so a second rollback undoes the first
     (to go further back: ``promote --version N``). Versions deleted since are skipped; a
     target that fails :func:`check_promotable` refuses the rollback (say which, fix by
-    ``promote``)."""
+    ``promote``); a label-free candidate no labels have judged only with
+    ``allow_label_free``, as for ``promote``."""
     from mlflow.exceptions import MlflowException
 
     with registry_section(client, uri, name, lock_timeout):
@@ -334,7 +336,7 @@ def rollback(client, uri: str, name: str, reason: str | None = None,
             raise PromotionRefused(f"{name}: no earlier champion recorded to roll back to "
                                    f"(use `cord-ops promote --model-name {name} --version N`)")
         try:
-            check_promotable(client, name, target)
+            check_promotable(client, name, target, allow_label_free)
         except PromotionRefused as exc:
             raise PromotionRefused(f"cannot roll back to v{target}: {exc}") from None
         text = reason.strip() if reason and reason.strip() else "no reason given"

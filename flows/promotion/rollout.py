@@ -99,14 +99,17 @@ def _drop_challenger(client, name: str, version: str) -> None:
 
 # ---------------------------------------------------------------- operator commands
 def start(client, uri: str, name: str, version: str, plan: Plan, budget: Budget,
-          reason: str, allow_harm: bool = False, lock_timeout: float | None = None) -> dict:
+          reason: str, allow_harm: bool = False, lock_timeout: float | None = None,
+          allow_label_free: bool = False) -> dict:
     """Start a rollout of ``name`` v``version`` against the current ``@champion``.
 
     Refused (:class:`RolloutRefused`) while another rollout is active, without a champion,
     for the champion itself, for a version the gate found worse than the uncalibrated
     model (unless ``allow_harm``, the operator's explicit override) and for a version that
     fails :func:`flows.promotion.operations.check_promotable` (the checks its promotion will
-    need: a broken graph is refused here, before any server loads it)."""
+    need: a broken graph is refused here, before any server loads it). A label-free
+    candidate that no labels have judged passes that check only with ``allow_label_free``,
+    which the record keeps so that the promotion at the end applies the same override."""
     version = str(version)
     plan.check()
     budget.check()
@@ -126,7 +129,7 @@ def start(client, uri: str, name: str, version: str, plan: Plan, budget: Budget,
         if champion == version:
             raise RolloutRefused(f"v{version} already holds @champion")
         try:
-            champion_ops.check_promotable(client, name, version)
+            champion_ops.check_promotable(client, name, version, allow_label_free)
         except champion_ops.PromotionRefused as exc:
             raise RolloutRefused(f"cannot roll out v{version}: {exc}") from None
         harms = client.get_model_version(name, version).tags.get(registry.HARMS_TAG)
@@ -135,14 +138,16 @@ def start(client, uri: str, name: str, version: str, plan: Plan, budget: Budget,
                                  "evaluation split (the gate's do-no-harm rule); "
                                  "--allow-harm rolls it out anyway")
         record = new_record(name, version, champion, plan, budget, reason,
-                            champion_ops.who(), harms_override=harms == "true")
+                            champion_ops.who(), harms_override=harms == "true",
+                            label_free_override=allow_label_free)
         client.set_registered_model_alias(name, CHALLENGER, version)
         write(client, name, record)
     return record
 
 
 def new_record(name: str, version: str, champion: str, plan: Plan, budget: Budget,
-               reason: str, by: str, harms_override: bool = False) -> dict:
+               reason: str, by: str, harms_override: bool = False,
+               label_free_override: bool = False) -> dict:
     """A fresh active record at step 0 (not written; :func:`start` checks and writes it)."""
     record = {"schema": SCHEMA, "id": uuid.uuid4().hex[:12], "model": name,
               "version": str(version), "champion": str(champion),
@@ -151,7 +156,8 @@ def new_record(name: str, version: str, champion: str, plan: Plan, budget: Budge
               "budget": budget.to_dict(), "step": 0, "step_started": time.time(),
               "state": ACTIVE, "revision": 0, "started_by": by,
               "started_at": champion_ops.now(), "reason": reason.strip()[:300],
-              "harms_override": harms_override, "events": []}
+              "harms_override": harms_override, "label_free_override": label_free_override,
+              "events": []}
     _event(record, "start", f"{plan.describe(0)}; {reason.strip()}", by)
     return record
 
@@ -218,7 +224,9 @@ def _promote(client, name: str, record: dict, evidence: str, by: str) -> None:
                                             f"v{current} during the rollout", by)
         return
     try:
-        champion_ops.check_promotable(client, name, version)
+        # Records written before the override existed have no such field: no override.
+        champion_ops.check_promotable(client, name, version,
+                                      bool(record.get("label_free_override", False)))
     except champion_ops.PromotionRefused as exc:
         _end(client, name, record, ROLLED_BACK, f"promotion refused: {exc}", by)
         return

@@ -13,6 +13,7 @@ from cord_ops import data
 from cord_ops.prior_shift import PriorShiftRepair
 from flows.cli.main import main
 from flows.monitoring import label_free
+from flows.promotion import rollout
 from flows.recalibration import label_free_register
 from flows.recalibration.flow import recalibrate
 from flows.recalibration.monitor import monitor
@@ -111,7 +112,11 @@ def test_register_candidate_serves_the_moved_graph_and_promotion_waits_for_label
 
 
 def test_allow_label_free_promotes_an_unjudged_candidate(store, tmp_path, digits, capsys):
+    """``--allow-label-free`` on promote, rollout start (kept for the rollout's promotion)
+    and rollback; each refuses the unjudged version without it."""
     from mlflow import MlflowClient
+
+    from flows.promotion.rollout_steps import Budget, Plan
 
     client = MlflowClient()
     first = recalibrate(data=str(data.save_npz(tmp_path / "d.npz", digits.scores,
@@ -122,6 +127,44 @@ def test_allow_label_free_promotes_an_unjudged_candidate(store, tmp_path, digits
                  "--register-candidate"]) == 3
     created = str(int(first.version) + 1)
     capsys.readouterr()
-    assert main(["promote", "--model-name", "m", "--version", created, "--reason", "urgent",
-                 "--allow-label-free"]) == 0
+
+    # -------- a rollout record without the override (written before the field existed,
+    # or the version became label-free after start): its promotion is refused
+    uri = client.tracking_uri
+    stale = rollout.new_record("m", created, first.version, Plan.build("canary", (0.5,), 1, 0.0),
+                               Budget(), "test", "test")
+    del stale["label_free_override"]
+    rollout.write(client, "m", stale)
+    ended = rollout.transition(client, uri, "m", stale["id"], stale["revision"], "promote",
+                               "within budget", "test")
+    assert ended["state"] == rollout.ROLLED_BACK
+    assert "promotion refused" in ended["outcome"] and "label-free" in ended["outcome"]
+    assert str(registry.champion_version(client, "m").version) == first.version
+
+    # -------- a rollout of the unjudged candidate: refused without the override
+    assert main(["rollout", "start", "--model-name", "m", "--version", created,
+                 "--mode", "canary", "--reason", "priors moved"]) == 1
+    line = _one_error_line(capsys)
+    assert f"cannot roll out v{created}" in line and "--allow-label-free" in line
+    assert rollout.read(client, "m")["id"] == stale["id"]  # nothing new written
+    assert main(["rollout", "start", "--model-name", "m", "--version", created,
+                 "--mode", "canary", "--reason", "priors moved", "--allow-label-free"]) == 0
+    record = rollout.read(client, "m")
+    assert record["label_free_override"] is True and record["state"] == rollout.ACTIVE
+    # the servers' promotion at the end applies the override the operator gave at start
+    done = rollout.transition(client, uri, "m", record["id"], record["revision"], "promote",
+                              "every step within budget", "test")
+    assert done["state"] == rollout.PROMOTED, done["outcome"]
     assert str(registry.champion_version(client, "m").version) == created
+
+    # -------- rollback to an unjudged candidate: refused without the override
+    capsys.readouterr()
+    assert main(["promote", "--model-name", "m", "--version", first.version,
+                 "--reason", "back to the labelled fit"]) == 0
+    assert main(["rollback", "--model-name", "m"]) == 1
+    line = _one_error_line(capsys)
+    assert f"cannot roll back to v{created}" in line and "--allow-label-free" in line
+    assert str(registry.champion_version(client, "m").version) == first.version
+    assert main(["rollback", "--model-name", "m", "--allow-label-free"]) == 0
+    assert str(registry.champion_version(client, "m").version) == created
+
