@@ -111,9 +111,11 @@ def test_register_candidate_serves_the_moved_graph_and_promotion_waits_for_label
     assert str(registry.champion_version(client, "m").version) == created
 
 
-def test_allow_label_free_promotes_an_unjudged_candidate(store, tmp_path, digits, capsys):
+def test_allow_label_free_promotes_an_unjudged_candidate(store, tmp_path, digits, capsys,
+                                                         monkeypatch):
     """``--allow-label-free`` on promote, rollout start (kept for the rollout's promotion)
-    and rollback; each refuses the unjudged version without it."""
+    and rollback; each refuses the unjudged version without it. A registration failing
+    after its version exists leaves no version and a FAILED run naming the error."""
     from mlflow import MlflowClient
 
     from flows.promotion.rollout_steps import Budget, Plan
@@ -127,6 +129,27 @@ def test_allow_label_free_promotes_an_unjudged_candidate(store, tmp_path, digits
                  "--register-candidate"]) == 3
     created = str(int(first.version) + 1)
     capsys.readouterr()
+
+    # -------- a registration that fails once its version exists withdraws that version
+    def fails(*args, **kwargs):
+        raise RuntimeError("injected: the store went away before complete")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(registry, "complete_version", fails)
+        assert main(["monitor", "--data", str(batch), "--model-name", "m",
+                     "--register-candidate"]) == 1
+    # MLflow's own INFO lines (logging the model) come before it: one error line, last.
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in err if line.startswith("error: ")] == [err[-1]]
+    assert "injected: the store went away" in err[-1]
+    assert sorted(str(v.version) for v in client.search_model_versions("name = 'm'")) == \
+        [first.version, created]
+    failed = client.search_runs(
+        [client.get_experiment_by_name("m").experiment_id],
+        "tags.`cord.kind` = 'prior-shift-candidate' and attributes.status = 'FAILED'")
+    assert len(failed) == 1
+    assert "injected: the store went away" in failed[0].data.tags[registry.ERROR_TAG]
+    assert str(registry.champion_version(client, "m").version) == first.version
 
     # -------- a rollout record without the override (written before the field existed,
     # or the version became label-free after start): its promotion is refused
