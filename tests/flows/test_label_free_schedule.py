@@ -37,7 +37,11 @@ def test_schedule_options_and_the_label_free_deployment(tmp_path, monkeypatch):
     assert parameters["data"] == str(tmp_path / "incoming" / "*.parquet")  # absolute
     assert (parameters["alpha"], parameters["emit_events"], parameters["model_name"]) == \
         (0.001, True, "lf")
+    assert parameters["register_candidates"] is False
     assert label_free_cli.schedule_parameters(_schedule_args()) is None
+    registering = _schedule_args("--label-free-data", "in/*.npz", "--register-candidate")
+    label_free_cli.validate_schedule(registering)
+    assert label_free_cli.schedule_parameters(registering)["register_candidates"] is True
 
     refusals = {("--label-free-data", "one.npz"): "expected a glob pattern or a folder",
                 ("--label-free-cron", "0 * * * *"): "--label-free-cron: needs --label-free-data",
@@ -98,3 +102,21 @@ def test_scheduled_label_free_monitor_logs_only_new_batches(prefect_harness, sto
     assert {r.info.run_id for r in runs} == {by_hand.reports[0].run_id,
                                              result.reports[0].run_id}
     assert all(r.data.tags["cord.kind"] == label_free.KIND for r in runs)
+
+    # -------- registering candidates on the schedule: a shifted new batch gets a version
+    from flows.registry import versions as registry
+
+    champion = str(registry.champion_version(client, "lf").version)
+    np.savez(incoming / "d-shifted.npz", logits=digits.scores[digits.labels <= 2])
+    result = monitor_new_batches(data=pattern, model_name="lf", register_candidates=True)
+    (report,) = result.reports
+    assert Path(report.path).name == "d-shifted.npz"
+    assert report.candidate_version == str(int(champion) + 1)
+    mv = client.get_model_version("lf", report.candidate_version)
+    assert mv.tags[registry.LABEL_FREE_TAG] == "true"
+    assert mv.tags[registry.LABEL_FREE_SOURCE_TAG] == champion
+    assert mv.tags[registry.REGISTRATION_TAG] == registry.COMPLETE
+    assert str(registry.champion_version(client, "lf").version) == champion
+    # the next tick finds nothing new and registers nothing more
+    assert monitor_new_batches(data=pattern, model_name="lf", register_candidates=True) is None
+    assert len(client.search_model_versions("name = 'lf'")) == 2
