@@ -19,7 +19,7 @@ from cord_ops.calibrators import (
     make_calibrator,
 )
 from cord_ops.calibrators._base import softmax
-from cord_ops.cord import repair_terms, response
+from cord_ops.cord_kernels import repair_terms, response
 from onnx_export import export_onnx, model_metadata
 from onnx_export.builder import OPSET
 
