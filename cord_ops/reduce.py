@@ -36,8 +36,7 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 
 from cord_ops.calibrators import calibrator_from_dict, make_calibrator
-from cord_ops.calibrators._affine import dense_newton_step, newton
-from cord_ops.calibrators._base import warn_not_converged
+from cord_ops.calibrators.solvers import dense_newton_step, newton, warn_not_converged
 from cord_ops.calibrators.temperature import (
     BETA_BOUNDS,
     BETA_RTOL,
@@ -293,7 +292,7 @@ def cord_partition_pass(part, calibrator_state, input_kind, local_weight, first_
     Only per-row arrays: ``cord_pass_sums`` reduces a whole partition's at once (exact
     sums cost a fixed ~30 us a call, too much per small block).
     """
-    from cord_ops.calibrators._base import softmax
+    from cord_ops.softmax import softmax
 
     scores = np.asarray(part["scores"], dtype=np.float64)
     p0 = scores if input_kind == "probs" else softmax(scores)
@@ -450,7 +449,7 @@ def temperature_step(beta: float, sums: tuple[int, int], n: int) -> float:
 
 class _ReducedVectorProblem:
     """``_affine._Problem`` for a diagonal map whose sums come from partitions: the mean
-    NLL, its gradient and (as ``d``) its Hessian, for ``_affine.newton``."""
+    NLL, its gradient and (as ``d``) its Hessian, for ``solvers.newton``."""
 
     def __init__(self, reduce, n, input_kind, prob_floor):
         self.reduce, self.n, self.kind, self.floor = reduce, n, input_kind, prob_floor

@@ -253,15 +253,7 @@ def test_package_names_no_forbidden_library_anywhere(package):
 # ---------------------------------------------------------------- private names
 #: Private names still reached from outside where they live, each with why: the test fails
 #: on any other and on any of these that is gone.
-KNOWN_PRIVATE = {
-    ("cord_ops.reduce", "cord_ops.calibrators._affine"):
-        "the partition drivers run the affine calibrators' Newton solver on reduced sums; "
-        "its public names (newton, dense_newton_step) live in the package's private module",
-    ("cord_ops.reduce", "cord_ops.calibrators._base"):
-        "softmax and warn_not_converged, public names in the calibrators' private base module",
-    ("cord_ops.calibrated", "cord_ops.calibrators._base"):
-        "softmax, the same",
-}
+KNOWN_PRIVATE: dict[tuple[str, str], str] = {}
 
 
 def _private_uses(modules: dict[str, Path]) -> set[tuple[str, str]]:

@@ -1,5 +1,6 @@
-"""What every calibrator shares: input handling, the softmax closed form, the mean-NLL
-gradient, and the JSON state format.
+"""What every calibrator shares: input handling, the JSON state format and the scikit-learn
+contract. The softmax closed form and the mean-NLL gradient are :mod:`cord_ops.softmax`'s,
+the optimisers and their early-stop warning :mod:`cord_ops.calibrators.solvers`'.
 
 Input kinds
 -----------
@@ -66,6 +67,7 @@ from threadpoolctl import ThreadpoolController
 
 from cord_ops.metrics import PROB_FLOOR
 from cord_ops.names import INPUT_KINDS
+from cord_ops.softmax import softmax
 from cord_ops.validation import check_class_labels, check_probabilities, check_scores
 
 __all__ = [
@@ -73,61 +75,10 @@ __all__ = [
     "Calibrator",
     "ConvergenceWarning",
     "NotFittedError",
-    "mean_nll_and_grad",
-    "softmax",
 ]
 
 #: Version of the JSON state ``to_dict`` writes (module docstring, "State").
 STATE_VERSION = 2
-
-
-def softmax(s: np.ndarray, overwrite: bool = False) -> np.ndarray:
-    """Row softmax ``exp(s - max_k s) / sum_k exp(s - max_k s)`` in float64.
-
-    This is the closed form every predict path ends with; subtracting the row maximum keeps
-    ``exp`` in (0, 1], so no row overflows and the largest entry never underflows.
-    ``overwrite=True`` computes it in ``s`` itself (for a temporary the caller owns), else
-    in one new array; either way the values are the same bit for bit.
-    """
-    # The row maximum gathered at the row's argmax: the same value as s.max(axis=1), several
-    # times faster for short rows.
-    top = s[np.arange(s.shape[0]), s.argmax(axis=1)][:, None]
-    e = np.subtract(s, top, out=s if overwrite else None)
-    np.exp(e, out=e)
-    e /= e.sum(axis=1, keepdims=True)
-    return e
-
-
-def mean_nll_and_grad(s: np.ndarray, labels: np.ndarray,
-                      overwrite: bool = False) -> tuple[float, np.ndarray]:
-    """Mean NLL of ``softmax(s)`` and its gradient ``(softmax(s) - onehot) / n`` w.r.t. ``s``.
-
-    The log-probability of the label is taken from the log-sum-exp form, never from
-    ``log(softmax)``, so it stays finite however small the probability. ``overwrite=True``
-    builds the gradient in ``s`` itself (a temporary the caller owns): one n x K array
-    fewer at the peak, the same values.
-    """
-    n = s.shape[0]
-    rows = np.arange(n)
-    picked = s[rows, labels]
-    m = s.max(axis=1)
-    e = np.subtract(s, m[:, None], out=s if overwrite else None)
-    np.exp(e, out=e)
-    total = e.sum(axis=1)
-    nll = float(np.mean(np.log(total) + m - picked))
-    e *= (1.0 / (n * total))[:, None]
-    e[rows, labels] -= 1.0 / n
-    return nll, e
-
-
-def warn_not_converged(name: str, detail: str) -> None:
-    """One place for the early-stop warning, so every family words it the same way."""
-    warnings.warn(
-        f"{name}: optimiser stopped before convergence ({detail}); the returned map is the "
-        "last iterate, not an optimum. Raise max_iter to fit further.",
-        ConvergenceWarning,
-        stacklevel=3,
-    )
 
 
 @functools.cache

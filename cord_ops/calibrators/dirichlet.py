@@ -94,7 +94,8 @@ import numpy as np
 from sklearn.model_selection import KFold, StratifiedKFold
 
 from cord_ops.calibrators._affine import NEWTON_MAX_PARAMS, Penalty, affine_logits, fit_affine
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, mean_nll_and_grad, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator
+from cord_ops.softmax import mean_nll_and_grad, softmax
 
 #: Largest exponent of both grids (the reference's ``np.arange(start_from, 7)``).
 GRID_MAX_EXPONENT = 6

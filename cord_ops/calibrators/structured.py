@@ -35,8 +35,9 @@ from __future__ import annotations
 import numpy as np
 
 from cord_ops.calibrators._affine import Penalty, affine_logits, fit_affine
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator
 from cord_ops.calibrators.temperature import fit_inverse_temperature
+from cord_ops.softmax import softmax
 
 
 def ts_mix(z: np.ndarray, beta: float, eps: float) -> np.ndarray:

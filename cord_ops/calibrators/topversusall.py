@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator
+from cord_ops.softmax import softmax
 
 #: log(beta) range scanned, as TS's bracket.
 LOG_BETA_RANGE = (-16.0, 16.0)

@@ -41,7 +41,7 @@ from cord_ops.calibrators import (
     calibrator_from_dict,
     make_calibrator,
 )
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 
 NAMES = list(CALIBRATOR_NAMES)
 API_CHECKS = (check_estimator_cloneable, check_estimator_repr, check_get_params_invariance,

@@ -15,7 +15,6 @@ from hypothesis.extra.numpy import arrays
 
 from cord_ops import CORD, metrics
 from cord_ops.calibrators import make_calibrator
-from cord_ops.calibrators._base import softmax
 from cord_ops.reduce import (
     cord_partition_pass,
     cord_pass_sums,
@@ -30,6 +29,7 @@ from cord_ops.reduce import (
     repaired_metric_sums,
     temperature_step,
 )
+from cord_ops.softmax import softmax
 
 
 def split(n, cuts):

@@ -14,7 +14,7 @@ from servers import dask_cluster
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 from flows.shards.distributed import fit_shards
 
 pytestmark = pytest.mark.slow
