@@ -134,7 +134,7 @@ class MonotoneCalibrationMCCTI(Calibrator):
 
     name = "mcct-i"
     _options = ("max_iter", "gtol", "ftol")
-    _param_shapes = {"inv_scales": ("K",), "biases": ("K",)}
+    param_shapes = {"inv_scales": ("K",), "biases": ("K",)}
 
     _option_checks = {"max_iter": {"integer": True}, "gtol": {}, "ftol": {"allow_zero": True}}
 

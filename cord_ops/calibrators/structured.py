@@ -105,7 +105,7 @@ class StructuredVectorScaling(_StructuredScaling):
 
     name = "svs"
     _full = False
-    _param_shapes = {"mix_beta": (), "mix_eps": (), "weights": ("K",), "bias": ("K",)}
+    param_shapes = {"mix_beta": (), "mix_eps": (), "weights": ("K",), "bias": ("K",)}
 
 
 class StructuredMatrixScaling(_StructuredScaling):
@@ -116,4 +116,4 @@ class StructuredMatrixScaling(_StructuredScaling):
 
     name = "sms"
     _full = True
-    _param_shapes = {"mix_beta": (), "mix_eps": (), "weights": ("K", "K"), "bias": ("K",)}
+    param_shapes = {"mix_beta": (), "mix_eps": (), "weights": ("K", "K"), "bias": ("K",)}

@@ -220,7 +220,7 @@ class TemperatureScaling(Calibrator):
     name = "ts"
     _options = ("max_iter",)
     _option_checks = {"max_iter": {"integer": True}}
-    _param_shapes = {"beta": ()}
+    param_shapes = {"beta": ()}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 100):

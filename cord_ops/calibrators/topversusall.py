@@ -74,7 +74,7 @@ class TemperatureScalingTvA(Calibrator):
 
     name = "ts-tva"
     _options = ()
-    _param_shapes = {"beta": ()}
+    param_shapes = {"beta": ()}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR):
         super().__init__(input_kind, prob_floor)
