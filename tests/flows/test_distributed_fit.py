@@ -124,6 +124,15 @@ def test_bad_input_is_refused_naming_the_file(cluster, logits, tmp_path):
         fit_shards(str(bad), "ts", client=client)
 
 
+def test_an_unfitted_calibrator_is_refused_before_any_shard_is_read(tmp_path):
+    """A calibrator object must come fitted (only CORD is fitted here): refused by name
+    before the shards are looked for (the folder does not exist) or a cluster starts."""
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError, match=r"^vs: this calibrator is not fitted yet"):
+        fit_shards(str(tmp_path / "absent"), make_calibrator("vs"), n_workers=1)
+
+
 def test_local_cluster_when_no_address(logits, tmp_path):
     """Without a client or an address, fit_shards starts (and closes) its own two-worker
     local cluster; the fit is the one the external cluster gives."""
