@@ -1,5 +1,5 @@
-"""CORD's one fitted scalar: the target mean mu and the multiplier eta* (Kim, Chung & Jang,
-Section 3 and Appendix A).
+"""What CORD fits on a calibration split: the target mean mu and the one shared multiplier
+eta* that meets it (Kim, Chung & Jang, Section 3 and Appendix A).
 
 - the target mean ``mu`` is eq. 6 (``target_mean``; Table 3's ablations too);
 - ``eta*`` is the nearest-zero multiplier (eqs. 18, 22) found by plateau-aware bisection on
