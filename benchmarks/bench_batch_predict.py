@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cord_ops import CORD, data  # noqa: E402
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator  # noqa: E402
-from cord_ops.calibrators._base import softmax  # noqa: E402
+from cord_ops.softmax import softmax  # noqa: E402
 from onnx_export import export_onnx, open_session, run_batched, save_model  # noqa: E402
 from onnx_export.predict import read_parquet_input, write_outputs  # noqa: E402
 from onnx_export.runtime import input_dtype  # noqa: E402

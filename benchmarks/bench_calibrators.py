@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from cord_ops.calibrators import CALIBRATOR_NAMES, make_calibrator
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 from flows.reproduce.timing import measure, once
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

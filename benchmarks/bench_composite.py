@@ -30,7 +30,7 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 from cord_ops import CORD, CORDCalibratedClassifier  # noqa: E402
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator  # noqa: E402
-from cord_ops.calibrators._base import softmax  # noqa: E402
+from cord_ops.softmax import softmax  # noqa: E402
 
 
 def problem(n: int, k: int, d: int = 256, seed: int = 0):

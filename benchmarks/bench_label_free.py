@@ -40,7 +40,7 @@ import numpy as np
 from cord_ops import CORD
 from cord_ops import label_free as lf
 from cord_ops.calibrators import make_calibrator
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 from flows.monitoring.label_free import Thresholds, alert_reasons
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cord_ops import CORD  # noqa: E402
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator  # noqa: E402
-from cord_ops.calibrators._base import softmax  # noqa: E402
+from cord_ops.softmax import softmax  # noqa: E402
 from flows.reproduce.timing import measure  # noqa: E402
 from onnx_export import export_onnx, open_session, run_batched  # noqa: E402
 from onnx_export.runtime import batches, session_batch_size  # noqa: E402

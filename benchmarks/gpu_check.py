@@ -213,7 +213,7 @@ class Runner:
 def fit(name: str, scores: np.ndarray, labels: np.ndarray):
     from cord_ops import CORD
     from cord_ops.calibrators import ConvergenceWarning, make_calibrator
-    from cord_ops.calibrators._base import softmax
+    from cord_ops.softmax import softmax
 
     options = dict(FIT_OPTIONS.get(name, {}))
     if name in FULL_MATRIX and scores.shape[1] > 100:
@@ -227,7 +227,7 @@ def fit(name: str, scores: np.ndarray, labels: np.ndarray):
 
 def reference(cal, cord, logits: np.ndarray) -> dict[str, np.ndarray]:
     """The numpy pipeline in float64."""
-    from cord_ops.calibrators._base import softmax
+    from cord_ops.softmax import softmax
 
     x = logits.astype(np.float64)
     original = softmax(x)

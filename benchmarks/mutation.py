@@ -52,6 +52,10 @@ TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT = 3.0, 10.0
 MODULES: dict[str, list[str]] = {
     "cord_ops/cord.py": ["tests/core/test_cord.py", "tests/core/test_cord_blocks.py",
                          "tests/core/test_mutation_gaps.py"],
+    "cord_ops/cord_kernels.py": ["tests/core/test_cord.py", "tests/core/test_cord_blocks.py",
+                                 "tests/core/test_mutation_gaps.py", "tests/core/test_reduce.py"],
+    "cord_ops/cord_solve.py": ["tests/core/test_cord.py", "tests/core/test_cord_blocks.py",
+                               "tests/core/test_mutation_gaps.py", "tests/core/test_reduce.py"],
     "cord_ops/reduce.py": ["tests/core/test_reduce.py", "tests/core/test_mutation_gaps.py"],
     "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py"],
     "cord_ops/calibrators/temperature.py": [
@@ -122,27 +126,28 @@ _TS_GRID_END = ("without the grid point 16 the best point is at most 15.75, whos
 
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
 ACCEPTED: dict[str, str] = {
-    # cord_ops/cord.py: the screen is an optimisation; the exact mean decides the same way
-    "cord_ops/cord.py::_MeanResponse.at_least::approx = self._screened(eta, mu) -> "
+    # cord_ops/cord_solve.py: the screen is an optimisation; the exact mean decides the same
+    # way
+    "cord_ops/cord_solve.py::_MeanResponse.at_least::approx = self._screened(eta, mu) -> "
     "approx = None":
         "without the screen every step asks the exact mean, which the screen agrees with "
         "(it answers only when |approx - mu| > 4x the error bound): slower, same result",
-    "cord_ops/cord.py::_MeanResponse.at_least::return self.exact(eta) >= mu if approx is "
+    "cord_ops/cord_solve.py::_MeanResponse.at_least::return self.exact(eta) >= mu if approx is "
     "None else approx > mu -> return self.exact(eta) >= mu if (approx is None) or True else "
     "approx > mu":
         "always the exact mean: same decisions as the screen (see the line above)",
-    "cord_ops/cord.py::_MeanResponse.at_least::return self.exact(eta) >= mu if approx is "
+    "cord_ops/cord_solve.py::_MeanResponse.at_least::return self.exact(eta) >= mu if approx is "
     "None else approx > mu -> return self.exact(eta) >= mu if approx is None else approx >= mu":
         "a screened approx is never equal to mu (it is returned only when further than the "
         "margin from it)",
-    "cord_ops/cord.py::_MeanResponse.at_most::approx = self._screened(eta, mu) -> "
+    "cord_ops/cord_solve.py::_MeanResponse.at_most::approx = self._screened(eta, mu) -> "
     "approx = None":
         "as for at_least: the exact mean decides the same way",
-    "cord_ops/cord.py::_MeanResponse.at_most::return self.exact(eta) <= mu if approx is "
+    "cord_ops/cord_solve.py::_MeanResponse.at_most::return self.exact(eta) <= mu if approx is "
     "None else approx < mu -> return self.exact(eta) <= mu if (approx is None) or True else "
     "approx < mu":
         "as for at_least",
-    "cord_ops/cord.py::_MeanResponse.at_most::return self.exact(eta) <= mu if approx is "
+    "cord_ops/cord_solve.py::_MeanResponse.at_most::return self.exact(eta) <= mu if approx is "
     "None else approx < mu -> return self.exact(eta) <= mu if approx is None else approx <= mu":
         "as for at_least: a screened approx is never equal to mu",
     # cord_ops/calibrators/temperature.py
@@ -312,7 +317,7 @@ def survivor_key(module: str, function: str, diff: str) -> str:
 
 
 def function_of(mutant: str) -> str:
-    """``cord_ops.cord.x_bisect_multiplier__mutmut_3`` -> ``bisect_multiplier``;
+    """``cord_ops.cord_solve.x_bisect_multiplier__mutmut_3`` -> ``bisect_multiplier``;
     ``...xǁ_MeanResponseǁat_least__mutmut_1`` -> ``_MeanResponse.at_least``."""
     name = mutant.rsplit("__mutmut_", 1)[0].rsplit(".", 1)[-1]
     if name.startswith("x\u01c1"):

@@ -36,8 +36,8 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d
 
 from cord_ops.calibrators import CALIBRATOR_NAMES, Calibrator, make_calibrator
-from cord_ops.calibrators._base import softmax
 from cord_ops.cord import CORD, check_cord_params
+from cord_ops.softmax import softmax
 from cord_ops.validation import check_labels, check_probabilities, check_scores, top1
 
 METHODS = ("auto", "decision_function", "predict_proba")

@@ -6,7 +6,7 @@ A driver never sees rows. It is given ``reduce(fn, *args)``, which applies
 order; ``local_reduce`` does that for arrays in this process, ``flows.shards.distributed`` for
 partitions held by Dask workers. A partition is a dict of arrays: ``scores`` (n x K,
 float32 or float64), ``labels`` (n,) and, once computed, ``b``, ``lower``, ``g`` (CORD's
-per-row scalars, ``cord.row_scalars``).
+per-row scalars, ``cord_kernels.row_scalars``).
 
 Calibrators: ``ts`` (``temperature.solve_inverse_temperature``'s Newton iteration on
 exact slope and curvature sums or, from a sample's estimate, Halley steps on exact sums of
@@ -23,7 +23,7 @@ returns its sum as an exact Python integer and the driver adds integers). eta* t
 does not depend on how the rows are split into partitions, to the last bit. Deviation from
 ``CORD.fit``: fit's means are numpy's pairwise sums, so the two eta* agree only to the
 rounding of a mean (a few ulps of mu divided by the mean response's slope); both solve
-eq. 22 with the same bisection (``cord.bisect_multiplier``).
+eq. 22 with the same bisection (``cord_solve.bisect_multiplier``).
 """
 
 from __future__ import annotations
@@ -36,26 +36,16 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 
 from cord_ops.calibrators import calibrator_from_dict, make_calibrator
-from cord_ops.calibrators._affine import dense_newton_step, newton
-from cord_ops.calibrators._base import warn_not_converged
+from cord_ops.calibrators.solvers import dense_newton_step, newton, warn_not_converged
 from cord_ops.calibrators.temperature import (
     BETA_BOUNDS,
     BETA_RTOL,
     bracketed_iteration,
     solve_inverse_temperature,
 )
-from cord_ops.cord import (
-    CORD,
-    EPS_NUM,
-    bisect_multiplier,
-    check_cord_params,
-    fit_from_row_scalars,
-    interior_response,
-    multiplier_of,
-    row_terms,
-    screen_margin,
-    set_fitted,
-)
+from cord_ops.cord import CORD, check_cord_params, fit_from_row_scalars, set_fitted
+from cord_ops.cord_kernels import EPS_NUM, interior_response, multiplier_of, row_terms
+from cord_ops.cord_solve import bisect_multiplier, screen_margin
 from cord_ops.metrics import PROB_FLOOR
 from cord_ops.names import REDUCIBLE
 from cord_ops.validation import top1
@@ -287,7 +277,7 @@ def _row_metric_sums(conf, correct, on_label, sum_sq, n_bins: int) -> dict:
 def cord_partition_pass(part, calibrator_state, input_kind, local_weight, first_row, *,
                         metrics: bool = False, temperature: bool = False) -> dict:
     """One pass over a block for CORD's fit: per-row arrays ``b``, ``lower``, ``g``
-    (``cord.row_scalars``) and, riding on the same pass,
+    (``cord_kernels.row_scalars``) and, riding on the same pass,
 
     - ``metrics``: the per-row values behind ``metric_sums`` of the original output (p0)
       and of the calibrator's (q, TPCR against p0), and those the repaired output's sums
@@ -302,7 +292,7 @@ def cord_partition_pass(part, calibrator_state, input_kind, local_weight, first_
     Only per-row arrays: ``cord_pass_sums`` reduces a whole partition's at once (exact
     sums cost a fixed ~30 us a call, too much per small block).
     """
-    from cord_ops.calibrators._base import softmax
+    from cord_ops.softmax import softmax
 
     scores = np.asarray(part["scores"], dtype=np.float64)
     p0 = scores if input_kind == "probs" else softmax(scores)
@@ -362,7 +352,7 @@ def repaired_metric_sums(part, eta: float, n_bins: int = 15) -> dict:
     label's entry is s or (1 - s) / tail times its tail entry, the sum of squares is
     s^2 + ((1 - s) / tail)^2 times the tail's. The per-row values are ``transform``'s:
     rows with s == b keep q's own entries (factor 1) and a factor that overflows divides
-    instead, as ``cord._reconstruct`` does."""
+    instead, as ``cord_kernels._reconstruct`` does."""
     s = np.clip(interior_response(eta, part["g"]), part["lower"], 1.0 - EPS_NUM)
     tail, rest_y, hit = part["tail"], part["rest_y"], part["hit"]
     with np.errstate(over="ignore"):
@@ -459,7 +449,7 @@ def temperature_step(beta: float, sums: tuple[int, int], n: int) -> float:
 
 class _ReducedVectorProblem:
     """``_affine._Problem`` for a diagonal map whose sums come from partitions: the mean
-    NLL, its gradient and (as ``d``) its Hessian, for ``_affine.newton``."""
+    NLL, its gradient and (as ``d``) its Hessian, for ``solvers.newton``."""
 
     def __init__(self, reduce, n, input_kind, prob_floor):
         self.reduce, self.n, self.kind, self.floor = reduce, n, input_kind, prob_floor
@@ -634,7 +624,7 @@ def fit_calibrator(name: str, reduce, n: int, k: int, *, input_kind="logits", sa
 
 class _ReducedMean:
     """mean psi(eta) as a correctly rounded mean of exact partition sums, with
-    ``cord._MeanResponse``'s screening: a step whose estimated mean (``cord_response_
+    ``cord_solve._MeanResponse``'s screening: a step whose estimated mean (``cord_response_
     estimate``: the sqrt form of R and plain pairwise sums, ~5x cheaper than an exact sum)
     is further than ``screen_margin(n)`` from mu takes the branch the exact mean would; the
     first step that is not switches to exact means for the rest. The bound of

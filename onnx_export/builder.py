@@ -140,7 +140,7 @@ class GraphBuilder:
         """Row softmax.
 
         In float64 it is written out as exp(x - max) / sum, the operations of
-        ``cord_ops.calibrators._base.softmax`` (onnxruntime's fused double Softmax is slow
+        ``cord_ops.softmax.softmax`` (onnxruntime's fused double Softmax is slow
         and rounds differently); in float32 it is the fused Softmax operator, which
         subtracts the row maximum itself.
         """

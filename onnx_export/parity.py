@@ -57,7 +57,7 @@ def parity_tolerance(calibrator, repair, scores: np.ndarray, dtype: str,
     stored_cal, stored_rep = calibrator, repair
     if dtype != "float64":
         stored_cal = copy.deepcopy(calibrator)
-        for key, shape in calibrator._param_shapes.items():
+        for key, shape in calibrator.param_shapes.items():
             value = getattr(calibrator, key + "_")
             if shape == "knots":  # knots may round onto each other, as in the graph
                 value = [(_rounded(kx, dtype), _rounded(ky, dtype)) for kx, ky in value]

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cord_ops.cord import DELTA_STAB, EPS_NUM
+from cord_ops.cord_kernels import DELTA_STAB, EPS_NUM
 from onnx_export.builder import GraphBuilder
 
 
@@ -53,7 +53,7 @@ def _stabilise_coefficients(gb: GraphBuilder, edge: str, n_classes: int) -> tupl
 #: Below this |eta*|, R = sqrt(x^2 + y^2) needs no scaling: |x| <= |eta*| + 1 and y <= 1, so
 #: the squares cannot overflow even in float32, and where they underflow (x or y below
 #: 1e-19) the other term or the 2 in H's denominator dominates R. Per row it differs from
-#: hypot by at most 4.5 units in the last place (see ``cord_ops.cord._MeanResponse``).
+#: hypot by at most 4.5 units in the last place (see ``cord_ops.cord_solve._MeanResponse``).
 UNSCALED_HYPOT_BELOW_ETA = 1e15
 
 
@@ -171,5 +171,5 @@ def build_repair(gb: GraphBuilder, p0_a: str, p0_on_boundary: str | None, calibr
 
 def on_boundary(gb: GraphBuilder, rows: str) -> str:
     """[N, 1] bool: the row (in ``gb``'s dtype) has an entry <= 0, i.e. lies outside the
-    relative interior of the simplex (``cord_ops.cord.on_boundary``)."""
+    relative interior of the simplex (``cord_ops.cord_kernels.on_boundary``)."""
     return gb.op("LessOrEqual", gb.row_min(rows), gb.const(0.0), hint="on_boundary")

@@ -67,7 +67,7 @@ def make_calibrator(name: str, **options) -> Calibrator:
     the factory validates the options at once, so a bad one fails before any data is read.
     """
     calibrator = _lookup(name)(**options)
-    calibrator._validate_options()
+    calibrator.validate_options()
     return calibrator
 
 

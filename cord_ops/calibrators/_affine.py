@@ -19,11 +19,12 @@ assembled as a block diagonal minus ``U.T @ U / n`` with ``U[i, (k, a)] = q_ik x
 
 Solvers (the objective is convex, so all three reach the same optimum):
 
-* ``"newton"``: damped Newton with Armijo backtracking, used by ``"auto"`` for at most
-  ``NEWTON_MAX_PARAMS`` parameters (diagonal maps up to K = 250, full maps up to K = 21,
-  e.g. every CIFAR-10 map). dirichletcal does the same for K <= 36; it needs 3-20 iterations
-  where L-BFGS needs hundreds on unregularised maps. Stops when the largest gradient entry is
-  <= ``gtol`` or the objective stops decreasing at float64 resolution.
+* ``"newton"``: damped Newton with Armijo backtracking (``solvers.newton``), used by
+  ``"auto"`` for at most ``NEWTON_MAX_PARAMS`` parameters (diagonal maps up to K = 250, full
+  maps up to K = 21, e.g. every CIFAR-10 map). dirichletcal does the same for K <= 36; it
+  needs 3-20 iterations where L-BFGS needs hundreds on unregularised maps. Stops when the
+  largest gradient entry is <= ``gtol`` or the objective stops decreasing at float64
+  resolution.
 * ``"newton-cg"``: the same Newton iteration for diagonal maps above NEWTON_MAX_PARAMS, each
   step solved inexactly by conjugate gradients preconditioned with the exact 2 x 2 per-class
   Hessian blocks, using Hessian-vector products (``auto`` picks it there: VS at K = 1,000 on
@@ -44,15 +45,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 from scipy.optimize import minimize
 
-from cord_ops.calibrators._base import (
-    Calibrator,
-    mean_nll_and_grad,
-    softmax,
-    warn_not_converged,
-)
+from cord_ops.calibrators._base import Calibrator
+from cord_ops.calibrators.solvers import dense_newton_step, newton, warn_not_converged
+from cord_ops.softmax import mean_nll_and_grad, softmax
 
 #: Largest parameter count K * m solved by Newton's method (the Hessian is (K m)^2).
 NEWTON_MAX_PARAMS = 500
@@ -160,17 +157,6 @@ class _Problem:
         h /= n
         h[np.diag_indices_from(h)] += 2.0 * self.pen_weight.ravel()
         return h
-
-
-def dense_newton_step(problem, grad, d):
-    """The Newton step ``-H^-1 grad`` with the dense Hessian ``problem.hessian(d)`` (``d``:
-    what ``problem.value_grad`` returned beside the gradient), by Cholesky; for
-    :func:`newton`."""
-    h = problem.hessian(d)
-    # Softmax's shift invariance leaves H singular for unpenalised maps; a tiny ridge keeps
-    # the Cholesky factorisation defined without changing the step elsewhere.
-    h[np.diag_indices_from(h)] += 1e-10 * (1.0 + np.max(np.diag(h)))
-    return -scipy.linalg.solve(h, grad.ravel(), assume_a="pos").reshape(grad.shape)
 
 
 def _cg_newton_step(problem, grad, d, max_cg=50):
@@ -282,38 +268,6 @@ def _cg_newton_step_full(problem, grad, d, max_cg=100):
         direction = z + (rz_new / rz) * direction
         rz = rz_new
     return step if np.any(step) else -inv_diag * grad
-
-
-def newton(problem, theta, max_iter, gtol, newton_step, rtol=1e-15):
-    """Minimise ``problem`` from ``theta`` by Newton steps (``newton_step(problem, grad, d)``,
-    e.g. :func:`dense_newton_step`) with an Armijo backtracking line search.
-
-    ``problem.value_grad(theta)`` returns (loss, gradient, d), ``d`` being whatever the step
-    needs besides the gradient. Stops when the largest gradient entry is <= ``gtol``, when
-    the loss decrease is below ``rtol`` relative (float64 resolution), when the line search
-    stalls or after ``max_iter`` steps. Returns (theta, loss, steps, converged, why).
-    """
-    loss, grad, d = problem.value_grad(theta)
-    for it in range(1, max_iter + 1):
-        if np.max(np.abs(grad)) <= gtol:
-            return theta, loss, it - 1, True, "gradient below gtol"
-        step = newton_step(problem, grad, d)
-        slope = float(np.sum(grad * step))
-        t = 1.0
-        for _ in range(40):
-            new_theta = theta + t * step
-            new_loss, new_grad, new_d = problem.value_grad(new_theta)
-            if new_loss <= loss + 1e-4 * t * slope:
-                break
-            t *= 0.5
-        else:
-            return theta, loss, it, np.max(np.abs(grad)) <= 10 * gtol, "line search stalled"
-        converged_f = loss - new_loss <= rtol * max(1.0, abs(loss))
-        theta, loss, grad, d = new_theta, new_loss, new_grad, new_d
-        if converged_f:
-            return theta, loss, it, True, "objective decrease at float64 resolution"
-    done = np.max(np.abs(grad)) <= gtol
-    return theta, loss, max_iter, done, "gradient below gtol" if done else "max_iter reached"
 
 
 def _lbfgs(problem, theta, max_iter, gtol, ftol):

@@ -1,5 +1,6 @@
-"""What every calibrator shares: input handling, the softmax closed form, the mean-NLL
-gradient, and the JSON state format.
+"""What every calibrator shares: input handling, the JSON state format and the scikit-learn
+contract. The softmax closed form and the mean-NLL gradient are :mod:`cord_ops.softmax`'s,
+the optimisers and their early-stop warning :mod:`cord_ops.calibrators.solvers`'.
 
 Input kinds
 -----------
@@ -34,14 +35,14 @@ labels)`` learns a map from n x K scores to calibrated probabilities, ``predict_
 applies it and ``predict`` returns ``classes_[argmax]``. A subclass
 
 1. sets ``name`` and lists its own constructor arguments in ``_options`` (the JSON state
-   stores exactly these) and its fitted arrays in ``_param_shapes``;
+   stores exactly these) and its fitted arrays in ``param_shapes``;
 2. writes an ``__init__`` whose keyword arguments are ``input_kind``, ``prob_floor`` and
    its options, each stored verbatim under its own name (no conversion, no check): that
    is what makes ``get_params``, ``set_params`` and ``clone`` work;
 3. declares how each option is checked in ``_option_checks`` (keyword arguments of
    ``check_option``: ``integer``, ``allow_zero``, ``any_sign``; ``None`` values are
    allowed only for names listed in ``_optional``) and overrides
-   ``_validate_options`` (calling ``super()``) only for checks that table cannot say;
+   ``validate_options`` (calling ``super()``) only for checks that table cannot say;
 4. implements ``_fit(x, labels)`` and ``_predict(x)`` on validated float64 arrays, with
    integer labels in [0, K).
 
@@ -66,6 +67,7 @@ from threadpoolctl import ThreadpoolController
 
 from cord_ops.metrics import PROB_FLOOR
 from cord_ops.names import INPUT_KINDS
+from cord_ops.softmax import softmax
 from cord_ops.validation import check_class_labels, check_probabilities, check_scores
 
 __all__ = [
@@ -73,61 +75,10 @@ __all__ = [
     "Calibrator",
     "ConvergenceWarning",
     "NotFittedError",
-    "mean_nll_and_grad",
-    "softmax",
 ]
 
 #: Version of the JSON state ``to_dict`` writes (module docstring, "State").
 STATE_VERSION = 2
-
-
-def softmax(s: np.ndarray, overwrite: bool = False) -> np.ndarray:
-    """Row softmax ``exp(s - max_k s) / sum_k exp(s - max_k s)`` in float64.
-
-    This is the closed form every predict path ends with; subtracting the row maximum keeps
-    ``exp`` in (0, 1], so no row overflows and the largest entry never underflows.
-    ``overwrite=True`` computes it in ``s`` itself (for a temporary the caller owns), else
-    in one new array; either way the values are the same bit for bit.
-    """
-    # The row maximum gathered at the row's argmax: the same value as s.max(axis=1), several
-    # times faster for short rows.
-    top = s[np.arange(s.shape[0]), s.argmax(axis=1)][:, None]
-    e = np.subtract(s, top, out=s if overwrite else None)
-    np.exp(e, out=e)
-    e /= e.sum(axis=1, keepdims=True)
-    return e
-
-
-def mean_nll_and_grad(s: np.ndarray, labels: np.ndarray,
-                      overwrite: bool = False) -> tuple[float, np.ndarray]:
-    """Mean NLL of ``softmax(s)`` and its gradient ``(softmax(s) - onehot) / n`` w.r.t. ``s``.
-
-    The log-probability of the label is taken from the log-sum-exp form, never from
-    ``log(softmax)``, so it stays finite however small the probability. ``overwrite=True``
-    builds the gradient in ``s`` itself (a temporary the caller owns): one n x K array
-    fewer at the peak, the same values.
-    """
-    n = s.shape[0]
-    rows = np.arange(n)
-    picked = s[rows, labels]
-    m = s.max(axis=1)
-    e = np.subtract(s, m[:, None], out=s if overwrite else None)
-    np.exp(e, out=e)
-    total = e.sum(axis=1)
-    nll = float(np.mean(np.log(total) + m - picked))
-    e *= (1.0 / (n * total))[:, None]
-    e[rows, labels] -= 1.0 / n
-    return nll, e
-
-
-def warn_not_converged(name: str, detail: str) -> None:
-    """One place for the early-stop warning, so every family words it the same way."""
-    warnings.warn(
-        f"{name}: optimiser stopped before convergence ({detail}); the returned map is the "
-        "last iterate, not an optimum. Raise max_iter to fit further.",
-        ConvergenceWarning,
-        stacklevel=3,
-    )
 
 
 @functools.cache
@@ -148,7 +99,7 @@ class Calibrator(ClassifierMixin, BaseEstimator):
     (de)serialisation and the scikit-learn estimator contract (module docstring).
 
     Subclasses set ``name``, list their constructor arguments in ``_options``, how each is
-    checked in ``_option_checks`` and their fitted arrays in ``_param_shapes`` (shape
+    checked in ``_option_checks`` and their fitted arrays in ``param_shapes`` (shape
     templates in terms of K), and implement ``_fit(scores, labels)`` and
     ``_predict(scores)`` on validated float64 arrays.
     """
@@ -161,13 +112,15 @@ class Calibrator(ClassifierMixin, BaseEstimator):
     _optional: tuple[str, ...] = ()
     #: fitted parameter -> shape template: () scalar, ("K",) vector, ("K", "K") matrix,
     #: "*" any length, "knots" a list of {"x": [...], "y": [...]} (one or K of them).
-    _param_shapes: dict[str, object] = {}
+    #: Public: the fitted arrays are the attributes ``<key>_`` (what the state stores and
+    #: what an exporter reads).
+    param_shapes: dict[str, object] = {}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR):
         self.input_kind = input_kind
         self.prob_floor = prob_floor
 
-    def _validate_options(self) -> None:
+    def validate_options(self) -> None:
         """Raise ValueError naming the first constructor argument that is not valid.
 
         Runs at the start of ``fit`` (and in ``make_calibrator`` and ``from_dict``), so
@@ -195,7 +148,7 @@ class Calibrator(ClassifierMixin, BaseEstimator):
         Labels are integers in [0, K), or K distinct orderable values (strings, ...) matched
         to the columns in sorted order (module docstring). Options are validated first.
         """
-        self._validate_options()
+        self.validate_options()
         x = self._check_input(scores, n_classes=None)
         classes, y = check_class_labels(labels, x.shape[0], x.shape[1])
         self.warnings_ = []
@@ -210,7 +163,7 @@ class Calibrator(ClassifierMixin, BaseEstimator):
     def predict_proba(self, scores) -> np.ndarray:
         """Calibrated n x K float64 probabilities (rows sum to 1 within 1e-12); column k is
         the probability of ``classes_[k]``."""
-        self._check_fitted()
+        self.check_is_fitted()
         x = self._check_input(scores, n_classes=self.n_classes_)
         return self._predict(x)
 
@@ -230,9 +183,9 @@ class Calibrator(ClassifierMixin, BaseEstimator):
 
     def to_dict(self) -> dict:
         """JSON-safe fitted state; see the module docstring for the layout."""
-        self._check_fitted()
+        self.check_is_fitted()
         params = {}
-        for key, shape in self._param_shapes.items():
+        for key, shape in self.param_shapes.items():
             value = getattr(self, key + "_")
             if shape == "knots":
                 params[key] = [{"x": _float_list(kx), "y": _float_list(ky)} for kx, ky in value]
@@ -276,15 +229,15 @@ class Calibrator(ClassifierMixin, BaseEstimator):
                 f"calibrator state: options must have exactly the keys {sorted(cls._options)}"
             )
         obj = cls(input_kind=d["input_kind"], prob_floor=d["prob_floor"], **options)
-        obj._validate_options()
+        obj.validate_options()
         classes = _load_classes(d.get("classes"), version, k)
         params = d["params"]
-        if not isinstance(params, dict) or set(params) != set(cls._param_shapes):
+        if not isinstance(params, dict) or set(params) != set(cls.param_shapes):
             raise ValueError(
                 f"calibrator state: params must have exactly the keys "
-                f"{sorted(cls._param_shapes)}"
+                f"{sorted(cls.param_shapes)}"
             )
-        for key, shape in cls._param_shapes.items():
+        for key, shape in cls.param_shapes.items():
             setattr(obj, key + "_", _load_param(key, params[key], shape, k))
         obj.n_classes_ = k
         obj.n_features_in_ = k
@@ -305,7 +258,10 @@ class Calibrator(ClassifierMixin, BaseEstimator):
         self.warnings_.append(message)
         warnings.warn(message, ConvergenceWarning, stacklevel=4)
 
-    def _check_fitted(self) -> None:
+    def check_is_fitted(self) -> None:
+        """Raise NotFittedError naming this calibrator unless it is fitted: the question
+        scikit-learn's ``check_is_fitted`` asks of ``__sklearn_is_fitted__``, with a message
+        that says how to fit one (for code that takes an already fitted calibrator)."""
         if not self.__sklearn_is_fitted__():
             raise NotFittedError(
                 f"{self.name}: this calibrator is not fitted yet; call fit(scores, labels) "

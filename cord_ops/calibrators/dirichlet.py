@@ -94,7 +94,8 @@ import numpy as np
 from sklearn.model_selection import KFold, StratifiedKFold
 
 from cord_ops.calibrators._affine import NEWTON_MAX_PARAMS, Penalty, affine_logits, fit_affine
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, mean_nll_and_grad, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator
+from cord_ops.softmax import mean_nll_and_grad, softmax
 
 #: Largest exponent of both grids (the reference's ``np.arange(start_from, 7)``).
 GRID_MAX_EXPONENT = 6
@@ -232,7 +233,7 @@ class DirichletODIR(Calibrator):
     _option_checks = {"n_folds": {"integer": True},
                       "random_state": {"integer": True, "allow_zero": True},
                       "max_iter": {"integer": True}, "gtol": {}, "ftol": {"allow_zero": True}}
-    _param_shapes = {"weights": ("K", "K"), "bias": ("K",), "reg_lambda": (), "reg_mu": (),
+    param_shapes = {"weights": ("K", "K"), "bias": ("K",), "reg_lambda": (), "reg_mu": (),
                      "cv_path": ("*", 3)}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
@@ -249,8 +250,8 @@ class DirichletODIR(Calibrator):
         self.gtol = gtol
         self.ftol = ftol
 
-    def _validate_options(self) -> None:
-        super()._validate_options()
+    def validate_options(self) -> None:
+        super().validate_options()
         _grid_option("reg_lambdas", self.reg_lambdas)
         _grid_option("reg_mus", self.reg_mus)
         if self.n_folds < 2:

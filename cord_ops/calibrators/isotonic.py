@@ -112,7 +112,7 @@ class IsotonicOneVsRest(_Isotonic):
     """``irova``: per-class isotonic maps of p. Fitted state: ``knots`` (K sets of x, y)."""
 
     name = "irova"
-    _param_shapes = {"knots": "knots"}
+    param_shapes = {"knots": "knots"}
 
     def _fit(self, x, y):
         self._fit_one_vs_rest(self._probs(x), y)
@@ -128,7 +128,7 @@ class IsotonicOneVsRestTS(_Isotonic):
     """
 
     name = "irova-ts"
-    _param_shapes = {"beta": (), "knots": "knots"}
+    param_shapes = {"beta": (), "knots": "knots"}
 
     def _fit(self, x, y):
         z = self._logits(x)
@@ -143,7 +143,7 @@ class IsotonicMultiClass(_Isotonic):
     """``irm``: one isotonic map shared by all classes. Fitted state: ``knots`` (1 set)."""
 
     name = "irm"
-    _param_shapes = {"knots": "knots"}
+    param_shapes = {"knots": "knots"}
 
     def _fit(self, x, y):
         p = self._probs(x)

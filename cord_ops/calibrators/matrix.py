@@ -35,7 +35,7 @@ class MatrixScaling(UnregularisedAffine):
 
     name = "ms"
     full = True
-    _param_shapes = {"weights": ("K", "K"), "bias": ("K",)}
+    param_shapes = {"weights": ("K", "K"), "bias": ("K",)}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 300, gtol: float = 1e-6, ftol: float = 1e-12):

@@ -44,7 +44,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize
 
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator
+from cord_ops.softmax import softmax
 
 #: Smallest inverse scale (largest temperature, 1e3): keeps the top rank strictly above
 #: every rank whose logit is smaller (module docstring).
@@ -133,7 +134,7 @@ class MonotoneCalibrationMCCTI(Calibrator):
 
     name = "mcct-i"
     _options = ("max_iter", "gtol", "ftol")
-    _param_shapes = {"inv_scales": ("K",), "biases": ("K",)}
+    param_shapes = {"inv_scales": ("K",), "biases": ("K",)}
 
     _option_checks = {"max_iter": {"integer": True}, "gtol": {}, "ftol": {"allow_zero": True}}
 

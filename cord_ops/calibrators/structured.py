@@ -35,8 +35,9 @@ from __future__ import annotations
 import numpy as np
 
 from cord_ops.calibrators._affine import Penalty, affine_logits, fit_affine
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator
 from cord_ops.calibrators.temperature import fit_inverse_temperature
+from cord_ops.softmax import softmax
 
 
 def ts_mix(z: np.ndarray, beta: float, eps: float) -> np.ndarray:
@@ -104,7 +105,7 @@ class StructuredVectorScaling(_StructuredScaling):
 
     name = "svs"
     _full = False
-    _param_shapes = {"mix_beta": (), "mix_eps": (), "weights": ("K",), "bias": ("K",)}
+    param_shapes = {"mix_beta": (), "mix_eps": (), "weights": ("K",), "bias": ("K",)}
 
 
 class StructuredMatrixScaling(_StructuredScaling):
@@ -115,4 +116,4 @@ class StructuredMatrixScaling(_StructuredScaling):
 
     name = "sms"
     _full = True
-    _param_shapes = {"mix_beta": (), "mix_eps": (), "weights": ("K", "K"), "bias": ("K",)}
+    param_shapes = {"mix_beta": (), "mix_eps": (), "weights": ("K", "K"), "bias": ("K",)}

@@ -37,13 +37,9 @@ import warnings
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from cord_ops.calibrators._base import (
-    PROB_FLOOR,
-    Calibrator,
-    ConvergenceWarning,
-    softmax,
-    warn_not_converged,
-)
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, ConvergenceWarning
+from cord_ops.calibrators.solvers import warn_not_converged
+from cord_ops.softmax import softmax
 
 #: Bracket of the inverse temperature, as in probmetrics' bisection (log beta in [-16, 16]).
 BETA_BOUNDS = (math.exp(-16.0), math.exp(16.0))
@@ -224,7 +220,7 @@ class TemperatureScaling(Calibrator):
     name = "ts"
     _options = ("max_iter",)
     _option_checks = {"max_iter": {"integer": True}}
-    _param_shapes = {"beta": ()}
+    param_shapes = {"beta": ()}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 100):

@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, softmax
+from cord_ops.calibrators._base import PROB_FLOOR, Calibrator
+from cord_ops.softmax import softmax
 
 #: log(beta) range scanned, as TS's bracket.
 LOG_BETA_RANGE = (-16.0, 16.0)
@@ -73,7 +74,7 @@ class TemperatureScalingTvA(Calibrator):
 
     name = "ts-tva"
     _options = ()
-    _param_shapes = {"beta": ()}
+    param_shapes = {"beta": ()}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR):
         super().__init__(input_kind, prob_floor)

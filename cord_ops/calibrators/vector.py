@@ -23,7 +23,7 @@ class VectorScaling(UnregularisedAffine):
 
     name = "vs"
     full = False
-    _param_shapes = {"weights": ("K",), "bias": ("K",)}
+    param_shapes = {"weights": ("K",), "bias": ("K",)}
 
     def __init__(self, input_kind: str = "logits", prob_floor: float = PROB_FLOOR,
                  max_iter: int = 1000, gtol: float = 1e-6, ftol: float = 1e-12):

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 from prefect import flow, get_run_logger
 
-from cord_ops import CORD, cord, data, metrics
+from cord_ops import CORD, cord_kernels, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
 from flows.errors import CordOpsError
@@ -912,8 +912,8 @@ def run_params(calibrator: str, dataset: data.Dataset, n_calibration: int,
         "n_evaluation": str(n_evaluation),
         "seed": str(seed),
         "input_kind": dataset.input_kind,
-        "eps_num": repr(cord.EPS_NUM),
-        "delta_stab": repr(cord.DELTA_STAB),
+        "eps_num": repr(cord_kernels.EPS_NUM),
+        "delta_stab": repr(cord_kernels.DELTA_STAB),
         "eta_star": repr(repair.eta_),
     }
 

@@ -300,7 +300,7 @@ def fit_shards(spec, calibrator: str = "ts", *, dask_address: str | None = None,
     the same rows. ``gather`` selects ``fit_cord``'s gathered mode (eta* bit-identical to
     ``CORD.fit`` on all rows)."""
     if not isinstance(calibrator, str):
-        calibrator._check_fitted()  # a fitted calibrator: only CORD is fitted here
+        calibrator.check_is_fitted()  # a fitted calibrator: only CORD is fitted here
     elif calibrator not in REDUCIBLE:
         raise ValueError(f"calibrator {calibrator!r} cannot be fitted on Dask partitions "
                          f"(it needs every row at once); expected one of "

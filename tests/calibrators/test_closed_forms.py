@@ -10,8 +10,8 @@ import pytest
 from sklearn.isotonic import IsotonicRegression
 
 from cord_ops.calibrators import CALIBRATOR_NAMES, ConvergenceWarning, make_calibrator
-from cord_ops.calibrators._base import softmax
 from cord_ops.calibrators.isotonic import normalise
+from cord_ops.softmax import softmax
 
 
 def _sm(s):

@@ -16,8 +16,8 @@ from cord_ops.calibrators import (
     calibrator_from_dict,
     make_calibrator,
 )
-from cord_ops.calibrators._base import softmax
 from cord_ops.metrics import nll
+from cord_ops.softmax import softmax
 
 NAMES = list(CALIBRATOR_NAMES)
 

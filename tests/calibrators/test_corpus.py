@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 
 from cord_ops import CORD
 from cord_ops.calibrators import CALIBRATOR_NAMES, TOP1_PRESERVING
-from cord_ops.calibrators._base import softmax
 from cord_ops.calibrators.isotonic import saturation_softmax
+from cord_ops.softmax import softmax
 
 
 def _problems(entry, name: str) -> list[str]:

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from sklearn.model_selection import StratifiedKFold
 
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator
-from cord_ops.calibrators._base import softmax
 from cord_ops.calibrators.dirichlet import (
     STOP_MARGIN,
     DirichletODIR,
@@ -21,6 +20,7 @@ from cord_ops.calibrators.dirichlet import (
     kull_grid,
 )
 from cord_ops.metrics import PROB_FLOOR
+from cord_ops.softmax import softmax
 
 
 def _features(z, floor=PROB_FLOOR):

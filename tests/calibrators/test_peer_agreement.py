@@ -16,7 +16,7 @@ import pytest
 from calibrators.synthetic import miscalibrated
 
 from cord_ops.calibrators import make_calibrator
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 
 REFERENCE = json.loads((Path(__file__).resolve().parents[1] / "data" /
                         "probmetrics_synthetic.json").read_text())

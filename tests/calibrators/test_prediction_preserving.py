@@ -14,9 +14,9 @@ from hypothesis.extra.numpy import arrays
 from scipy.optimize import minimize_scalar
 
 from cord_ops.calibrators import ConvergenceWarning, calibrator_from_dict, make_calibrator
-from cord_ops.calibrators._base import softmax
 from cord_ops.calibrators.monotonic import monotone_scores
 from cord_ops.calibrators.topversusall import tva_loss
+from cord_ops.softmax import softmax
 from cord_ops.validation import top1
 
 

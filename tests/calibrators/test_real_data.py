@@ -14,8 +14,8 @@ import pytest
 from conftest import load_shared, requires_shared, shared_files
 
 from cord_ops.calibrators import CALIBRATOR_NAMES, make_calibrator
-from cord_ops.calibrators._base import softmax
 from cord_ops.metrics import brier, nll
+from cord_ops.softmax import softmax
 from cord_ops.validation import top1
 
 pytestmark = [requires_shared, pytest.mark.shared_data]

@@ -41,7 +41,7 @@ from cord_ops.calibrators import (
     calibrator_from_dict,
     make_calibrator,
 )
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 
 NAMES = list(CALIBRATOR_NAMES)
 API_CHECKS = (check_estimator_cloneable, check_estimator_repr, check_get_params_invariance,
@@ -58,6 +58,24 @@ def test_calibrators_pass_the_api_checks_that_need_no_data(name):
         check(name, CALIBRATORS[name]())
     for check in API_CHECKS:
         check("CORD", CORD())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_public_fitted_state_checks_and_parameter_list(name, synthetic):
+    """``check_is_fitted`` refuses an unfitted calibrator by name and passes a fitted one;
+    ``param_shapes`` lists exactly the fitted arrays the state stores, each an attribute."""
+    zc, yc, _, _ = synthetic
+    cal = make_calibrator(name, input_kind="logits")
+    with pytest.raises(NotFittedError, match=rf"^{name}: this calibrator is not fitted yet"):
+        cal.check_is_fitted()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        cal.fit(zc, yc)
+    assert cal.check_is_fitted() is None
+    state = cal.to_dict()["params"]
+    assert set(CALIBRATORS[name].param_shapes) == set(state)
+    for key in state:
+        assert hasattr(cal, key + "_")
 
 
 @pytest.mark.parametrize("name", NAMES)

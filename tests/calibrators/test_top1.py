@@ -15,7 +15,7 @@ from cord_ops.calibrators import (
     ConvergenceWarning,
     make_calibrator,
 )
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 from cord_ops.validation import top1
 
 

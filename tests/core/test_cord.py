@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from sklearn.exceptions import NotFittedError
 
-from cord_ops import CORD, minimal_repair, validation
-from cord_ops import cord as cord_module
-from cord_ops.cord import EPS_NUM, pairwise_column_sum
+from cord_ops import CORD, cord_kernels, cord_solve, minimal_repair, validation
+from cord_ops.cord_kernels import EPS_NUM, pairwise_column_sum
 
 TOL = 1e-9
 
@@ -354,12 +353,12 @@ def test_blocks_layouts_and_screening_do_not_change_a_bit(pair, block_bytes, col
     row-wise reductions and exact evaluations at every bisection step."""
     p0, q = pair
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cord_module, "COLUMNWISE_MAX_K", 0)
-        mp.setattr(cord_module, "screen_margin", lambda n: np.inf)
+        mp.setattr(cord_kernels, "COLUMNWISE_MAX_K", 0)
+        mp.setattr(cord_solve, "screen_margin", lambda n: np.inf)
         mp.setattr(validation, "BLOCK_BYTES", 1 << 40)
         eta, mu, out = _fit_and_transform(p0, q)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cord_module, "COLUMNWISE_MAX_K", 1000 if columns else 0)
+        mp.setattr(cord_kernels, "COLUMNWISE_MAX_K", 1000 if columns else 0)
         mp.setattr(validation, "BLOCK_BYTES", block_bytes)
         eta2, mu2, out2 = _fit_and_transform(p0, q)
     assert (eta2, mu2) == (eta, mu)
@@ -383,14 +382,14 @@ def test_whole_array_check_has_the_last_word(columns, monkeypatch):
     decides: here every block check fails, the inputs are valid, and the results stand."""
     p0, q = pairs(np.random.default_rng(9), 50, 4 if columns else 40)
     eta, mu, out = _fit_and_transform(p0, q)
-    monkeypatch.setattr(cord_module, "probability_rows_ok", lambda *args, **kwargs: False)
+    monkeypatch.setattr(cord_kernels, "probability_rows_ok", lambda *args, **kwargs: False)
     assert _fit_and_transform(p0, q)[:2] == (eta, mu)
     np.testing.assert_array_equal(_fit_and_transform(p0, q)[2], out)
 
 
 @pytest.mark.parametrize("columns", [True, False])
 def test_bad_row_in_a_later_block_is_named(columns, monkeypatch):
-    monkeypatch.setattr(cord_module, "COLUMNWISE_MAX_K", 1000 if columns else 0)
+    monkeypatch.setattr(cord_kernels, "COLUMNWISE_MAX_K", 1000 if columns else 0)
     monkeypatch.setattr(validation, "BLOCK_BYTES", 8 * 3 * 5)  # five rows per block
     p0, q = pairs(np.random.default_rng(5), 40, 3)
     bad_q = q.copy()

@@ -112,7 +112,8 @@ def test_the_public_fit_helpers_give_fits_eta_and_mu():
     """What a driver that fits outside ``CORD.fit`` uses (cord_ops.reduce, flows.shards):
     the row scalars of all rows give fit's eta* and mu bit for bit, a recorded fit
     transforms as fit's does, and bad parameters fail the same check."""
-    from cord_ops.cord import check_cord_params, fit_from_row_scalars, row_scalars, set_fitted
+    from cord_ops.cord import check_cord_params, fit_from_row_scalars, set_fitted
+    from cord_ops.cord_kernels import row_scalars
 
     rng = np.random.default_rng(3)
     p0 = rng.dirichlet(np.ones(5), size=200)

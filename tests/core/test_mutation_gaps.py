@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from scipy.optimize import brentq
 
 from cord_ops.calibrators import temperature
-from cord_ops.cord import RepairTerms, multiplier_of, nearest_zero_multiplier, response
+from cord_ops.cord_kernels import RepairTerms, multiplier_of, response
+from cord_ops.cord_solve import nearest_zero_multiplier
 
 
 def _terms(g, lower, upper) -> RepairTerms:

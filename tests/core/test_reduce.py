@@ -15,7 +15,6 @@ from hypothesis.extra.numpy import arrays
 
 from cord_ops import CORD, metrics
 from cord_ops.calibrators import make_calibrator
-from cord_ops.calibrators._base import softmax
 from cord_ops.reduce import (
     cord_partition_pass,
     cord_pass_sums,
@@ -30,6 +29,7 @@ from cord_ops.reduce import (
     repaired_metric_sums,
     temperature_step,
 )
+from cord_ops.softmax import softmax
 
 
 def split(n, cuts):
@@ -52,7 +52,7 @@ def test_exact_sum_is_the_exact_sum_for_any_split(x, data):
 
 
 def scalar_partitions(p0, q, slices, lam=0.5):
-    from cord_ops.cord import row_scalars
+    from cord_ops.cord_kernels import row_scalars
 
     out = []
     for rows in slices:
@@ -91,7 +91,7 @@ def test_reduced_eta_solves_the_same_equation_as_fit(k):
     fitted = CORD().fit(p0, q)
     assert fitted.eta_ != 0.0
     assert abs(reduced.mu_ - fitted.mu_) <= 4 * np.spacing(fitted.mu_)
-    from cord_ops.cord import RepairTerms, response, row_scalars
+    from cord_ops.cord_kernels import RepairTerms, response, row_scalars
 
     b, lower, g = row_scalars(p0, q, 0.5)
     terms = RepairTerms(None, b, None, None, lower, np.full(6000, 1 - 1e-12), g)
@@ -216,7 +216,8 @@ def test_metrics_from_the_cord_pass_equal_those_of_the_repaired_arrays(k):
 def test_screened_bisection_steps_take_the_exact_branches(pair, target):
     """The reduced bisection decides far-from-root steps on estimated sums; every decision
     must be the exact mean's: eta* equals the all-exact bisection's bit for bit."""
-    from cord_ops.cord import EPS_NUM, bisect_multiplier
+    from cord_ops.cord_kernels import EPS_NUM
+    from cord_ops.cord_solve import bisect_multiplier
     from cord_ops.reduce import _ReducedMean
 
     p0, q = pair
@@ -228,7 +229,7 @@ def test_screened_bisection_steps_take_the_exact_branches(pair, target):
     exact.screening = False
     g = np.concatenate([p["g"] for p in parts])
     lower = np.concatenate([p["lower"] for p in parts])
-    from cord_ops.cord import multiplier_of
+    from cord_ops.cord_kernels import multiplier_of
 
     eta = bisect_multiplier(exact, screened.mu_,
                             lambda: float(multiplier_of(g, np.full(n, 1 - EPS_NUM)).max()),

@@ -14,7 +14,7 @@ from servers import dask_cluster
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 from flows.shards.distributed import fit_shards
 
 pytestmark = pytest.mark.slow
@@ -122,6 +122,15 @@ def test_bad_input_is_refused_naming_the_file(cluster, logits, tmp_path):
     pq.write_table(table, bad / "part-01.parquet")
     with pytest.raises(ValueError, match=r"part-01.parquet.*row 5"):
         fit_shards(str(bad), "ts", client=client)
+
+
+def test_an_unfitted_calibrator_is_refused_before_any_shard_is_read(tmp_path):
+    """A calibrator object must come fitted (only CORD is fitted here): refused by name
+    before the shards are looked for (the folder does not exist) or a cluster starts."""
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError, match=r"^vs: this calibrator is not fitted yet"):
+        fit_shards(str(tmp_path / "absent"), make_calibrator("vs"), n_workers=1)
 
 
 def test_local_cluster_when_no_address(logits, tmp_path):

@@ -26,9 +26,9 @@ from servers import dask_cluster
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import calibrator_from_dict, make_calibrator
-from cord_ops.calibrators._base import softmax
-from cord_ops.cord import row_scalars
+from cord_ops.cord_kernels import row_scalars
 from cord_ops.reduce import fit_cord, local_reduce
+from cord_ops.softmax import softmax
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 

@@ -13,7 +13,7 @@ from corpus import FIT_OPTIONS
 
 from cord_ops import CORD
 from cord_ops.calibrators import ConvergenceWarning, make_calibrator
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 from onnx_export.runtime import open_session
 
 #: Options that keep every fit well under a second (one table with the corpus's).

@@ -12,7 +12,7 @@ from sklearn.neural_network import MLPClassifier
 
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from cord_ops.calibrators._base import softmax
+from cord_ops.softmax import softmax
 from onnx_export import compose_with_classifier, export_onnx, open_session
 
 

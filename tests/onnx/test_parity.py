@@ -18,8 +18,8 @@ from cord_ops.calibrators import (
     calibrator_from_dict,
     make_calibrator,
 )
-from cord_ops.calibrators._base import softmax
-from cord_ops.cord import repair_terms, response
+from cord_ops.cord_kernels import repair_terms, response
+from cord_ops.softmax import softmax
 from onnx_export import export_onnx, model_metadata
 from onnx_export.builder import OPSET
 

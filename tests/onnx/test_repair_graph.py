@@ -3,9 +3,9 @@ run by onnxruntime on hand-made rows, without fitting a calibrator (issue 25: th
 tests reach the repair only through fitted families, at 2-5 s a case).
 
 Expected values come from outside the module under test: H(g, eta) from the quadratic of
-eq. 13 solved in 50-digit decimal arithmetic, the repaired rows from ``cord_ops.cord`` (the
-numpy implementation the graph mirrors), and the float32 fix-up from the module
-docstring's rule s = max(s, r (1 + 2 eps)).
+eq. 13 solved in 50-digit decimal arithmetic, the repaired rows from
+``cord_ops.cord_kernels`` (the numpy implementation the graph mirrors), and the float32
+fix-up from the module docstring's rule s = max(s, r (1 + 2 eps)).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from cord_ops.cord import DELTA_STAB, EPS_NUM, reconstruct, repair_terms, response
+from cord_ops.cord_kernels import DELTA_STAB, EPS_NUM, reconstruct, repair_terms, response
 from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder, tensor_info
 from onnx_export.repair import CHANGED_FROM_RUNNER_UP, build_repair, interior_response, on_boundary
 from onnx_export.runtime import open_session
