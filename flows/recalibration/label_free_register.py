@@ -206,7 +206,7 @@ def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: 
 
 def _check_logged(uri: str, info, graph) -> None:
     """The logged model's ONNX file is the graph whose parity was checked, byte for byte."""
-    from flows.recalibration.flow import file_digests
+    from flows.recalibration.artifacts import file_digests
     from flows.registry import tracking
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-verify-") as tmp:

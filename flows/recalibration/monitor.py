@@ -24,8 +24,9 @@ from prefect import flow, get_run_logger
 
 from cord_ops import data, metrics
 from flows.promotion import gate
-from flows.recalibration.flow import RecalibrationResult, load_dataset, recalibrate
+from flows.recalibration.flow import RecalibrationResult, recalibrate
 from flows.recalibration.label_free_monitor import settle_labelled
+from flows.recalibration.tasks import load_dataset
 from flows.registry import tracking
 from flows.registry import versions as registry
 from flows.runtime.tasks import compute_task, store_task

@@ -42,12 +42,15 @@ def _source(uri: str, run_id: str) -> tuple[str, str]:
     import warnings
 
     from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
 
     try:
         with warnings.catch_warnings():  # "can be interpreted in multiple ways": local
             warnings.simplefilter("ignore")
             source = resolve_dataset_source(uri)
-        return source._get_source_type(), source.to_json()
+        # A dataset's public dict names its source's type; the digest given skips hashing.
+        described = MetaDataset(source, name=DATASET_NAME, digest="-").to_dict()
+        return described["source_type"], described["source"]
     except Exception:
         return "mlflow-artifact", json.dumps({"uri": uri, "run_id": run_id})
 

@@ -319,11 +319,16 @@ def _prepare_sqlite(uri: str, db: Path, timeout: float) -> None:
 
 
 def _sqlite_ready(db: Path) -> bool:
-    """True when ``db`` is an MLflow store at the schema this MLflow expects, with its
-    Default experiment: nothing to create or upgrade. Read-only."""
-    import sqlite3
+    """True when the installed MLflow already opened ``db`` under the store lock and its
+    schema has not moved since: its revision and MLflow's version are those the ready mark
+    recorded then (:func:`_mark_ready`), and its Default experiment exists. Nothing to
+    create or upgrade then. Read-only, and MLflow is not imported.
 
-    from mlflow.store.db.utils import _get_latest_schema_revision
+    MLflow's public surface does not say which schema revision it expects without opening
+    the store, and opening one whose tables are incomplete creates and migrates them, which
+    must not happen outside the lock; so the revision to compare with is the one the store
+    had when MLflow last opened it without complaint."""
+    import sqlite3
 
     if not db.is_file() or db.stat().st_size == 0:
         return False
@@ -337,7 +342,42 @@ def _sqlite_ready(db: Path) -> bool:
             connection.close()
     except (sqlite3.Error, TypeError, ValueError):
         return False
-    return revision == _get_latest_schema_revision() and default is not None
+    return default is not None and _ready_mark(db) == {"mlflow": _mlflow_version(),
+                                                       "revision": revision}
+
+
+def _mlflow_version() -> str:
+    from importlib.metadata import version
+
+    return version("mlflow")
+
+
+def _ready_mark_file(db: Path) -> Path:
+    return db.parent / STORE_LOCK.parent / f"{db.name}.ready.json"
+
+
+def _ready_mark(db: Path) -> dict | None:
+    import json
+
+    try:
+        return json.loads(_ready_mark_file(db).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _mark_ready(db: Path) -> None:
+    """Record, under the store lock and after MLflow opened the store without complaint,
+    the schema revision it has and the MLflow version that opened it (:func:`_sqlite_ready`).
+    A mark that cannot be written only costs the next command the lock."""
+    import json
+
+    mark = _ready_mark_file(db)
+    partial = mark.with_name(f".{mark.name}.{os.getpid()}")
+    try:
+        partial.write_text(json.dumps({"mlflow": _mlflow_version(), "revision": _revision(db)}))
+        partial.replace(mark)
+    except OSError:
+        partial.unlink(missing_ok=True)
 
 
 def _check_sqlite_file(uri: str, db: Path) -> None:
@@ -370,37 +410,100 @@ def _check_sqlite_file(uri: str, db: Path) -> None:
                          "MLFLOW_TRACKING_URI")
 
 
+#: What MLflow's store says when it opens a database at an older schema revision.
+OUT_OF_DATE = "out-of-date database schema"
+
+
 def _create_or_upgrade(uri: str, db: Path) -> None:
+    """Under the store lock: open the store with MLflow's public client, which creates a new
+    store's tables and its Default experiment. An existing store is copied first; the copy
+    is kept as ``<db>.before-upgrade`` (as MLflow's upgrade advice asks) when the schema
+    moved: MLflow migrates a store that lacks one of its tables while opening it, and
+    refuses one at an older revision that has them all, which is then upgraded with MLflow's
+    own ``mlflow db upgrade`` and opened again."""
     import shutil
+    import sqlite3
 
     import sqlalchemy
     from mlflow.exceptions import MlflowException
-    from mlflow.store.db import utils
 
-    engine = utils.create_sqlalchemy_engine(uri)
+    before = _revision(db)  # None: a new store, nothing to keep
+    backup = db.with_name(f"{db.name}.before-upgrade")
+    copy = backup.with_name(f".{backup.name}.{os.getpid()}") if before is not None else None
+    upgrading = False
     try:
-        tables = set(sqlalchemy.inspect(engine).get_table_names())
-        if tables and "experiments" not in tables:
-            raise StoreError(f"{uri}: {db} is an SQLite database but not an MLflow store "
-                             f"(tables: {', '.join(sorted(tables)[:5])})")
-        if not utils._all_tables_exist(engine):
-            # A new store (or one whose creation was interrupted): MLflow's own creation.
-            utils._initialize_tables(engine)
-        elif utils._get_schema_version(engine) != utils._get_latest_schema_revision():
-            # Keep the pre-upgrade database, as MLflow's upgrade advice asks.
-            shutil.copyfile(db, db.with_name(f"{db.name}.before-upgrade"))
-            utils._upgrade_db(engine)
+        if copy is not None:
+            shutil.copyfile(db, copy)
+        if not _open_store(uri):
+            upgrading = True
+            _upgrade(uri)
+            if not _open_store(uri):
+                raise StoreError(f"{uri}: cannot create or upgrade the MLflow store: the "
+                                 "schema is still out of date after `mlflow db upgrade`")
+        _mark_ready(db)
     except StoreError:
         raise
-    except (sqlalchemy.exc.SQLAlchemyError, MlflowException, OSError) as exc:
+    except (sqlalchemy.exc.SQLAlchemyError, MlflowException, OSError, sqlite3.Error) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StoreError(f"{uri}: cannot create or upgrade the MLflow store: {first}") from exc
     finally:
-        engine.dispose()
-    # The Default experiment is inserted on first open; do it here, still under the lock.
-    from mlflow import MlflowClient
+        if copy is not None and copy.exists():
+            # Kept when the schema moved, or an upgrade was tried (even part-way): the way
+            # back. Otherwise dropped, so an earlier backup is not replaced by a copy of
+            # a store that nothing changed.
+            if upgrading or _revision(db) != before:
+                copy.replace(backup)
+            else:
+                copy.unlink()
 
-    MlflowClient(uri).get_experiment("0")
+
+def _revision(db: Path) -> str | None:
+    """The schema revision of the MLflow store ``db`` (read-only), None when it has none."""
+    import sqlite3
+
+    if not db.is_file() or db.stat().st_size == 0:
+        return None
+    try:
+        connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        try:
+            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return None
+    return None if row is None else row[0]
+
+
+def _open_store(uri: str) -> bool:
+    """Open the store at ``uri`` with ``MlflowClient`` (its first use creates a new store
+    and the Default experiment); False when MLflow refuses it as out of date."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client(uri).get_experiment("0")
+    except MlflowException as exc:
+        if OUT_OF_DATE in str(exc):
+            return False
+        raise
+    return True
+
+
+def _upgrade(uri: str) -> None:
+    """``mlflow db upgrade URI``, MLflow's public migration command, in a child process."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "mlflow", "db", "upgrade", uri],
+                            capture_output=True, text=True, env=subprocess_environment())
+    if result.returncode != 0:
+        import re
+
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        # The exception's own line, not SQLAlchemy's "(Background on this error ...)" after it
+        errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception)\b", line)]
+        cause = (errors or lines or [f"exit status {result.returncode}"])[-1]
+        raise StoreError(f"{uri}: cannot create or upgrade the MLflow store: `mlflow db "
+                         f"upgrade` failed ({cause[:300]})")
 
 
 def _probe_http(uri: str, timeout: float) -> None:

@@ -1,5 +1,5 @@
 """A graph that does not compute what cord_ops computes is never registered: the parity
-check of the recalibration flow (flows.recalibration.flow.verify_parity, Parity.ok) and the
+check of the recalibration flow (flows.recalibration.tasks.verify_parity, Parity.ok) and the
 registry step that refuses it, on a real exported graph whose calibrator was perturbed,
 run with onnxruntime, against the real sqlite store. The task bodies are called directly
 (``.fn``): the refusal happens before any Prefect or store machinery is needed."""
@@ -13,7 +13,7 @@ import pytest
 from cord_ops import CORD, data
 from cord_ops.calibrators import make_calibrator
 from flows.promotion import gate as gating
-from flows.recalibration import flow
+from flows.recalibration import store_tasks, tasks
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def fitted(digits):
     calibration, evaluation = data.split(digits, 0, 0.5)
     ts = make_calibrator("ts").fit(calibration.scores, calibration.labels)
     repair = CORD().fit(calibration.probabilities(), ts.predict_proba(calibration.scores))
-    report = flow.evaluate_reports.fn(evaluation, ts, repair)
+    report = tasks.evaluate_reports.fn(evaluation, ts, repair)
     return calibration, evaluation, ts, repair, report
 
 
@@ -29,24 +29,24 @@ def test_a_perturbed_graph_fails_parity_registers_nothing_and_is_not_promoted(fi
     from mlflow import MlflowClient
 
     calibration, evaluation, ts, repair, report = fitted
-    honest = flow.export_model.fn(ts, repair, 10, "logits", "float32")
-    assert flow.verify_parity.fn(honest, evaluation, report, "float32", ts, repair).ok
+    honest = tasks.export_model.fn(ts, repair, 10, "logits", "float32")
+    assert tasks.verify_parity.fn(honest, evaluation, report, "float32", ts, repair).ok
 
     # The same family with beta off by 0.1 %: every top-1 is kept (beta > 0 and the
     # repair preserve it), the probabilities move far beyond float32 rounding.
     wrong = copy.deepcopy(ts)
     wrong.beta_ = ts.beta_ * 1.001
-    parity = flow.verify_parity.fn(flow.export_model.fn(wrong, repair, 10, "logits",
-                                                        "float32"),
-                                   evaluation, report, "float32", ts, repair)
+    parity = tasks.verify_parity.fn(tasks.export_model.fn(wrong, repair, 10, "logits",
+                                                          "float32"),
+                                    evaluation, report, "float32", ts, repair)
     assert parity.argmax_agreement == 1.0
     assert parity.max_abs_diff > 1e-4 > parity.tolerance and parity.ok is False
 
     client = MlflowClient(store)
     client.create_registered_model("m")
     with pytest.raises(ValueError, match=r"ONNX parity failed: .* nothing registered"):
-        flow.register.fn(store, "run-never-used", "0", "m", None, parity, evaluation,
-                         repair, "ts")
+        store_tasks.register.fn(store, "run-never-used", "0", "m", None, parity,
+                                evaluation, repair, "ts")
     assert client.search_model_versions("name = 'm'") == []
 
     policy = gating.Policy.for_classes(10)

@@ -109,3 +109,18 @@ def test_runs_pinning_the_same_split_at_once_all_succeed(tmp_path):
     assert [p.returncode for p in processes] == [0] * 8, [e[-800:] for e in errors]
     for run in runs:
         assert reference.reference_input(client, run) is not None
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    ("s3://bucket/1/r/artifacts/reference/evaluation.npz",
+     ("s3", {"uri": "s3://bucket/1/r/artifacts/reference/evaluation.npz"})),
+    ("https://host/reference/evaluation.npz",
+     ("http", {"url": "https://host/reference/evaluation.npz"})),
+    # a scheme MLflow's resolver does not take keeps the URI and the run
+    ("mlflow-artifacts:/1/r/artifacts/reference/evaluation.npz",
+     ("mlflow-artifact", {"uri": "mlflow-artifacts:/1/r/artifacts/reference/evaluation.npz",
+                          "run_id": "r"})),
+])
+def test_the_reference_source_is_typed_as_mlflow_resolves_the_artifact_uri(uri, expected):
+    source_type, source = reference._source(uri, "r")
+    assert (source_type, json.loads(source)) == expected

@@ -143,7 +143,7 @@ def test_withdraw_restores_the_alias_and_deletes_the_version(client, had_champio
 def test_store_tasks_retry_transient_errors_and_only_those():
     from sqlalchemy.exc import OperationalError
 
-    from flows.recalibration.flow import store_task
+    from flows.runtime.tasks import store_task
 
     calls = []
 
