@@ -316,14 +316,6 @@ def test_the_private_name_check_catches_an_injected_use(tmp_path):
 #: stays: the test fails on any other and on any of these that is gone. Keys are (module,
 #: the attribute as written).
 KNOWN_PRIVATE_ATTRIBUTES = {
-    ("flows.registry.reference", "source._get_source_type"):
-        "MLflow's dataset sources say their type only through this private method; being "
-        "removed by another change",
-    **{("flows.registry.tracking", f"utils.{name}"):
-       "MLflow's store creation and upgrade steps exist only as private functions of "
-       "mlflow.store.db.utils; being removed by another change"
-       for name in ("_all_tables_exist", "_initialize_tables", "_get_schema_version",
-                    "_get_latest_schema_revision", "_upgrade_db")},
     ("flows.runtime.warm", "atexit._run_exitfuncs"):
         "the warm runner's child runs the interpreter's exit handlers (Prefect sends the "
         "logs and events it still queues) before os._exit; the standard library has no "
