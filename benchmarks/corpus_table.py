@@ -34,17 +34,17 @@ from onnx_export.runtime import open_session  # noqa: E402
 
 def gate_column(uncal_nll: float, cord_nll: float, cal_labels, eval_labels, k: int) -> str:
     """The gate's verdict on this run as a first version (no champion, TPCR 0, parity
-    verified): ``refused: harm`` when ``flows.promotion.gate.decide`` says the repaired model is
+    verified): ``refused: harm`` when ``flows.promotion.rules.decide`` says the repaired model is
     worse than the uncalibrated one (``decision.harms``), ``refused`` for another rule,
     ``promoted`` otherwise; ``n/a`` on a gate without the uncalibrated baseline (before
     issue 23's part 3)."""
-    from flows.promotion import gate
+    from flows.promotion import rules
 
-    if "uncalibrated_nll" not in inspect.signature(gate.decide).parameters:
+    if "uncalibrated_nll" not in inspect.signature(rules.decide).parameters:
         return "n/a"
-    evidence = gate.Evidence(gate.label_counts(cal_labels, k), gate.label_counts(eval_labels, k))
-    decision = gate.decide(cord_nll, 0.0, True, None, uncalibrated_nll=uncal_nll,
-                           evidence=evidence, policy=gate.Policy.for_classes(k))
+    evidence = rules.Evidence(rules.label_counts(cal_labels, k), rules.label_counts(eval_labels, k))
+    decision = rules.decide(cord_nll, 0.0, True, None, uncalibrated_nll=uncal_nll,
+                           evidence=evidence, policy=rules.Policy.for_classes(k))
     if decision.harms:
         return "refused: harm"
     return "promoted" if decision.promote else "refused"

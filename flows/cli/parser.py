@@ -223,7 +223,7 @@ def add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-op
 
 def add_gate_options(parser: argparse.ArgumentParser) -> None:
     """Overrides of the champion gate's evidence rules (defaults depend on K;
-    flows.promotion.gate)."""
+    flows.promotion.rules)."""
     parser.add_argument("--min-calibration", type=int, default=None,
                         help="calibration rows needed to promote (default: max(100, 10 K))")
     parser.add_argument("--min-evaluation", type=int, default=None,

@@ -350,11 +350,11 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
 def settle_candidate(client, run_id: str, scored: Scored,
                      labels: np.ndarray) -> tuple[dict[str, float], str]:
     """The run's prior-shift candidate rebuilt from ``monitor/prior_shift.json`` and judged
-    on the labelled batch by the gate's rules (:class:`flows.promotion.gate.Policy`: every
+    on the labelled batch by the gate's rules (:class:`flows.promotion.rules.Policy`: every
     top-1 kept, NLL strictly below the champion's beyond the tolerance, and no worse than
     the uncalibrated classifier's); (metrics ``candidate.*``, verdict in words)."""
     from cord_ops import CORD
-    from flows.promotion import gate
+    from flows.promotion import rules
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-monitor-") as tmp:
         state = json.loads(Path(client.download_artifacts(
@@ -366,7 +366,7 @@ def settle_candidate(client, run_id: str, scored: Scored,
     champion = metrics.nll(scored.repaired, labels)
     uncalibrated = metrics.nll(scored.original, labels)
     tpcr = metrics.tpcr(scored.original, moved)
-    policy = gate.Policy.for_classes(scored.repaired.shape[1])
+    policy = rules.Policy.for_classes(scored.repaired.shape[1])
     failed = []
     if tpcr != 0:
         failed.append(f"changes {tpcr:.2%} of the top-1s")

@@ -121,12 +121,12 @@ def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
     """The options a recalibration of ``dataset`` would refuse, refused now: an evaluation
     file with other classes or another input kind, a seed or fraction the split rejects,
     splits too small to fit, a gate threshold out of range, a calibrator that cannot read
-    the file's input kind. Returns the gate's policy (:class:`flows.promotion.gate.Policy`).
+    the file's input kind. Returns the gate's policy (:class:`flows.promotion.rules.Policy`).
 
     The recalibration flow's own ``check_options`` task runs this same check.
     """
     from cord_ops import data
-    from flows.promotion import gate
+    from flows.promotion import rules
 
     if eval_dataset is not None:
         if eval_dataset.n_classes != dataset.n_classes:
@@ -145,8 +145,8 @@ def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
     except ValueError as exc:
         raise InputError(f"{dataset.path}: {exc}") from exc
     try:
-        policy = gate.Policy.for_classes(dataset.n_classes, **(gate_options or {}))
-        gate.check_fit_floor(*sizes)
+        policy = rules.Policy.for_classes(dataset.n_classes, **(gate_options or {}))
+        rules.check_fit_floor(*sizes)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     # By name, not by building one: that would import scikit-learn (seconds on a busy
@@ -174,14 +174,14 @@ def check_shard_recalibration(plan, calibrator: str, eval_sample: int,
     """:func:`check_recalibration` for a :class:`flows.shards.distributed.ShardPlan`:
     :func:`shard_options`, then the gate's thresholds and the split sizes (the plan's
     exact counts). Returns the gate's policy."""
-    from flows.promotion import gate
+    from flows.promotion import rules
 
     shard_options(calibrator, eval_sample)
     where = plan.data.path if plan.evaluation is None else (
         f"{plan.data.path} / {plan.evaluation.path}")
     try:
-        policy = gate.Policy.for_classes(plan.n_classes, **(gate_options or {}))
-        gate.check_fit_floor(plan.n_calibration, plan.n_evaluation, where)
+        policy = rules.Policy.for_classes(plan.n_classes, **(gate_options or {}))
+        rules.check_fit_floor(plan.n_calibration, plan.n_evaluation, where)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     return policy

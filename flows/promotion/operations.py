@@ -36,7 +36,13 @@ import numpy as np
 from cord_ops import metrics
 from cord_ops.validation import top1
 from flows.errors import CordOpsError
-from flows.promotion import gate
+from flows.promotion.champion import (
+    HEALTH_TAG,
+    champion_timeline,
+    push_history,
+    read_history,
+    record_health,
+)
 from flows.registry import reference
 from flows.registry import versions as registry
 from onnx_export import parity
@@ -158,8 +164,8 @@ def status(client, name: str, limit: int = 10) -> Status:
             _short(tags.get(registry.CANDIDATE_NLL_TAG)),
             _short(tags.get(registry.CHAMPION_NLL_TAG)), ref, reason))
     return Status(name, None if holder is None else str(holder.version),
-                  model.tags.get(gate.HEALTH_TAG, "unknown (not checked yet)"),
-                  gate.read_history(client, name), rows)
+                  model.tags.get(HEALTH_TAG, "unknown (not checked yet)"),
+                  read_history(client, name), rows)
 
 
 def format_status(report: Status) -> str:
@@ -271,13 +277,13 @@ def check_promotable(client, name: str, version: str, allow_label_free: bool = F
 # ---------------------------------------------------------------- alias moves
 def move_champion(client, name: str, version: str, reason: str, how: str) -> None:
     """Tag ``version`` with who/when/why and move the alias; health becomes ok (call it
-    inside :func:`registry_section`, after :func:`flows.gate.push_history`)."""
+    inside :func:`registry_section`, after :func:`flows.promotion.champion.push_history`)."""
     at, by = now(), who()
     client.set_model_version_tag(name, version, PROMOTED_BY_TAG, by)
     client.set_model_version_tag(name, version, PROMOTED_AT_TAG, at)
     client.set_model_version_tag(name, version, PROMOTION_REASON_TAG, f"{how}: {reason}"[:5000])
     client.set_registered_model_alias(name, registry.CHAMPION, version)
-    gate.record_health(client, name, version, None)
+    record_health(client, name, version, None)
 
 
 def promote(client, uri: str, name: str, version: str, reason: str,
@@ -298,8 +304,8 @@ def promote(client, uri: str, name: str, version: str, reason: str,
         if previous == version:
             raise PromotionRefused(f"v{version} already holds @{registry.CHAMPION}")
         check_promotable(client, name, version, allow_label_free)
-        # Before the alias: see gate.push_history.
-        gate.push_history(client, name, {"version": version, "from": previous,
+        # Before the alias: see push_history.
+        push_history(client, name, {"version": version, "from": previous,
                                          "how": "promote", "by": who(), "at": now(),
                                          "reason": reason[:300]})
         move_champion(client, name, version, reason, "promote")
@@ -310,7 +316,7 @@ def rollback(client, uri: str, name: str, reason: str | None = None,
              lock_timeout: float | None = None,
              allow_label_free: bool = False) -> tuple[str | None, str]:
     """Return ``@champion`` of ``name`` to the champion before the current one in the
-    history (:func:`flows.promotion.gate.champion_timeline`); returns (from, to). The move is
+    history (:func:`flows.promotion.champion.champion_timeline`); returns (from, to). The move is
     appended to the history as a ``rollback`` row, so a second rollback undoes the first
     (to go further back: ``promote --version N``). Versions deleted since are skipped; a
     target that fails :func:`check_promotable` refuses the rollback (say which, fix by
@@ -321,7 +327,7 @@ def rollback(client, uri: str, name: str, reason: str | None = None,
     with registry_section(client, uri, name, lock_timeout):
         holder = registry.champion_version(client, name)
         current = None if holder is None else str(holder.version)
-        earlier = gate.champion_timeline(gate.read_history(client, name), current)[:-1]
+        earlier = champion_timeline(read_history(client, name), current)[:-1]
         target = None
         for candidate in reversed(earlier):
             if candidate == current:
@@ -340,7 +346,7 @@ def rollback(client, uri: str, name: str, reason: str | None = None,
         except PromotionRefused as exc:
             raise PromotionRefused(f"cannot roll back to v{target}: {exc}") from None
         text = reason.strip() if reason and reason.strip() else "no reason given"
-        gate.push_history(client, name, {"version": target, "from": current,
+        push_history(client, name, {"version": target, "from": current,
                                          "how": "rollback", "by": who(), "at": now(),
                                          "reason": text[:300]})
         move_champion(client, name, target, text, f"rollback from v{current}")

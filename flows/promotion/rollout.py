@@ -27,8 +27,8 @@ import time
 import uuid
 
 from flows.errors import CordOpsError
-from flows.promotion import gate
 from flows.promotion import operations as champion_ops
+from flows.promotion.champion import push_history
 from flows.promotion.rollout_steps import Budget, Plan
 from flows.registry import versions as registry
 
@@ -232,8 +232,8 @@ def _promote(client, name: str, record: dict, evidence: str, by: str) -> None:
         return
     why = (f"rollout {record['id']} started by {record['started_by']} at "
            f"{record['started_at']} ({record['reason']}); {evidence}; carried out by {by}")
-    # Before the alias, as every move of @champion (flows.promotion.gate.push_history).
-    gate.push_history(client, name, {"version": version, "from": current, "how": "rollout",
+    # Before the alias, as every move of @champion (flows.promotion.champion.push_history).
+    push_history(client, name, {"version": version, "from": current, "how": "rollout",
                                      "by": record["started_by"], "at": champion_ops.now(),
                                      "reason": why[:300], "rollout": record["id"]})
     champion_ops.move_champion(client, name, version, why, "rollout")

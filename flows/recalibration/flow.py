@@ -7,7 +7,7 @@ those of the champion's run (:func:`skip_if_unchanged`) -> split -> fit calibrat
 CORD -> evaluate uncal / base / cord on the evaluation split -> export ONNX -> verify ONNX
 parity with onnxruntime on the evaluation split -> log to MLflow (with the evaluation split
 pinned as the run's reference dataset input) -> register -> gate (rules in
-:mod:`flows.promotion.gate`).
+:mod:`flows.promotion.rules`).
 
 Splits too small to fit at all fail before any run exists; splits large enough to fit but
 not to trust are registered and rejected by the gate with the reason. Warnings the
@@ -46,7 +46,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from flows.preflight import checks as inputs
-from flows.promotion import gate as gating
+from flows.promotion import rules
+from flows.promotion.champion import ChampionUnhealthyError
 from flows.recalibration.artifacts import run_params
 from flows.recalibration.failure import Failure, RecalibrationError, uri_if_store
 from flows.recalibration.store_tasks import (
@@ -105,7 +106,7 @@ class RecalibrationResult:
     tracking_uri: str
     model_name: str
     version: str | None
-    decision: gating.GateDecision | None
+    decision: rules.GateDecision | None
     eta_star: float
     reports: dict[str, dict[str, float]]
     changes: dict[str, int]
@@ -163,9 +164,9 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     the registry lock's kind (``auto``: :func:`flows.registry.lock.choose`). Raises
     :class:`RecalibrationError` naming the failed step. ``min_calibration``,
     ``min_evaluation``, ``max_class_share`` and ``max_label_shift`` override the gate's
-    defaults for K (:class:`flows.promotion.gate.Policy`). When the champion could not be scored,
+    defaults for K (:class:`flows.promotion.rules.Policy`). When the champion could not be scored,
     the candidate is registered as rejected, the run finished, and then
-    :class:`flows.promotion.gate.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
+    :class:`flows.promotion.champion.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
     store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
 
     ``data`` a folder or glob of Parquet shards, or ``dask_address`` given: the fits and
@@ -233,8 +234,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 cord_warnings = cord_warnings + steps(check_no_harm, calibration, fitted,
                                                       repair)
                 report = steps(evaluate_reports, evaluation, fitted, repair)
-                counts = (gating.label_counts(calibration.labels, dataset.n_classes),
-                          gating.label_counts(evaluation.labels, dataset.n_classes))
+                counts = (rules.label_counts(calibration.labels, dataset.n_classes),
+                          rules.label_counts(evaluation.labels, dataset.n_classes))
             else:
                 with session:  # the cluster is released once the metrics are reduced
                     fitted, calibrator_warnings = steps(fit_calibrator_on_shards, session,
@@ -294,7 +295,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
 
     if decision.champion_problem is not None:
         # Finished and recorded; the registry is stuck until an operator acts, so say so.
-        raise gating.ChampionUnhealthyError(model_name, decision.champion_version,
+        raise ChampionUnhealthyError(model_name, decision.champion_version,
                                             decision.champion_problem,
                                             candidate=failure.version)
     return RecalibrationResult(

@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger
 
 from cord_ops import label_free as estimators
 from flows.monitoring import label_free
-from flows.promotion import gate
+from flows.promotion.champion import ChampionUnhealthyError, record_health
 from flows.registry import reference, tracking
 from flows.registry import versions as registry
 from flows.runtime.tasks import compute_task, store_task
@@ -60,9 +60,9 @@ def score_champion(uri: str, model_name: str, batches: list[label_free.Batch]) -
                                           [split.scores, *(b.scores for b in batches)])
     except Exception as exc:  # whatever breaks, the champion is not servable as is
         problem = f"{type(exc).__name__}: {exc}"[:1000]
-    gate.record_health(client, model_name, version, problem)
+    record_health(client, model_name, version, problem)
     if problem is not None:
-        raise gate.ChampionUnhealthyError(model_name, version, problem)
+        raise ChampionUnhealthyError(model_name, version, problem)
     return ChampionOnBatches(version, split.n, np.asarray(split.labels), scored[0], scored[1:])
 
 

@@ -7,11 +7,11 @@ a recalibration when ECE rose by more than ``max_ece_increase`` or NLL by more t
 ``max_nll_increase``.
 
 A champion that cannot be scored on the batch (broken artifact, foreign model, other K or
-input kind) stops the monitor with :class:`flows.promotion.gate.ChampionUnhealthyError` and records
-the problem in the registered-model tag ``cord.champion.health``. A drift-triggered
-recalibration fits on the batch but reaches ``@champion`` only through the gate of
-:mod:`flows.promotion.gate`, which also scores it on the champion's pinned reference split: a batch
-with broken labels cannot promote a model that learned them.
+input kind) stops the monitor with :class:`flows.promotion.champion.ChampionUnhealthyError`
+and records the problem in the registered-model tag ``cord.champion.health``. A
+drift-triggered recalibration fits on the batch but reaches ``@champion`` only through the
+gate (:mod:`flows.promotion.rules`), which also scores it on the champion's pinned reference
+split: a batch with broken labels cannot promote a model that learned them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from cord_ops import data, metrics
-from flows.promotion import gate
+from flows.promotion.champion import ChampionUnhealthyError, record_health
 from flows.recalibration.flow import RecalibrationResult, recalibrate
 from flows.recalibration.label_free_monitor import settle_labelled
 from flows.recalibration.tasks import load_dataset
@@ -91,9 +91,9 @@ def score_champion_on_batch(uri: str, model_name: str,
             baseline = {name: logged[f"cord.{name}"] for name in DRIFT_METRICS}
         except Exception as exc:  # whatever breaks, the champion is not servable as is
             problem = f"{type(exc).__name__}: {exc}"[:1000]
-    gate.record_health(client, model_name, version, problem)
+    record_health(client, model_name, version, problem)
     if problem is not None:
-        raise gate.ChampionUnhealthyError(model_name, version, problem)
+        raise ChampionUnhealthyError(model_name, version, problem)
     return ChampionOnBatch(version, metrics.evaluate(repaired, batch.labels, reference=original),
                            baseline)
 

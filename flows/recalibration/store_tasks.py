@@ -18,7 +18,13 @@ import numpy as np
 from prefect import get_run_logger
 
 from cord_ops import CORD, data, metrics
-from flows.promotion import gate as gating
+from flows.promotion import rules
+from flows.promotion.champion import (
+    champion_reference,
+    push_history,
+    record_health,
+    score_champion,
+)
 from flows.recalibration import plots
 from flows.recalibration.artifacts import (
     DIGESTS_ARTIFACT,
@@ -75,7 +81,7 @@ def skip_if_unchanged(uri: str, run_id: str, model_name: str) -> str | None:
 
     A scheduled recalibration of unchanged data would refit the same graph, register a
     version that ties the champion and churn the registry; the gate would reject the tie
-    (:mod:`flows.promotion.gate`), but only after minutes of fitting and logging.
+    (:mod:`flows.promotion.rules`), but only after minutes of fitting and logging.
     """
     client = tracking.client(uri)
     holder = registry.champion_version(client, model_name)
@@ -109,7 +115,7 @@ def skip_if_unchanged(uri: str, run_id: str, model_name: str) -> str | None:
 def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
                            evaluation: Evaluation,
                            repair: CORD, parity: Parity, fit_warnings: list[str] | None = None,
-                           policy: gating.Policy | None = None) -> None:
+                           policy: rules.Policy | None = None) -> None:
     """Every param and metric the MLflow contract (docs/contract.md) names, in one batch,
     with the fit's
     warnings (tag ``cord.fit.warnings``, "none" when clean) and the gate's thresholds."""
@@ -272,8 +278,8 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
 @store_task
 def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
          counts: tuple, evaluation: data.Dataset, report: Evaluation,
-         parity: Parity, model, dtype: str, policy: gating.Policy,
-         promote: bool) -> gating.GateDecision:
+         parity: Parity, model, dtype: str, policy: rules.Policy,
+         promote: bool) -> rules.GateDecision:
     """Score candidate and champion on the candidate's evaluation split and on the champion's
     pinned reference split, weigh the evidence, record the decision on the version and move
     the alias only to a winner.
@@ -287,28 +293,28 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
 
     client = MlflowClient(uri)
     name, kind = model_name, evaluation.input_kind
-    champion = gating.score_champion(client, name, previous_champion, evaluation.scores,
+    champion = score_champion(client, name, previous_champion, evaluation.scores,
                                      evaluation.labels, kind)
-    ref_split, ref_problem = gating.champion_reference(client, name, previous_champion,
+    ref_split, ref_problem = champion_reference(client, name, previous_champion,
                                                        evaluation.n_classes, kind)
     scored_ref = None
     if previous_champion is not None:
         if ref_split is None or champion.problem is not None:
-            scored_ref = gating.ReferenceScore(previous_champion,
+            scored_ref = rules.ReferenceScore(previous_champion,
                                                problem=ref_problem or "champion not scored")
         else:
-            on_ref = gating.score_champion(client, name, previous_champion, ref_split.scores,
+            on_ref = score_champion(client, name, previous_champion, ref_split.scores,
                                            ref_split.labels, kind)
-            scored_ref = gating.ReferenceScore(
+            scored_ref = rules.ReferenceScore(
                 previous_champion, metrics.nll(_run_graph(model, ref_split.scores, dtype),
                                                ref_split.labels),
                 on_ref.nll, on_ref.problem,
                 uncalibrated_nll=metrics.nll(ref_split.probabilities(), ref_split.labels))
-    evidence = gating.Evidence(
+    evidence = rules.Evidence(
         *counts,
-        None if ref_split is None else gating.label_counts(ref_split.labels,
+        None if ref_split is None else rules.label_counts(ref_split.labels,
                                                            ref_split.n_classes))
-    decision = gating.decide(
+    decision = rules.decide(
         candidate_nll=metrics.nll(parity.repaired, evaluation.labels),
         candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired),
         parity_ok=parity.ok, champion=champion,
@@ -317,7 +323,7 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
         reference=scored_ref, promote=promote,
     )
     if champion is not None:
-        gating.record_health(client, name, previous_champion, champion.problem)
+        record_health(client, name, previous_champion, champion.problem)
     if scored_ref is not None:
         for key, value in (("reference_version", scored_ref.version),
                            ("reference_candidate_nll", repr(scored_ref.candidate_nll)),
@@ -327,7 +333,7 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
     registry.record_decision(client, name, version, decision)
     checkpoints.checkpoint("gate_recorded")
     if decision.promote:
-        gating.push_history(client, name, {
+        push_history(client, name, {
             "version": version, "from": previous_champion, "how": "gate", "by": "gate",
             "reason": decision.reason[:300],
             "at": datetime.now(UTC).isoformat(timespec="seconds")})

@@ -17,7 +17,7 @@ from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
 from flows.preflight import checks as inputs
-from flows.promotion import gate as gating
+from flows.promotion import rules
 from flows.runtime.tasks import compute_task
 from onnx_export import parity
 
@@ -59,14 +59,14 @@ def load_dataset(path: str, input_kind: str) -> data.Dataset:
 @compute_task
 def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
                   dataset: data.Dataset, eval_dataset: data.Dataset | None,
-                  gate_options: dict | None = None) -> gating.Policy:
+                  gate_options: dict | None = None) -> rules.Policy:
     """Reject a bad option before a run exists: unknown calibrator or dtype, a seed or
     fraction the split refuses, an evaluation file that does not match ``dataset``, a gate
     threshold out of range, splits too small to fit at all (the check the CLI runs before
     anything starts, :func:`flows.preflight.checks.check_recalibration`). Returns the gate's
     policy."""
-    if dtype not in gating.DTYPES:
-        raise ValueError(f"dtype: expected one of {gating.DTYPES}, got {dtype!r}")
+    if dtype not in rules.DTYPES:
+        raise ValueError(f"dtype: expected one of {rules.DTYPES}, got {dtype!r}")
     return inputs.check_recalibration(dataset, eval_dataset, calibrator, fraction, seed,
                                       gate_options)
 
@@ -115,7 +115,7 @@ def fit_cord(calibration: data.Dataset, calibrator):
 
 
 def no_harm_warning(calibration: data.Dataset, calibrator, repair: CORD,
-                    tolerance: float = gating.DEFAULT_NLL_TOLERANCE) -> str | None:
+                    tolerance: float = rules.DEFAULT_NLL_TOLERANCE) -> str | None:
     """The do-no-harm check of a fit: on its own calibration split, the calibrator's NLL
     (the metric reported, :func:`cord_ops.metrics.nll`) must be no worse than the identity
     map's, the classifier's own probabilities (within ``tolerance``, relative: rounding).
@@ -125,9 +125,9 @@ def no_harm_warning(calibration: data.Dataset, calibrator, repair: CORD,
     rows, a floor other than the shared one) is kept, and said: the warning goes to the
     run tags (``cord.fit.warnings``, ``cord.fit.harm``) and the summary, and the gate
     refuses any version worse than the uncalibrated model on the evaluation split
-    (:mod:`flows.promotion.gate`, rule 4). Keeping it, rather than falling back to the identity map,
-    leaves the registered calibrator the one that was asked for, so what the operator
-    reads is what was fitted. CORD repairs after the calibrator, so both are reported.
+    (:mod:`flows.promotion.rules`, rule 4). Keeping it, rather than falling back to the
+    identity map, leaves the registered calibrator the one that was asked for, so what the
+    operator reads is what was fitted. CORD repairs after the calibrator, so both are reported.
     """
     uncal = calibration.probabilities()
     base = calibrator.predict_proba(calibration.scores)
@@ -183,11 +183,11 @@ def plan_shard_inputs(data: str, eval_data: str | None, input_kind: str, seed: i
 
 @compute_task
 def check_shard_options(calibrator: str, dtype: str, eval_sample: int, plan,
-                        gate_options: dict | None = None) -> gating.Policy:
+                        gate_options: dict | None = None) -> rules.Policy:
     """:func:`check_options` for shards: the calibrator must be fittable from partition
     sums (:func:`flows.preflight.checks.check_shard_recalibration`)."""
-    if dtype not in gating.DTYPES:
-        raise ValueError(f"dtype: expected one of {gating.DTYPES}, got {dtype!r}")
+    if dtype not in rules.DTYPES:
+        raise ValueError(f"dtype: expected one of {rules.DTYPES}, got {dtype!r}")
     return inputs.check_shard_recalibration(plan, calibrator, eval_sample, gate_options)
 
 

@@ -8,8 +8,9 @@ Life of a version (all of it under the model's registry lock, :mod:`flows.regist
 1. :func:`register_version` creates it with the tag ``cord.registration=pending`` and the
    champion of that moment, in the same call that creates it, after every artifact of its
    run is logged and verified. A retried call finds the version of its own run.
-2. :func:`flows.promotion.gate.score_champion` runs the champion on the same evaluation split (and
-   on its pinned reference split) and :func:`flows.promotion.gate.decide` weighs the evidence.
+2. :func:`flows.promotion.champion.score_champion` runs the champion on the same evaluation
+   split (and on its pinned reference split) and :func:`flows.promotion.rules.decide` weighs
+   the evidence.
 3. :func:`record_decision` writes the decision and both NLLs as version tags,
    :func:`move_alias` moves ``@champion`` for a winner, the run is marked FINISHED and
    :func:`complete_version` marks the version ``complete``, the last write.

@@ -1,4 +1,4 @@
-"""The champion history as an append-only log (flows.promotion.gate.champion_timeline): what a
+"""The champion history as an append-only log (flows.promotion.champion.champion_timeline): what a
 rollback returns to after any sequence of gate promotions, operator promotions, rollbacks
 and crashes between the history write and the alias move."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.promotion import gate
+from flows.promotion import champion
 
 move = st.tuples(st.sampled_from(["gate", "promote", "rollback", "crash"]),
                  st.integers(1, 6))
@@ -39,7 +39,7 @@ def replay(moves):
 @given(st.lists(move, max_size=25))
 def test_timeline_ends_at_the_holder_and_keeps_every_move(moves):
     history, holder, held = replay(moves)
-    timeline = gate.champion_timeline(history, None if holder is None else str(holder))
+    timeline = champion.champion_timeline(history, None if holder is None else str(holder))
     assert timeline == [str(v) for v in held]
 
 
@@ -49,11 +49,11 @@ def test_a_second_rollback_undoes_the_first_and_nothing_is_deleted():
     history = [{"version": "1", "from": None, "how": "gate"},
                {"version": "2", "from": "1", "how": "promote"},
                {"version": "1", "from": "2", "how": "rollback"}]
-    assert gate.champion_timeline(history, "1") == ["1", "2", "1"]
-    assert gate.champion_timeline(history[:2], "2") == ["1", "2"]
+    assert champion.champion_timeline(history, "1") == ["1", "2", "1"]
+    assert champion.champion_timeline(history[:2], "2") == ["1", "2"]
     # A champion from before the history, and a row whose alias move never happened.
-    assert gate.champion_timeline([{"version": "5", "from": "4", "how": "gate"},
+    assert champion.champion_timeline([{"version": "5", "from": "4", "how": "gate"},
                                    {"version": "6", "from": "5", "how": "gate"}],
                                   "5") == ["4", "5"]
-    assert gate.champion_timeline([], "3") == ["3"]
-    assert gate.champion_timeline(history, None) == []
+    assert champion.champion_timeline([], "3") == ["3"]
+    assert champion.champion_timeline(history, None) == []

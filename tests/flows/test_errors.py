@@ -9,7 +9,7 @@ import pytest
 from flows.cli.main import describe_error
 from flows.errors import CordOpsError
 from flows.preflight.checks import InputError
-from flows.promotion.gate import ChampionUnhealthyError
+from flows.promotion.champion import ChampionUnhealthyError
 from flows.promotion.operations import PromotionRefused
 from flows.recalibration.flow import RecalibrationError
 from flows.registry.lock import LockTimeout

@@ -1,4 +1,4 @@
-"""The champion gate's rules as a pure function (flows.promotion.gate.decide): properties over any
+"""The champion gate's rules as a pure function (flows.promotion.rules.decide): properties over any
 NLLs, the evidence thresholds and their K-dependent defaults, and the label-shift noise
 allowance measured against real sampling."""
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.promotion import gate
+from flows.promotion import rules
 
 nll = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
 K = st.integers(min_value=2, max_value=120)
@@ -21,9 +21,9 @@ def balanced(n: int, k: int) -> tuple[int, ...]:
     return tuple(int(c) for c in counts)
 
 
-def plenty(k: int) -> gate.Evidence:
-    n = gate.default_min_rows(k)
-    return gate.Evidence(balanced(n, k), balanced(n, k), balanced(n, k))
+def plenty(k: int) -> rules.Evidence:
+    n = rules.default_min_rows(k)
+    return rules.Evidence(balanced(n, k), balanced(n, k), balanced(n, k))
 
 
 #: The default tolerances, written out: the oracle below must not borrow the gate's own
@@ -36,9 +36,9 @@ REFERENCE_RTOL = 0.02
        tpcr=st.sampled_from([0.0, 0.001, 0.5]), parity=st.booleans(), promote=st.booleans())
 def test_with_enough_evidence_the_gate_promotes_exactly_when_every_condition_holds(
         candidate, champion, uncal, k, tpcr, parity, promote):
-    policy = gate.Policy.for_classes(k)
-    score = None if champion is None else gate.ChampionScore("3", champion)
-    decision = gate.decide(candidate, tpcr, parity, score, uncalibrated_nll=uncal,
+    policy = rules.Policy.for_classes(k)
+    score = None if champion is None else rules.ChampionScore("3", champion)
+    decision = rules.decide(candidate, tpcr, parity, score, uncalibrated_nll=uncal,
                            evidence=plenty(k), policy=policy, promote=promote)
     no_harm = candidate <= uncal * (1 + RTOL)
     wins = tpcr == 0.0 and parity and no_harm and (champion is None
@@ -55,17 +55,17 @@ def test_with_enough_evidence_the_gate_promotes_exactly_when_every_condition_hol
 def test_a_tie_never_moves_the_champion(champion, k):
     """A refit of unchanged data is the same graph, with the same NLL: rejected, so a
     schedule on unchanged data never moves @champion."""
-    decision = gate.decide(champion, 0.0, True, gate.ChampionScore("4", champion),
+    decision = rules.decide(champion, 0.0, True, rules.ChampionScore("4", champion),
                            uncalibrated_nll=10.0, evidence=plenty(k),
-                           policy=gate.Policy.for_classes(k))
+                           policy=rules.Policy.for_classes(k))
     assert not decision.promote
     assert "ties champion v4's" in decision.reason and "strict improvement" in decision.reason
 
 
 def _decide(candidate, *, champion=None, uncal=1.0, reference=None):
-    score = None if champion is None else gate.ChampionScore("7", champion)
-    return gate.decide(candidate, 0.0, True, score, uncalibrated_nll=uncal,
-                       evidence=plenty(10), policy=gate.Policy.for_classes(10),
+    score = None if champion is None else rules.ChampionScore("7", champion)
+    return rules.decide(candidate, 0.0, True, score, uncalibrated_nll=uncal,
+                       evidence=plenty(10), policy=rules.Policy.for_classes(10),
                        reference=reference)
 
 
@@ -110,7 +110,7 @@ def test_uncalibrated_boundary_applies_to_the_first_version(candidate, uncal, pr
 ])
 def test_reference_split_boundaries_are_2_percent(ref_candidate, ref_champion, ref_uncal,
                                                  promoted, words):
-    decision = _decide(0.1, champion=0.2, uncal=1.0, reference=gate.ReferenceScore(
+    decision = _decide(0.1, champion=0.2, uncal=1.0, reference=rules.ReferenceScore(
         "7", ref_candidate, ref_champion, uncalibrated_nll=ref_uncal))
     assert decision.promote is promoted
     assert words in decision.reason
@@ -120,7 +120,7 @@ def test_reference_split_boundaries_are_2_percent(ref_candidate, ref_champion, r
 def short_evidence(draw):
     """Evidence that misses at least one minimum (rows of either split), with any labels."""
     k = draw(K)
-    policy = gate.Policy.for_classes(
+    policy = rules.Policy.for_classes(
         k, min_calibration=draw(st.one_of(st.none(), st.integers(1, 5000))),
         min_evaluation=draw(st.one_of(st.none(), st.integers(1, 5000))))
     short_cal = draw(st.booleans())
@@ -131,7 +131,7 @@ def short_evidence(draw):
         cuts = sorted(draw(st.lists(st.integers(0, n), min_size=k - 1, max_size=k - 1)))
         return tuple(int(c) for c in np.diff([0, *cuts, n]))
 
-    return k, policy, gate.Evidence(counts(policy.min_calibration, short_cal),
+    return k, policy, rules.Evidence(counts(policy.min_calibration, short_cal),
                                     counts(policy.min_evaluation, short_eval))
 
 
@@ -141,9 +141,9 @@ def short_evidence(draw):
 def test_never_promotes_when_a_minimum_is_not_met_whatever_the_nlls(case, candidate,
                                                                    champion, ref):
     k, policy, evidence = case
-    score = None if champion is None else gate.ChampionScore("1", champion)
-    reference = None if ref is None or champion is None else gate.ReferenceScore("1", *ref)
-    decision = gate.decide(candidate, 0.0, True, score, uncalibrated_nll=10.0,
+    score = None if champion is None else rules.ChampionScore("1", champion)
+    reference = None if ref is None or champion is None else rules.ReferenceScore("1", *ref)
+    decision = rules.decide(candidate, 0.0, True, score, uncalibrated_nll=10.0,
                            evidence=evidence, policy=policy, reference=reference)
     assert not decision.promote
     assert "not enough evidence" in decision.reason and "rows (<" in decision.reason
@@ -152,10 +152,10 @@ def test_never_promotes_when_a_minimum_is_not_met_whatever_the_nlls(case, candid
 @pytest.mark.parametrize("k, rows, share", [(2, 100, 0.9), (5, 100, 0.9), (10, 100, 0.5),
                                             (100, 1000, 0.5), (1000, 10000, 0.5)])
 def test_defaults_depend_on_k(k, rows, share):
-    policy = gate.Policy.for_classes(k)
+    policy = rules.Policy.for_classes(k)
     assert (policy.min_calibration, policy.min_evaluation) == (rows, rows)
     assert policy.max_class_share == pytest.approx(share)
-    assert gate.Policy.for_classes(k, min_calibration=7).min_calibration == 7
+    assert rules.Policy.for_classes(k, min_calibration=7).min_calibration == 7
 
 
 @pytest.mark.parametrize("bad", [{"min_calibration": 0}, {"min_evaluation": -3},
@@ -163,44 +163,44 @@ def test_defaults_depend_on_k(k, rows, share):
                                  {"max_label_shift": -0.1}, {"nll_tolerance": float("nan")}])
 def test_out_of_range_thresholds_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
-        gate.Policy.for_classes(10, **bad)
+        rules.Policy.for_classes(10, **bad)
 
 
 def test_single_class_and_shifted_labels_are_not_promotable_however_good_the_nll():
-    policy = gate.Policy.for_classes(10)
+    policy = rules.Policy.for_classes(10)
     one_class = (500,) + (0,) * 9
-    decision = gate.decide(0.001, 0.0, True, gate.ChampionScore("1", 5.0), policy=policy,
+    decision = rules.decide(0.001, 0.0, True, rules.ChampionScore("1", 5.0), policy=policy,
                            uncalibrated_nll=9.0,
-                           evidence=gate.Evidence(one_class, one_class))
+                           evidence=rules.Evidence(one_class, one_class))
     assert not decision.promote and "class 0 holds 100.0% of the evaluation labels" in (
         decision.reason)
     # Balanced labels, but none of classes 5-9 against a champion evaluated on all ten.
     half = (100,) * 5 + (0,) * 5
-    shifted = gate.decide(0.001, 0.0, True, gate.ChampionScore("1", 5.0), policy=policy,
+    shifted = rules.decide(0.001, 0.0, True, rules.ChampionScore("1", 5.0), policy=policy,
                           uncalibrated_nll=9.0,
-                          evidence=gate.Evidence(half, half, balanced(1000, 10)))
+                          evidence=rules.Evidence(half, half, balanced(1000, 10)))
     assert not shifted.promote and "far from the champion's reference split" in shifted.reason
 
 
 def test_reference_split_must_be_no_worse_too():
-    policy = gate.Policy.for_classes(10)
-    champ = gate.ChampionScore("4", 0.30)
-    worse_there = gate.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
+    policy = rules.Policy.for_classes(10)
+    champ = rules.ChampionScore("4", 0.30)
+    worse_there = rules.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
                               uncalibrated_nll=9.0,
-                              reference=gate.ReferenceScore("4", 0.90, 0.25))
+                              reference=rules.ReferenceScore("4", 0.90, 0.25))
     assert not worse_there.promote and "on champion v4's reference split" in worse_there.reason
-    within = gate.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
+    within = rules.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
                          uncalibrated_nll=9.0,
-                         reference=gate.ReferenceScore("4", 0.2520, 0.25))  # < 2 % worse
+                         reference=rules.ReferenceScore("4", 0.2520, 0.25))  # < 2 % worse
     assert within.promote and "reference split" in within.reason
-    unavailable = gate.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
+    unavailable = rules.decide(0.20, 0.0, True, champ, evidence=plenty(10), policy=policy,
                               uncalibrated_nll=9.0,
-                              reference=gate.ReferenceScore("4", problem="unavailable: gone"))
+                              reference=rules.ReferenceScore("4", problem="unavailable: gone"))
     assert unavailable.promote and "not used: unavailable" in unavailable.reason
-    broken = gate.decide(0.1, 0.0, True, gate.ChampionScore("2", None, "K mismatch"),
+    broken = rules.decide(0.1, 0.0, True, rules.ChampionScore("2", None, "K mismatch"),
                          uncalibrated_nll=9.0, evidence=plenty(10), policy=policy)
     assert not broken.promote and broken.champion_problem == "K mismatch"
-    assert "TPCR" in gate.decide(0.1, 0.01, True, champ, evidence=plenty(10),
+    assert "TPCR" in rules.decide(0.1, 0.01, True, champ, evidence=plenty(10),
                                  uncalibrated_nll=9.0, policy=policy).reason
 
 
@@ -210,17 +210,17 @@ def test_label_shift_allowance_covers_sampling_noise_of_one_distribution(k, n):
     draws), while a real shift (60 % of the mass moved to one class) is caught every time:
     the noise allowance grows with K and shrinks with n as sampling noise does."""
     rng = np.random.default_rng(k * n)
-    policy = gate.Policy.for_classes(k, min_calibration=1, min_evaluation=1)
+    policy = rules.Policy.for_classes(k, min_calibration=1, min_evaluation=1)
     weights = rng.dirichlet(np.full(k, 20.0))
     moved = 0.4 * weights + 0.6 * np.eye(k)[0]
 
     def flagged(a, b) -> bool:
-        return any("far from" in p for p in gate.evidence_problems(gate.Evidence(a, a, b),
+        return any("far from" in p for p in rules.evidence_problems(rules.Evidence(a, a, b),
                                                                    policy))
 
     same = shifted = 0
     for _ in range(200):
-        a = gate.label_counts(rng.choice(k, size=n, p=weights), k)
-        same += flagged(a, gate.label_counts(rng.choice(k, size=n, p=weights), k))
-        shifted += flagged(a, gate.label_counts(rng.choice(k, size=n, p=moved), k))
+        a = rules.label_counts(rng.choice(k, size=n, p=weights), k)
+        same += flagged(a, rules.label_counts(rng.choice(k, size=n, p=weights), k))
+        shifted += flagged(a, rules.label_counts(rng.choice(k, size=n, p=moved), k))
     assert same <= 2 and shifted == 200

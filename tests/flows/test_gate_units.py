@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from flows.promotion import gate
+from flows.promotion import champion, rules
 
 
 @pytest.mark.parametrize("k, rows, share", [
@@ -20,9 +20,9 @@ from flows.promotion import gate
     (100, 1000, 0.5)])
 def test_defaults_at_their_corners(k, rows, share):
     """max(100, 10 K) rows; share min(0.9, max(0.5, 5 / K))."""
-    assert gate.default_min_rows(k) == rows
-    assert gate.default_max_class_share(k) == share
-    policy = gate.Policy.for_classes(k)
+    assert rules.default_min_rows(k) == rows
+    assert rules.default_max_class_share(k) == share
+    policy = rules.Policy.for_classes(k)
     assert (policy.min_calibration, policy.min_evaluation, policy.max_class_share) == (
         rows, rows, share)
     assert (policy.max_label_shift, policy.nll_tolerance, policy.reference_tolerance) == (
@@ -30,23 +30,23 @@ def test_defaults_at_their_corners(k, rows, share):
 
 
 def test_each_tolerance_on_its_own():
-    policy = gate.Policy.for_classes(10)
+    policy = rules.Policy.for_classes(10)
     assert policy.allowed_nll(2.0) == 2.0 + 2e-6
     assert policy.allowed_nll(2.0, on_reference=True) == 2.0 + 0.04
     assert policy.allowed_nll(-2.0) == -2.0 + 2e-6  # relative to |baseline|
     assert policy.allowed_nll(-2.0, on_reference=True) == -2.0 + 0.04
     assert policy.nll_to_beat(2.0) == 2.0 - 2e-6
     assert policy.nll_to_beat(-2.0) == -2.0 - 2e-6
-    wide = gate.Policy.for_classes(10, nll_tolerance=0.1, reference_tolerance=0.3)
+    wide = rules.Policy.for_classes(10, nll_tolerance=0.1, reference_tolerance=0.3)
     assert wide.allowed_nll(1.0) == 1.1 and wide.allowed_nll(1.0, on_reference=True) == 1.3
     assert wide.nll_to_beat(1.0) == 0.9
 
 
 def test_overrides_none_keeps_the_default_and_unknown_ones_are_refused():
-    policy = gate.Policy.for_classes(10, min_calibration=7, min_evaluation=None)
+    policy = rules.Policy.for_classes(10, min_calibration=7, min_evaluation=None)
     assert (policy.min_calibration, policy.min_evaluation) == (7, 100)
     with pytest.raises(TypeError, match=r"^unknown gate option\(s\): \['colour', 'size'\]$"):
-        gate.Policy.for_classes(10, size=1, colour="red")
+        rules.Policy.for_classes(10, size=1, colour="red")
 
 
 @pytest.mark.parametrize("option, value, message", [
@@ -62,12 +62,12 @@ def test_overrides_none_keeps_the_default_and_unknown_ones_are_refused():
 ])
 def test_bad_thresholds_are_refused_with_their_name(option, value, message):
     with pytest.raises(ValueError) as raised:
-        gate.Policy.for_classes(10, **{option: value})
+        rules.Policy.for_classes(10, **{option: value})
     assert str(raised.value) == message
 
 
 def test_edge_thresholds_are_accepted():
-    policy = gate.Policy.for_classes(3, min_calibration=1, max_class_share=1.0,
+    policy = rules.Policy.for_classes(3, min_calibration=1, max_class_share=1.0,
                                      max_label_shift=0, nll_tolerance=0.0,
                                      min_evaluation=np.int64(4))
     assert policy.min_calibration == 1 and policy.max_class_share == 1.0
@@ -82,10 +82,10 @@ def test_edge_thresholds_are_accepted():
 
 
 def test_fit_floor_is_five_and_two_rows():
-    gate.check_fit_floor(5, 2, "x.npz")
+    rules.check_fit_floor(5, 2, "x.npz")
     for cal, ev in ((4, 2), (5, 1)):
         with pytest.raises(ValueError) as raised:
-            gate.check_fit_floor(cal, ev, "x.npz")
+            rules.check_fit_floor(cal, ev, "x.npz")
         assert str(raised.value) == (
             f"x.npz: {cal} calibration and {ev} evaluation rows; fitting needs at least 5 "
             "and 2 (and promotion far more: see `cord-ops recalibrate --help`, "
@@ -93,72 +93,72 @@ def test_fit_floor_is_five_and_two_rows():
 
 
 def test_label_counts_and_evidence_sizes():
-    assert gate.label_counts(np.array([2, 0, 2]), 4) == (1, 0, 2, 0)
-    evidence = gate.Evidence((3, 4), (1, 2, 3))
+    assert rules.label_counts(np.array([2, 0, 2]), 4) == (1, 0, 2, 0)
+    evidence = rules.Evidence((3, 4), (1, 2, 3))
     assert (evidence.n_classes, evidence.n_calibration, evidence.n_evaluation) == (3, 7, 6)
 
 
 def test_label_shift_arithmetic_by_hand():
-    assert gate.tv_distance([1, 1], [1, 0]) == 0.5
-    assert gate.tv_distance([2, 6], [1, 3]) == 0.0
-    assert gate.tv_distance([0, 5], [5, 0]) == 1.0
+    assert rules.tv_distance([1, 1], [1, 0]) == 0.5
+    assert rules.tv_distance([2, 6], [1, 3]) == 0.0
+    assert rules.tv_distance([0, 5], [5, 0]) == 1.0
     # pooled (0.5, 0.5); per class sqrt(0.25 * (1/50 + 1/50)) = 0.1; halved sum 0.1.
-    assert gate.sampling_tv([25, 25], [25, 25]) == pytest.approx(
+    assert rules.sampling_tv([25, 25], [25, 25]) == pytest.approx(
         0.1 * math.sqrt(2 / math.pi), rel=1e-15)
     # pooled (0.25, 0.75) from 100 + 300 rows: sqrt(0.1875 * (1/100 + 1/300)) per class.
-    assert gate.sampling_tv([50, 50], [50, 250]) == pytest.approx(
+    assert rules.sampling_tv([50, 50], [50, 250]) == pytest.approx(
         math.sqrt(2 / math.pi) * math.sqrt(0.1875 * (0.01 + 1 / 300)), rel=1e-15)
 
 
 def test_evidence_problems_name_each_rule():
-    policy = gate.Policy.for_classes(2, min_calibration=10, min_evaluation=10,
+    policy = rules.Policy.for_classes(2, min_calibration=10, min_evaluation=10,
                                      max_class_share=0.6)
-    assert gate.evidence_problems(gate.Evidence((5, 5), (5, 5)), policy) == []
-    assert gate.evidence_problems(gate.Evidence((5, 4), (3, 3)), policy) == [
+    assert rules.evidence_problems(rules.Evidence((5, 5), (5, 5)), policy) == []
+    assert rules.evidence_problems(rules.Evidence((5, 4), (3, 3)), policy) == [
         "calibration split has 9 rows (< 10 needed for K=2)",
         "evaluation split has 6 rows (< 10 needed for K=2)"]
-    assert gate.evidence_problems(gate.Evidence((3, 7), (6, 4)), policy) == [
+    assert rules.evidence_problems(rules.Evidence((3, 7), (6, 4)), policy) == [
         "class 1 holds 70.0% of the calibration labels (> 60%)"]
     # A share exactly at the limit passes; ties name the first class.
-    assert gate.evidence_problems(gate.Evidence((6, 4), (4, 6)), policy) == []
-    assert gate.evidence_problems(gate.Evidence((0, 0), (10, 0)), gate.Policy.for_classes(
+    assert rules.evidence_problems(rules.Evidence((6, 4), (4, 6)), policy) == []
+    assert rules.evidence_problems(rules.Evidence((0, 0), (10, 0)), rules.Policy.for_classes(
         2, min_calibration=1, min_evaluation=1)) == [
         "calibration split has 0 rows (< 1 needed for K=2)",
         "class 0 holds 100.0% of the evaluation labels (> 90%)"]
 
 
 def test_label_shift_rule_adds_the_sampling_allowance():
-    policy = gate.Policy.for_classes(2, min_calibration=1, min_evaluation=1,
+    policy = rules.Policy.for_classes(2, min_calibration=1, min_evaluation=1,
                                      max_class_share=1.0, max_label_shift=0.1)
     evaluation, reference = (5000, 5000), (4000, 6000)  # TV 0.1, sampling ~0.0056
-    allowed = 0.1 + gate.sampling_tv(evaluation, reference)
+    allowed = 0.1 + rules.sampling_tv(evaluation, reference)
     assert 0.1 < allowed < 0.11
-    assert gate.evidence_problems(gate.Evidence((1, 1), evaluation, reference), policy) == []
+    assert rules.evidence_problems(rules.Evidence((1, 1), evaluation, reference), policy) == []
     far = (3000, 7000)  # TV 0.2
-    assert gate.evidence_problems(gate.Evidence((1, 1), evaluation, far), policy) == [
+    assert rules.evidence_problems(rules.Evidence((1, 1), evaluation, far), policy) == [
         f"evaluation labels are far from the champion's reference split (total variation "
-        f"0.200 > {0.1 + gate.sampling_tv(evaluation, far):.3f})"]
+        f"0.200 > {0.1 + rules.sampling_tv(evaluation, far):.3f})"]
     # An empty reference split or evaluation split skips the rule.
-    assert gate.evidence_problems(gate.Evidence((1, 1), evaluation, (0, 0)), policy) == []
+    assert rules.evidence_problems(rules.Evidence((1, 1), evaluation, (0, 0)), policy) == []
 
 
 def test_health_and_champion_error_texts():
-    assert gate.health_message("3", None) == "ok"
-    assert gate.health_message("3", "graph missing") == "v3 cannot be scored: graph missing"
-    assert len(gate.health_message("3", "x" * 6000)) == 5000
-    error = gate.ChampionUnhealthyError("digits", "3", "graph missing", candidate="4")
+    assert champion.health_message("3", None) == "ok"
+    assert champion.health_message("3", "graph missing") == "v3 cannot be scored: graph missing"
+    assert len(champion.health_message("3", "x" * 6000)) == 5000
+    error = champion.ChampionUnhealthyError("digits", "3", "graph missing", candidate="4")
     assert (error.model_name, error.version, error.problem) == ("digits", "3", "graph missing")
     assert str(error) == (
         "champion v3 of 'digits' cannot be scored (graph missing); candidate v4 registered "
         "as rejected; fix with `cord-ops promote --model-name digits --version N --reason "
         "TEXT` or `cord-ops rollback --model-name digits`")
-    assert "registered as rejected" not in str(gate.ChampionUnhealthyError("m", "1", "p"))
+    assert "registered as rejected" not in str(champion.ChampionUnhealthyError("m", "1", "p"))
 
 
 def _evidence(k=10):
-    n = gate.default_min_rows(k)
+    n = rules.default_min_rows(k)
     counts = tuple([n // k] * k)
-    return gate.Evidence(counts, counts, counts)
+    return rules.Evidence(counts, counts, counts)
 
 
 def _decide(candidate=0.5, **kw):
@@ -166,8 +166,8 @@ def _decide(candidate=0.5, **kw):
             "uncalibrated_nll": 1.0, "evidence": _evidence(), "reference": None,
             "promote": True}
     args.update(kw)
-    return gate.decide(candidate, args.pop("candidate_tpcr"), args.pop("parity_ok"),
-                       args.pop("champion"), policy=gate.Policy.for_classes(10), **args)
+    return rules.decide(candidate, args.pop("candidate_tpcr"), args.pop("parity_ok"),
+                       args.pop("champion"), policy=rules.Policy.for_classes(10), **args)
 
 
 def test_reasons_of_each_outcome():
@@ -175,16 +175,16 @@ def test_reasons_of_each_outcome():
     assert first.promote and first.label == "promoted" and not first.harms
     assert first.reason == ("no champion yet; NLL 0.5 no worse than the uncalibrated 1; "
                             "enough evidence, TPCR 0 and parity verified")
-    win = _decide(champion=gate.ChampionScore("2", 0.6))
+    win = _decide(champion=rules.ChampionScore("2", 0.6))
     assert win.reason == ("NLL 0.5 better than champion v2's 0.6 and no worse than the "
                           "uncalibrated 1; TPCR 0 and parity verified")
     assert (win.champion_nll, win.champion_version) == (0.6, "2")
-    ref = gate.ReferenceScore("2", 0.3, 0.31, uncalibrated_nll=0.4)
-    assert _decide(champion=gate.ChampionScore("2", 0.6), reference=ref).reason == (
+    ref = rules.ReferenceScore("2", 0.3, 0.31, uncalibrated_nll=0.4)
+    assert _decide(champion=rules.ChampionScore("2", 0.6), reference=ref).reason == (
         "NLL 0.5 better than champion v2's 0.6 and no worse than the uncalibrated 1 (and "
         "0.3 vs 0.31 on its reference split); TPCR 0 and parity verified")
-    unused = gate.ReferenceScore("2", problem="split unavailable")
-    assert _decide(champion=gate.ChampionScore("2", 0.6), reference=unused).reason == (
+    unused = rules.ReferenceScore("2", problem="split unavailable")
+    assert _decide(champion=rules.ChampionScore("2", 0.6), reference=unused).reason == (
         "NLL 0.5 better than champion v2's 0.6 and no worse than the uncalibrated 1 "
         "(reference split not used: split unavailable); TPCR 0 and parity verified")
     off = _decide(promote=False)
@@ -194,9 +194,9 @@ def test_reasons_of_each_outcome():
 
 def test_every_failed_rule_is_named():
     sick = _decide(0.7, candidate_tpcr=0.25, parity_ok=False,
-                   champion=gate.ChampionScore("2", None, problem="graph missing"),
+                   champion=rules.ChampionScore("2", None, problem="graph missing"),
                    uncalibrated_nll=0.6,
-                   evidence=gate.Evidence((1,) * 10, (1,) * 10))
+                   evidence=rules.Evidence((1,) * 10, (1,) * 10))
     assert not sick.promote and sick.harms and sick.champion_problem == "graph missing"
     assert sick.reason == (
         "repaired output changes top-1 decisions (TPCR 0.25); ONNX parity check failed; "
@@ -206,27 +206,27 @@ def test_every_failed_rule_is_named():
         "scored on this evaluation split (graph missing)")
     assert sick.evidence == ["calibration split has 10 rows (< 100 needed for K=10)",
                              "evaluation split has 10 rows (< 100 needed for K=10)"]
-    worse = _decide(0.5, champion=gate.ChampionScore("2", 0.4))
+    worse = _decide(0.5, champion=rules.ChampionScore("2", 0.4))
     assert worse.reason == ("NLL 0.5 is worse than champion v2's 0.4 (the alias moves only on "
                             "a strict improvement)")
-    ref = gate.ReferenceScore("2", 0.5, 0.4, uncalibrated_nll=0.45)
-    both = _decide(0.3, champion=gate.ChampionScore("2", 0.4), reference=ref)
+    ref = rules.ReferenceScore("2", 0.5, 0.4, uncalibrated_nll=0.45)
+    both = _decide(0.3, champion=rules.ChampionScore("2", 0.4), reference=ref)
     assert both.harms and both.reason == (
         "NLL 0.5 on champion v2's reference split is worse than its 0.4; does harm: NLL 0.5 "
         "on champion v2's reference split is worse than the uncalibrated model's 0.45 there")
     # An unhealthy champion means the reference split is not used either.
-    sick_ref = _decide(0.3, champion=gate.ChampionScore("2", None, problem="p"), reference=ref)
+    sick_ref = _decide(0.3, champion=rules.ChampionScore("2", None, problem="p"), reference=ref)
     assert not sick_ref.harms
     assert sick_ref.reason == ("champion v2 could not be scored on this evaluation split (p)")
 
 
 def test_reference_rules_on_each_tolerance_just_inside_and_outside():
     """2 % on the champion's reference split (not the own split's 1e-6), both baselines."""
-    champ = gate.ChampionScore("2", 0.4)
+    champ = rules.ChampionScore("2", 0.4)
     for candidate, promoted in ((0.2039, True), (0.204, True), (0.2041, False)):
-        ref = gate.ReferenceScore("2", candidate, 0.2, uncalibrated_nll=None)
+        ref = rules.ReferenceScore("2", candidate, 0.2, uncalibrated_nll=None)
         assert _decide(0.3, champion=champ, reference=ref).promote is promoted
-        ref = gate.ReferenceScore("2", candidate, 9.0, uncalibrated_nll=0.2)
+        ref = rules.ReferenceScore("2", candidate, 9.0, uncalibrated_nll=0.2)
         decision = _decide(0.3, champion=champ, reference=ref)
         assert decision.promote is promoted and decision.harms is not promoted
     # On the own split the same 2 % would be harm: 1e-6 there.
@@ -236,47 +236,47 @@ def test_reference_rules_on_each_tolerance_just_inside_and_outside():
 
 def test_the_tie_word_covers_the_tolerance_boundary_itself():
     # allowed_nll(1.0) = 1.0 + 1e-6 * 1.0 = 1.000001 exactly in float64: still a tie
-    champ = gate.ChampionScore("2", 1.0)
+    champ = rules.ChampionScore("2", 1.0)
     assert "ties champion v2's" in _decide(1.000001, champion=champ, uncalibrated_nll=2.0).reason
     assert "is worse than champion v2's" in _decide(1.0000011, champion=champ,
                                                     uncalibrated_nll=2.0).reason
 
 
 def test_the_decision_carries_the_reference_it_was_given():
-    ref = gate.ReferenceScore("2", 0.3, 0.31, uncalibrated_nll=0.4)
-    assert _decide(champion=gate.ChampionScore("2", 0.6), reference=ref).reference is ref
+    ref = rules.ReferenceScore("2", 0.3, 0.31, uncalibrated_nll=0.4)
+    assert _decide(champion=rules.ChampionScore("2", 0.6), reference=ref).reference is ref
     assert _decide().reference is None
 
 
 def test_champion_error_without_a_candidate_ends_at_the_fix():
-    assert str(gate.ChampionUnhealthyError("m", "1", "p")) == (
+    assert str(champion.ChampionUnhealthyError("m", "1", "p")) == (
         "champion v1 of 'm' cannot be scored (p); fix with `cord-ops promote --model-name m "
         "--version N --reason TEXT` or `cord-ops rollback --model-name m`")
 
 
 def test_label_shift_rule_at_its_edges():
-    policy = gate.Policy.for_classes(2)
+    policy = rules.Policy.for_classes(2)
     # One reference row, or one evaluation row, is a split: TV 1 against the other side
     # (100, 0) / (0, 1): pooled (100/101, 1/101), spread sqrt(100/101^2 * 1.01) = 0.0995
     # per class, allowance 0.2 + 0.5 * sqrt(2 / pi) * 0.199 = 0.279
-    one_ref = gate.evidence_problems(gate.Evidence((50, 50), (100, 0), (0, 1)), policy)
+    one_ref = rules.evidence_problems(rules.Evidence((50, 50), (100, 0), (0, 1)), policy)
     assert "evaluation labels are far from the champion's reference split (total " \
         "variation 1.000 > 0.279)" in one_ref
-    one_eval = gate.evidence_problems(gate.Evidence((50, 50), (1, 0), (0, 100)), policy)
+    one_eval = rules.evidence_problems(rules.Evidence((50, 50), (1, 0), (0, 100)), policy)
     assert "evaluation labels are far from the champion's reference split (total " \
         "variation 1.000 > 0.279)" in one_eval
     # A shift exactly at the allowance passes: identical one-class splits have TV 0 and
     # no sampling allowance, so with max_label_shift 0 the shift equals what is allowed.
-    exact = gate.Policy.for_classes(2, max_label_shift=0.0, max_class_share=1.0)
-    assert gate.evidence_problems(gate.Evidence((100, 0), (100, 0), (100, 0)), exact) == []
+    exact = rules.Policy.for_classes(2, max_label_shift=0.0, max_class_share=1.0)
+    assert rules.evidence_problems(rules.Evidence((100, 0), (100, 0), (100, 0)), exact) == []
 
 
 def test_an_empty_split_skips_the_label_shift_rule_without_dividing_by_zero():
-    policy = gate.Policy.for_classes(2)
+    policy = rules.Policy.for_classes(2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # 0 / 0 in the TV arithmetic would warn
-        assert gate.evidence_problems(gate.Evidence((50, 50), (50, 50), (0, 0)), policy) == []
-        assert gate.evidence_problems(gate.Evidence((50, 50), (0, 0), (50, 50)),
+        assert rules.evidence_problems(rules.Evidence((50, 50), (50, 50), (0, 0)), policy) == []
+        assert rules.evidence_problems(rules.Evidence((50, 50), (0, 0), (50, 50)),
                                       policy) == ["evaluation split has 0 rows "
                                                   "(< 100 needed for K=2)"]
 
@@ -334,16 +334,16 @@ def runner(monkeypatch):
 
     fake = Runner()
     fake.calls = []
-    monkeypatch.setattr(gate.registry, "run_registered_model", fake)
+    monkeypatch.setattr(champion.registry, "run_registered_model", fake)
     return fake
 
 
 # registered with the input-kind tag of this split, or without one (then it is tried)
-@pytest.mark.parametrize("tags", [{gate.registry.INPUT_KIND_TAG: "probs"}, {}])
+@pytest.mark.parametrize("tags", [{champion.registry.INPUT_KIND_TAG: "probs"}, {}])
 def test_a_champion_that_runs_is_scored_by_its_nll_on_the_split(runner, tags):
     client = _Client(tags)
-    score = gate.score_champion(client, "m", "3", SCORES, LABELS, "probs")
-    assert score == gate.ChampionScore("3", pytest.approx(HALF_QUARTER_NLL, rel=1e-12), None)
+    score = champion.score_champion(client, "m", "3", SCORES, LABELS, "probs")
+    assert score == rules.ChampionScore("3", pytest.approx(HALF_QUARTER_NLL, rel=1e-12), None)
     assert score.version == "3" and score.problem is None
     ((used_client, uri, scores),) = runner.calls
     assert used_client is client and uri == "models:/m/3" and scores is SCORES
@@ -353,19 +353,19 @@ def test_a_champion_that_runs_is_scored_by_its_nll_on_the_split(runner, tags):
 def test_a_champion_output_of_the_wrong_shape_is_a_problem(runner):
     client = _Client()
     runner.outputs = {"repaired": HALF_QUARTER[:2]}
-    assert gate.score_champion(client, "m", "3", SCORES, LABELS, "probs") == gate.ChampionScore(
-        "3", None, "ValueError: 'repaired' has shape (2, 3), expected (4, 3)")
+    assert champion.score_champion(client, "m", "3", SCORES, LABELS, "probs") == \
+        rules.ChampionScore("3", None, "ValueError: 'repaired' has shape (2, 3), expected (4, 3)")
     runner.outputs = {"repaired": np.full((4, 2), 0.5)}
-    assert gate.score_champion(client, "m", "3", SCORES, LABELS, "probs") == gate.ChampionScore(
-        "3", None, "ValueError: 'repaired' has shape (4, 2), expected (4, 3)")
+    assert champion.score_champion(client, "m", "3", SCORES, LABELS, "probs") == \
+        rules.ChampionScore("3", None, "ValueError: 'repaired' has shape (4, 2), expected (4, 3)")
     runner.outputs = {"calibrated": HALF_QUARTER}
-    assert gate.score_champion(client, "m", "3", SCORES, LABELS, "probs") == gate.ChampionScore(
-        "3", None, "KeyError: 'repaired'")
+    assert champion.score_champion(client, "m", "3", SCORES, LABELS, "probs") == \
+        rules.ChampionScore("3", None, "KeyError: 'repaired'")
 
 
 def test_a_champion_that_fails_to_run_is_a_problem_cut_to_1000_characters(runner):
     runner.error = RuntimeError("x" * 2000)
-    score = gate.score_champion(_Client(), "m", "3", SCORES, LABELS, "probs")
+    score = champion.score_champion(_Client(), "m", "3", SCORES, LABELS, "probs")
     assert score.version == "3" and score.nll is None
     assert score.problem == "RuntimeError: " + "x" * 986
 
@@ -374,9 +374,9 @@ def test_a_champion_that_fails_to_run_is_a_problem_cut_to_1000_characters(runner
 def test_a_champion_nll_that_is_not_finite_is_a_problem(runner, monkeypatch, value):
     # metrics.nll floors the true-class probability, so this guard is reached only if
     # that ever changes; pinned here with nll itself replaced
-    monkeypatch.setattr(gate.metrics, "nll", lambda probs, labels: value)
-    assert gate.score_champion(_Client(), "m", "3", SCORES, LABELS, "probs") == \
-        gate.ChampionScore("3", None, f"its NLL on this split is {value!r}")
+    monkeypatch.setattr(champion.metrics, "nll", lambda probs, labels: value)
+    assert champion.score_champion(_Client(), "m", "3", SCORES, LABELS, "probs") == \
+        rules.ChampionScore("3", None, f"its NLL on this split is {value!r}")
 
 
 class _Split:
@@ -394,19 +394,19 @@ class _Split:
 def test_the_champion_reference_split_is_used_only_when_compatible(monkeypatch, k, kind, why):
     split = _Split(3, "probs")
     asked = []
-    monkeypatch.setattr(gate.reference, "load_reference_split",
+    monkeypatch.setattr(champion.reference, "load_reference_split",
                         lambda client, run_id: asked.append((client, run_id)) or split)
     client = _Client()
-    found, problem = gate.champion_reference(client, "m", "3", k, kind)
+    found, problem = champion.champion_reference(client, "m", "3", k, kind)
     assert (found, problem) == ((split, None) if why is None else (None, why))
     assert asked == [(client, "run-7")] and client.asked == [("m", "3")]
 
 
 def test_the_health_tag_is_written_only_when_it_changes():
-    client = _Client(model_tags={gate.HEALTH_TAG: "ok"})
-    gate.record_health(client, "m", "3", None)
+    client = _Client(model_tags={champion.HEALTH_TAG: "ok"})
+    champion.record_health(client, "m", "3", None)
     assert client.writes == []
-    gate.record_health(client, "m", "3", "graph missing")
-    assert client.writes == [("m", gate.HEALTH_TAG, "v3 cannot be scored: graph missing")]
-    gate.record_health(client, "m", "3", "graph missing")
+    champion.record_health(client, "m", "3", "graph missing")
+    assert client.writes == [("m", champion.HEALTH_TAG, "v3 cannot be scored: graph missing")]
+    champion.record_health(client, "m", "3", "graph missing")
     assert len(client.writes) == 1

@@ -12,7 +12,7 @@ import pytest
 
 from cord_ops import CORD, data
 from cord_ops.calibrators import make_calibrator
-from flows.promotion import gate as gating
+from flows.promotion import rules
 from flows.recalibration import store_tasks, tasks
 
 
@@ -49,9 +49,9 @@ def test_a_perturbed_graph_fails_parity_registers_nothing_and_is_not_promoted(fi
                                 evaluation, repair, "ts")
     assert client.search_model_versions("name = 'm'") == []
 
-    policy = gating.Policy.for_classes(10)
-    counts = (gating.label_counts(calibration.labels, 10),
-              gating.label_counts(evaluation.labels, 10))
-    decision = gating.decide(0.1, 0.0, parity.ok, None, uncalibrated_nll=1.0,
-                             evidence=gating.Evidence(*counts), policy=policy)
+    policy = rules.Policy.for_classes(10)
+    counts = (rules.label_counts(calibration.labels, 10),
+              rules.label_counts(evaluation.labels, 10))
+    decision = rules.decide(0.1, 0.0, parity.ok, None, uncalibrated_nll=1.0,
+                             evidence=rules.Evidence(*counts), policy=policy)
     assert not decision.promote and decision.reason.startswith("ONNX parity check failed")

@@ -12,7 +12,7 @@ import pytest
 
 from cord_ops import data, metrics
 from flows.cli.main import main
-from flows.promotion import gate
+from flows.promotion import champion
 from flows.promotion import operations as champion_ops
 from flows.registry import reference
 from flows.registry import versions as registry
@@ -184,7 +184,7 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
     line = _last_error(capsys)
     assert line.startswith("error: champion v2 of 'm' cannot be scored")
     assert "candidate v3 registered as rejected" in line
-    health = client.get_registered_model("m").tags[gate.HEALTH_TAG]
+    health = client.get_registered_model("m").tags[champion.HEALTH_TAG]
     assert health.startswith("v2 cannot be scored")
     assert client.get_model_version("m", "3").tags[registry.DECISION_TAG] == "rejected"
     assert main(["monitor", *args]) == 1
@@ -205,10 +205,10 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
     assert main(["rollback", "--model-name", "m"]) == 0
     assert capsys.readouterr().out.strip() == "m@champion: v2 -> v1 (rollback)"
     assert _champion(client) == "1"
-    assert client.get_registered_model("m").tags[gate.HEALTH_TAG] == gate.HEALTHY
+    assert client.get_registered_model("m").tags[champion.HEALTH_TAG] == champion.HEALTHY
     # Append-only: the rollback is a row, and the next rollback finds v2 (still broken,
     # so it is refused with the reason) instead of "no earlier champion recorded".
-    assert [(h["version"], h["how"]) for h in gate.read_history(client, "m")] == [
+    assert [(h["version"], h["how"]) for h in champion.read_history(client, "m")] == [
         ("1", "gate"), ("2", "promote"), ("1", "rollback")]
     assert main(["rollback", "--model-name", "m", "--reason", "try v2 again"]) == 1
     assert _last_error(capsys).startswith("error: cannot roll back to v2: ")
@@ -218,13 +218,13 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
     client.set_registered_model_alias("m", registry.CHAMPION, foreign)
     assert main(["recalibrate", *args, "--seed", "3"]) == 1
     assert _last_error(capsys).startswith(f"error: champion v{foreign} of 'm' cannot be scored")
-    assert client.get_registered_model("m").tags[gate.HEALTH_TAG].startswith(
+    assert client.get_registered_model("m").tags[champion.HEALTH_TAG].startswith(
         f"v{foreign} cannot be scored")
     # The operator promotes the good version the broken champion kept out.
     assert main(["promote", "--model-name", "m", "--version", "3",
                  "--reason", "rejected only because v2 was broken"]) == 0
     assert _champion(client) == "3"
-    assert client.get_registered_model("m").tags[gate.HEALTH_TAG] == gate.HEALTHY
+    assert client.get_registered_model("m").tags[champion.HEALTH_TAG] == champion.HEALTHY
     # Rolling back would return to the foreign model: refused, champion kept.
     assert main(["rollback", "--model-name", "m"]) == 1
     assert f"cannot roll back to v{foreign}: v{foreign} has not finished registration" in (

@@ -15,7 +15,7 @@ import pytest
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import calibrator_from_dict
-from flows.promotion.gate import HEALTH_TAG, ChampionUnhealthyError
+from flows.promotion.champion import HEALTH_TAG, ChampionUnhealthyError
 from flows.recalibration.flow import RecalibrationError, recalibrate
 from flows.registry import versions as registry
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from servers import free_port, running, wait_until_ready
 
-from flows.promotion import gate, rollout
+from flows.promotion import rollout
+from flows.promotion.champion import read_history
 from flows.registry import versions as registry
 from flows.serving.http import VERSION_HEADER
 from flows.serving.rollout import KEY_HEADER
@@ -307,7 +308,7 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
         assert str(client.get_model_version_by_alias(MODEL, registry.CHAMPION).version) == v2
         assert str(registry.champion_version(client, MODEL).version) == v2
         assert rollout.CHALLENGER not in client.get_registered_model(MODEL).aliases
-        last = gate.read_history(client, MODEL)[-1]
+        last = read_history(client, MODEL)[-1]
         assert (last["version"], last["from"], last["how"], last["by"]) == (v2, v1, "rollout",
                                                                              who())
         assert done["id"] in last["reason"] and "ts beats vs" in last["reason"]
@@ -347,7 +348,7 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
         line = err.strip().splitlines()[-1]
         assert code == 1 and line.startswith("error:") and f"cannot roll out v{v3}" in line
         graph.write_bytes(_disagreeing(original))
-        history_before = gate.read_history(client, MODEL)
+        history_before = read_history(client, MODEL)
         # Ordinary rows first, until v3 has answered some of them; only then the rows that
         # show its defect (sent together from the start, which comes first is a race).
         with Traffic(urls[:1], [{"inputs": rows.tolist()}]) as normal:
@@ -367,7 +368,7 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
         assert ended["state"] == rollout.ROLLED_BACK, ended
         assert "top-1 disagrees" in ended["outcome"], ended["outcome"]
         assert str(registry.champion_version(client, MODEL).version) == v2
-        assert gate.read_history(client, MODEL) == history_before  # no champion moved
+        assert read_history(client, MODEL) == history_before  # no champion moved
         answers = normal.answers + magic.answers
         assert answers and all(x["status"] == 200 for x in answers), \
             [x for x in answers if x["status"] != 200][:3]
@@ -420,7 +421,7 @@ def test_a_slow_candidate_rolled_back_on_its_latency_budget(
     url = f"http://127.0.0.1:{port}"
     with _serve(cord_ops_command, port, log) as server:
         wait_until_ready(f"{url}/health", server, log, timeout=60)
-        history_before = gate.read_history(client, MODEL)
+        history_before = read_history(client, MODEL)
         with Traffic([url], [{"inputs": rows.tolist()}]) as during:
             code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
                                 "--version", v2, "--mode", "canary", "--steps", "50",
@@ -438,7 +439,7 @@ def test_a_slow_candidate_rolled_back_on_its_latency_budget(
     assert "p99 scoring time" in ended["outcome"], ended["outcome"]
     assert "top-1" not in ended["outcome"] and "failed" not in ended["outcome"]
     assert str(registry.champion_version(client, MODEL).version) == v1
-    assert gate.read_history(client, MODEL) == history_before
+    assert read_history(client, MODEL) == history_before
     _check_answers(during.answers + after.answers, expected)
     assert any(x["named"] == v2 for x in during.answers)  # it did answer, correctly
     assert {x["named"] for x in after.answers} == {v1}
@@ -464,7 +465,7 @@ def test_a_candidate_deleted_or_emptied_during_its_rollout_is_rolled_back(
     expected = {v: _expected(v, rows) for v in (v1, v2, v3)}  # before they go
     port, log = free_port(), tmp_path / "serve.log"
     url = f"http://127.0.0.1:{port}"
-    history_before = gate.read_history(client, MODEL)
+    history_before = read_history(client, MODEL)
 
     def remove_files(version: str) -> None:
         folder = Path(client.get_model_version_download_uri(MODEL, version)
@@ -500,6 +501,6 @@ def test_a_candidate_deleted_or_emptied_during_its_rollout_is_rolled_back(
                                    "artifact store"), outcomes[v3]
     _check_answers(answers, expected)
     assert str(registry.champion_version(client, MODEL).version) == v1
-    assert gate.read_history(client, MODEL) == history_before
+    assert read_history(client, MODEL) == history_before
     assert rollout.CHALLENGER not in client.get_registered_model(MODEL).aliases
     assert "registry poll failed" not in log.read_text()
