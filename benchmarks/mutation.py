@@ -48,6 +48,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cord_ops", "onnx_export", "flows")
 TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT = 3.0, 10.0
 
+#: The selection of both halves of the champion gate (flows/promotion/rules.py and
+#: champion.py), kept as it was when they were one module, gate.py.
+_GATE_TESTS = ["tests/flows/test_gate.py", "tests/flows/test_gate_units.py",
+               "tests/flows/test_champion_history.py", "tests/flows/test_gate_store.py",
+               # its TS cases (ms per fit), not the hypothesis test over 5 families
+               "tests/flows/test_parity_tolerance.py::test_tolerance_grows_with_the_values_and_still_catches_a_wrong_graph",  # noqa: E501
+               "tests/flows/test_parity_tolerance.py::test_tolerance_is_never_below_the_fixed_floor"]  # noqa: E501
+
 #: module -> its own fast tests (files or node ids; ``-m "not slow"`` is added).
 MODULES: dict[str, list[str]] = {
     "cord_ops/cord.py": ["tests/core/test_cord.py", "tests/core/test_cord_blocks.py",
@@ -66,11 +74,8 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/validation.py": ["tests/calibrators/test_bad_input.py",
                                "tests/core/test_mutation_gaps.py"],
     "onnx_export/repair.py": ["tests/onnx/test_repair_graph.py", "tests/onnx/test_fixup.py"],
-    "flows/promotion/gate.py": ["tests/flows/test_gate.py", "tests/flows/test_gate_units.py",
-                      "tests/flows/test_champion_history.py", "tests/flows/test_gate_store.py",
-                      # its TS cases (ms per fit), not the hypothesis test over 5 families
-                      "tests/flows/test_parity_tolerance.py::test_tolerance_grows_with_the_values_and_still_catches_a_wrong_graph",  # noqa: E501
-                      "tests/flows/test_parity_tolerance.py::test_tolerance_is_never_below_the_fixed_floor"],  # noqa: E501
+    "flows/promotion/rules.py": _GATE_TESTS,
+    "flows/promotion/champion.py": _GATE_TESTS,
     # test_registry.py without its retry test, whose Prefect setup takes ~100 s per process
     "flows/registry/lock.py": [
         "tests/flows/test_registry.py::test_file_lock_serialises_processes_names_the_holder_and_survives_a_kill_9",  # noqa: E501
@@ -97,14 +102,15 @@ MODULES: dict[str, list[str]] = {
             "test_a_float32_graph_gets_the_stored_order_of_a_renormalised_near_tie")],
 }
 
-# Reasons shared by several of flows/promotion/gate.py's equivalent survivors below.
-_GATE_COUNTS = ("label counts are integer tuples (label_counts, Evidence); numpy's true "
+# Reasons shared by several of flows/promotion/rules.py's and champion.py's equivalent
+# survivors below.
+_RULES_COUNTS = ("label counts are integer tuples (label_counts, Evidence); numpy's true "
                 "division turns an integer array into float64 exactly as the explicit "
                 "dtype does (counts are far below 2**53)")
-_GATE_TIMELINE = ("unconfirmed is False only before the first row, when timeline is still "
+_CHAMPION_TIMELINE = ("unconfirmed is False only before the first row, when timeline is still "
                   "empty; from the second row on it is True, so `timeline and ...` decides "
                   "alone")
-_GATE_REPAIRED = ("metrics.nll validates with check_scores, which converts to float64 "
+_CHAMPION_REPAIRED = ("metrics.nll validates with check_scores, which converts to float64 "
                   "itself; a graph's 'repaired' output is float32 or float64, both converted "
                   "exactly")
 
@@ -213,33 +219,33 @@ ACCEPTED: dict[str, str] = {
         '|x| without |y|',
     'onnx_export/repair.py::interior_response::gb.const(np.finfo(gb.dtype).tiny), hint="hypot_scale") -> hint="hypot_scale")':  # noqa: E501 - a key is one source line
         "as for the floor's other mutants: max(|x|, |y|) > 0 here without it",
-    # flows/promotion/gate.py
-    'flows/promotion/gate.py::tv_distance::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, dtype=None)':  # noqa: E501 - a key is one source line
-        _GATE_COUNTS,
-    'flows/promotion/gate.py::tv_distance::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, )':  # noqa: E501 - a key is one source line
-        _GATE_COUNTS,
-    'flows/promotion/gate.py::tv_distance::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, dtype=None)':  # noqa: E501 - a key is one source line
-        _GATE_COUNTS,
-    'flows/promotion/gate.py::tv_distance::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, )':  # noqa: E501 - a key is one source line
-        _GATE_COUNTS,
-    'flows/promotion/gate.py::sampling_tv::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, dtype=None)':  # noqa: E501 - a key is one source line
-        _GATE_COUNTS,
-    'flows/promotion/gate.py::sampling_tv::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, )':  # noqa: E501 - a key is one source line
-        _GATE_COUNTS,
-    'flows/promotion/gate.py::sampling_tv::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, dtype=None)':  # noqa: E501 - a key is one source line
-        _GATE_COUNTS,
-    'flows/promotion/gate.py::sampling_tv::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, )':  # noqa: E501 - a key is one source line
-        _GATE_COUNTS,
-    'flows/promotion/gate.py::champion_timeline::if unconfirmed and timeline and timeline[-1] != before: -> if unconfirmed or timeline and timeline[-1] != before:':  # noqa: E501 - a key is one source line
-        _GATE_TIMELINE,
-    'flows/promotion/gate.py::champion_timeline::unconfirmed = False # the last entry came from a row no later row confirmed yet -> unconfirmed = None # the last entry came from a row no later row confirmed yet':  # noqa: E501 - a key is one source line
-        _GATE_TIMELINE,
-    'flows/promotion/gate.py::champion_timeline::unconfirmed = False # the last entry came from a row no later row confirmed yet -> unconfirmed = True # the last entry came from a row no later row confirmed yet':  # noqa: E501 - a key is one source line
-        _GATE_TIMELINE,
-    'flows/promotion/gate.py::score_champion::repaired = np.asarray(outputs["repaired"], dtype=np.float64) -> repaired = np.asarray(outputs["repaired"], dtype=None)':  # noqa: E501 - a key is one source line
-        _GATE_REPAIRED,
-    'flows/promotion/gate.py::score_champion::repaired = np.asarray(outputs["repaired"], dtype=np.float64) -> repaired = np.asarray(outputs["repaired"], )':  # noqa: E501 - a key is one source line
-        _GATE_REPAIRED,
+    # flows/promotion/rules.py and champion.py
+    'flows/promotion/rules.py::tv_distance::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, dtype=None)':  # noqa: E501 - a key is one source line
+        _RULES_COUNTS,
+    'flows/promotion/rules.py::tv_distance::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, )':  # noqa: E501 - a key is one source line
+        _RULES_COUNTS,
+    'flows/promotion/rules.py::tv_distance::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, dtype=None)':  # noqa: E501 - a key is one source line
+        _RULES_COUNTS,
+    'flows/promotion/rules.py::tv_distance::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, )':  # noqa: E501 - a key is one source line
+        _RULES_COUNTS,
+    'flows/promotion/rules.py::sampling_tv::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, dtype=None)':  # noqa: E501 - a key is one source line
+        _RULES_COUNTS,
+    'flows/promotion/rules.py::sampling_tv::p = np.asarray(p_counts, dtype=np.float64) -> p = np.asarray(p_counts, )':  # noqa: E501 - a key is one source line
+        _RULES_COUNTS,
+    'flows/promotion/rules.py::sampling_tv::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, dtype=None)':  # noqa: E501 - a key is one source line
+        _RULES_COUNTS,
+    'flows/promotion/rules.py::sampling_tv::q = np.asarray(q_counts, dtype=np.float64) -> q = np.asarray(q_counts, )':  # noqa: E501 - a key is one source line
+        _RULES_COUNTS,
+    'flows/promotion/champion.py::champion_timeline::if unconfirmed and timeline and timeline[-1] != before: -> if unconfirmed or timeline and timeline[-1] != before:':  # noqa: E501 - a key is one source line
+        _CHAMPION_TIMELINE,
+    'flows/promotion/champion.py::champion_timeline::unconfirmed = False # the last entry came from a row no later row confirmed yet -> unconfirmed = None # the last entry came from a row no later row confirmed yet':  # noqa: E501 - a key is one source line
+        _CHAMPION_TIMELINE,
+    'flows/promotion/champion.py::champion_timeline::unconfirmed = False # the last entry came from a row no later row confirmed yet -> unconfirmed = True # the last entry came from a row no later row confirmed yet':  # noqa: E501 - a key is one source line
+        _CHAMPION_TIMELINE,
+    'flows/promotion/champion.py::score_champion::repaired = np.asarray(outputs["repaired"], dtype=np.float64) -> repaired = np.asarray(outputs["repaired"], dtype=None)':  # noqa: E501 - a key is one source line
+        _CHAMPION_REPAIRED,
+    'flows/promotion/champion.py::score_champion::repaired = np.asarray(outputs["repaired"], dtype=np.float64) -> repaired = np.asarray(outputs["repaired"], )':  # noqa: E501 - a key is one source line
+        _CHAMPION_REPAIRED,
     # flows/registry/journal.py
     'flows/registry/journal.py::record::error: OSError | None = None -> error: OSError | None = ""':
         "folders() is never empty, so error is always reassigned before the raise",
