@@ -179,11 +179,19 @@ FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 #: (a new one) and on any of these that no longer exists (so the list only shrinks).
 KNOWN_WRONG_WAY: dict[tuple[str, str], str] = {}
 
-#: Third-party packages a package must not name in any import, deferred ones included
-#: (the import-time check above sees only what importing the modules reaches).
+#: Modules of flows that stay pure: the champion gate's rules are a function of numbers, so
+#: reading, testing or reusing them must not need MLflow, Prefect or ONNX (not even in a
+#: deferred import); the registry side is flows.promotion.champion.
+PURE_MODULES = {
+    "flows.promotion.rules": ("mlflow", "prefect", "onnx", "onnxruntime"),
+}
+
+#: Third-party packages a package (or one module) must not name in any import, deferred
+#: ones included (the import-time check above sees only what importing the modules reaches).
 FORBIDDEN_ANYWHERE = {
     "cord_ops": ("mlflow", "prefect", "onnx", "onnxruntime"),
     "onnx_export": ("mlflow", "prefect"),
+    **PURE_MODULES,
 }
 
 
@@ -235,10 +243,18 @@ def test_the_room_check_catches_an_injected_wrong_way_import(tmp_path):
         ("flows.registry.injected", "flows.cli.main")}
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN_ANYWHERE))
-def test_package_names_no_forbidden_library_anywhere(package):
+def _scope(key: str) -> dict[str, Path]:
+    """The modules a key of FORBIDDEN_ANYWHERE covers: a package and everything in it, or
+    one module."""
+    return {name: path for name, path in _all_modules().items()
+            if name == key or name.startswith(key + ".")}
+
+
+def _forbidden_named(modules: dict[str, Path], forbidden: tuple[str, ...]) -> set[str]:
+    """"<module> imports <library>" for every import statement (deferred ones included) of
+    ``modules`` that names one of ``forbidden``."""
     named = set()
-    for name, path in _modules(package).items():
+    for name, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 roots = [alias.name.split(".")[0] for alias in node.names]
@@ -246,9 +262,58 @@ def test_package_names_no_forbidden_library_anywhere(package):
                 roots = [(node.module or "").split(".")[0]]
             else:
                 continue
-            named.update(f"{name} imports {root}" for root in roots
-                         if root in FORBIDDEN_ANYWHERE[package])
+            named.update(f"{name} imports {root}" for root in roots if root in forbidden)
+    return named
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN_ANYWHERE))
+def test_package_names_no_forbidden_library_anywhere(package):
+    modules = _scope(package)
+    assert modules, f"{package}: no such package or module (renamed? update the table)"
+    named = _forbidden_named(modules, FORBIDDEN_ANYWHERE[package])
     assert not named, sorted(named)
+
+
+def test_the_forbidden_library_check_catches_an_injected_import(tmp_path):
+    """MLflow, Prefect and ONNX named anywhere in the gate's rules are reported, deferred
+    into a function or not; numpy and our own modules are not (the import-time check below
+    sees what those reach)."""
+    rules = tmp_path / "rules.py"
+    rules.write_text("import numpy as np\n"
+                     "from flows.errors import CordOpsError\n"
+                     "from onnx import helper\n"
+                     "def score(uri):\n"
+                     "    import mlflow.tracking\n"
+                     "    from prefect import flow\n")
+    assert _forbidden_named({"flows.promotion.rules": rules},
+                            PURE_MODULES["flows.promotion.rules"]) == {
+        "flows.promotion.rules imports onnx", "flows.promotion.rules imports mlflow",
+        "flows.promotion.rules imports prefect"}
+
+
+PURE_PROBE = """
+import importlib, sys
+sys.path[:0] = {extra!r}
+importlib.import_module({module!r})
+print(",".join(sorted({{n.split(".")[0] for n in sys.modules}} & set({forbidden!r}))))
+"""
+
+
+@pytest.mark.parametrize("module", sorted(PURE_MODULES))
+def test_a_pure_module_reaches_no_forbidden_library_when_imported(module):
+    """What the module imports of ours must stay pure too (the source check above sees only
+    the module's own import statements)."""
+    reached = _run(PURE_PROBE.format(extra=[], module=module, forbidden=PURE_MODULES[module]))
+    assert reached == "", f"importing {module} imports {reached}"
+
+
+def test_the_pure_import_check_catches_a_module_that_reaches_prefect(tmp_path):
+    """A module importing the recalibration flow reaches Prefect and ONNX through it, with
+    no import of either in its own source."""
+    (tmp_path / "injected_pure.py").write_text("from flows.recalibration import flow\n")
+    reached = _run(PURE_PROBE.format(extra=[str(tmp_path)], module="injected_pure",
+                                     forbidden=PURE_MODULES["flows.promotion.rules"]))
+    assert {"onnx", "prefect"} <= set(reached.split(","))
 
 
 # ---------------------------------------------------------------- private names
