@@ -3,7 +3,7 @@ run where a partition lives) and drivers that combine their results.
 
 A driver never sees rows. It is given ``reduce(fn, *args)``, which applies
 ``fn(partition, *args)`` to every partition and returns the list of results in partition
-order; ``local_reduce`` does that for arrays in this process, ``flows.shards.distributed`` for
+order; ``local_reduce`` does that for arrays in this process, ``flows.shards.session`` for
 partitions held by Dask workers. A partition is a dict of arrays: ``scores`` (n x K,
 float32 or float64), ``labels`` (n,) and, once computed, ``b``, ``lower``, ``g`` (CORD's
 per-row scalars, ``cord_kernels.row_scalars``).
