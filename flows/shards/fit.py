@@ -19,14 +19,13 @@ from cord_ops import data
 from cord_ops.calibrators import calibrator_from_dict
 from cord_ops.calibrators.temperature import BETA_RTOL
 from cord_ops.cord import CORD, check_cord_params
+from cord_ops.names import REDUCIBLE
+from cord_ops.partition_sums import label_counts, repaired_metric_sums
 from cord_ops.reduce import (
-    REDUCIBLE,
     fit_calibrator,
     fit_cord,
     fit_temperature,
-    label_counts,
     metrics_from_sums,
-    repaired_metric_sums,
     temperature_step,
 )
 from flows.shards.plan import ShardPlan, describe_shards
@@ -91,7 +90,7 @@ def fit_cord_on(session: ShardSession, calibrator, cord: CORD | None = None, *,
     fit resumes from there to full convergence and the pass is repeated, and the
     calibrator returned is that one. ``metrics``: ``sums`` holds the metric sums of the
     original, calibrated and repaired outputs over the calibration rows from the same
-    pass (``reduce.cord_partition_pass``), else it is None."""
+    pass (``partition_sums.cord_partition_pass``), else it is None."""
     start = time.perf_counter()
     cord = CORD() if cord is None else cord
     plan = session.plan

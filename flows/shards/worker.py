@@ -1,7 +1,7 @@
 """The tasks that run on Dask workers: read, validate and split one shard into scratch
 files (:func:`load_split_shard`), read a partition back in row blocks of about
 ``BLOCK_BYTES`` of float64 from its memory-mapped scratch file (:func:`blocks`), and apply
-the per-partition reducers of ``cord_ops.reduce`` to it (:func:`summed`,
+the per-partition reducers of ``cord_ops.partition_sums`` to it (:func:`summed`,
 :func:`cord_scalars`, :func:`evaluation_partition`, ...).
 
 Dask ships these to the workers by reference (module and name), so every task here stays
@@ -20,13 +20,13 @@ from distributed import get_worker
 
 from cord_ops import data
 from cord_ops.cord import CORD
-from cord_ops.reduce import (
+from cord_ops.partition_sums import (
     PASS_ONLY,
     cord_partition_pass,
     cord_pass_sums,
     repaired_metric_sums,
-    split_rows,
 )
+from cord_ops.reduce import split_rows
 
 #: Size of one row block's float64 scores during a pass (the worker's working set). Small
 #: enough that a block's temporaries stay in the caches two workers share: the TS moment
@@ -139,7 +139,7 @@ def apply_each(wrapper, fn, args, *parts) -> list:
 
 def summed(part, fn, *args):
     """``fn(block, *args)`` summed over the partition's row blocks: every reducer of
-    ``cord_ops.reduce`` returns sums (exact integers stay exact)."""
+    ``cord_ops.partition_sums`` returns sums (exact integers stay exact)."""
     total = None
     for block in blocks(part):
         value = fn(block, *args)
@@ -150,7 +150,7 @@ def summed(part, fn, *args):
 def cord_scalars(part, calibrator_state, input_kind, local_weight, metrics=False,
                  temperature=False) -> dict:
     """CORD's per-row scalars (b, min I, g) of the partition, kept in worker memory for
-    the bisection (24 bytes a row), with what ``reduce.cord_partition_pass`` adds on
+    the bisection (24 bytes a row), with what ``partition_sums.cord_partition_pass`` adds on
     request (``metrics``: 25 more bytes a row kept for the repaired output's sums, and the
     original and calibrated outputs' metric sums; ``temperature``: TS's slope sums), the
     sums under ``sums``; errors name the shard."""
@@ -211,7 +211,7 @@ def sample_below(part, threshold: float) -> tuple:
 def evaluation_partition(part, calibrator_state, cord_state, input_kind) -> dict:
     """Metric sums of the original, calibrated and repaired outputs over one partition:
     ``cord_scalars``' pass with the report's per-row values, then the repaired output's
-    sums at the fitted eta* (``reduce.repaired_metric_sums``) without its K-vectors."""
+    sums at the fitted eta* (``partition_sums.repaired_metric_sums``) without its K-vectors."""
     cord = CORD.from_dict(cord_state)
     rows = cord_scalars(part, calibrator_state, input_kind, float(cord.local_weight),
                         metrics=True)
