@@ -1,5 +1,5 @@
 """Wall time and peak worker memory of recalibration over Parquet shards on Dask
-(``flows.shards.distributed.fit_shards``): TS + CORD and VS + CORD, against reading the shards once.
+(``flows.shards.fit.fit_shards``): TS + CORD and VS + CORD, against reading the shards once.
 
     python benchmarks/bench_scale.py [--rows 1000000] [--classes 100] [--shards 20]
                                      [--workers 2] [--memory-limit 2GB] [--gather]
@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cord_ops import data  # noqa: E402
 from cord_ops.calibrators import ConvergenceWarning  # noqa: E402
-from flows.shards.distributed import fit_shards, local_cluster  # noqa: E402
+from flows.shards.fit import fit_shards  # noqa: E402
+from flows.shards.session import local_cluster  # noqa: E402
 
 
 def write_shards(folder: Path, rows: int, k: int, shards: int, seed: int = 0) -> float:

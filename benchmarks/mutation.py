@@ -65,6 +65,8 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/cord_solve.py": ["tests/core/test_cord.py", "tests/core/test_cord_blocks.py",
                                "tests/core/test_mutation_gaps.py", "tests/core/test_reduce.py"],
     "cord_ops/reduce.py": ["tests/core/test_reduce.py", "tests/core/test_mutation_gaps.py"],
+    "cord_ops/partition_sums.py": ["tests/core/test_reduce.py",
+                                   "tests/core/test_mutation_gaps.py"],
     "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py"],
     "cord_ops/calibrators/temperature.py": [
         "tests/calibrators/test_closed_forms.py", "tests/core/test_mutation_gaps.py",

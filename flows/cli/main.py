@@ -265,7 +265,7 @@ def validate_shard_recalibrate(args):
                                 f"{args.dask_workers}")
     inputs.shard_options(args.calibrator, args.eval_sample)
     args.dask_address = inputs.dask_scheduler(args.dask_address)
-    from flows.shards.distributed import plan_shards
+    from flows.shards.plan import plan_shards
 
     try:
         plan = plan_shards(args.data, args.eval_data, args.input_kind, args.seed,

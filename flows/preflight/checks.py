@@ -171,7 +171,7 @@ def shard_options(calibrator: str, eval_sample: int) -> None:
 
 def check_shard_recalibration(plan, calibrator: str, eval_sample: int,
                               gate_options: dict | None = None):
-    """:func:`check_recalibration` for a :class:`flows.shards.distributed.ShardPlan`:
+    """:func:`check_recalibration` for a :class:`flows.shards.plan.ShardPlan`:
     :func:`shard_options`, then the gate's thresholds and the split sizes (the plan's
     exact counts). Returns the gate's policy."""
     from flows.promotion import rules

@@ -1,6 +1,6 @@
 """The recalibration flow's compute tasks: load and check the inputs, split, fit the
 calibrator and CORD, evaluate, export the ONNX graph and verify its parity; on Parquet
-shards the same steps run on Dask (:mod:`flows.shards.distributed`).
+shards the same steps run on Dask (:mod:`flows.shards`).
 
 None of them talks to the tracking store (those are in :mod:`flows.recalibration.store_tasks`).
 """
@@ -175,8 +175,8 @@ def evaluate_reports(evaluation: data.Dataset, calibrator, repair: CORD) -> Eval
 def plan_shard_inputs(data: str, eval_data: str | None, input_kind: str, seed: int,
                       fraction: float):
     """The shards' layout, K and exact split sizes from their footers
-    (:func:`flows.shards.distributed.plan_shards`); errors name the shard."""
-    from flows.shards.distributed import plan_shards
+    (:func:`flows.shards.plan.plan_shards`); errors name the shard."""
+    from flows.shards.plan import plan_shards
 
     return plan_shards(data, eval_data, input_kind, seed, fraction)
 
@@ -195,8 +195,8 @@ def check_shard_options(calibrator: str, dtype: str, eval_sample: int, plan,
 def load_shards(plan, dask_address: str | None, dask_workers: int):
     """Connect to the Dask cluster (or start a local one) and read, validate and split
     every shard once on the workers; returns the open
-    :class:`flows.shards.distributed.ShardSession`."""
-    from flows.shards.distributed import open_session
+    :class:`flows.shards.session.ShardSession`."""
+    from flows.shards.session import open_session
 
     return open_session(plan, dask_address=dask_address, n_workers=dask_workers)
 
@@ -205,7 +205,7 @@ def load_shards(plan, dask_address: str | None, dask_workers: int):
 def fit_calibrator_on_shards(session, name: str):
     """Fit calibrator ``name`` on every calibration row from partition sums; returns
     (fitted, warnings)."""
-    from flows.shards.distributed import fit_calibrator_on
+    from flows.shards.fit import fit_calibrator_on
 
     return _capturing_warnings(lambda: fit_calibrator_on(session, name))
 
@@ -215,7 +215,7 @@ def fit_cord_on_shards(session, calibrator):
     """eta* (paper eq. 18) from exact sums over every calibration row, on the pass that
     also confirms a TS fit's beta; returns ((CORD, calibrator), warnings): the calibrator
     given, or the TS fit resumed when the pass did not confirm it."""
-    from flows.shards.distributed import fit_cord_on
+    from flows.shards.fit import fit_cord_on
 
     return _capturing_warnings(lambda: fit_cord_on(session, calibrator)[:2])
 
@@ -225,7 +225,7 @@ def evaluate_shards(session, calibrator, repair: CORD, eval_sample: int):
     """(Evaluation, sample, label counts): ECE, NLL, Brier, accuracy, TPCR and the
     prediction-change counts over every evaluation row; ECE-EM and smECE, and the
     Evaluation's arrays, on the evaluation sample (docs/scale.md)."""
-    from flows.shards.distributed import evaluate_on
+    from flows.shards.fit import evaluate_on
 
     found = evaluate_on(session, calibrator, repair, eval_sample)
     sample = found.sample

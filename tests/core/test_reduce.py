@@ -15,18 +15,20 @@ from hypothesis.extra.numpy import arrays
 
 from cord_ops import CORD, metrics
 from cord_ops.calibrators import make_calibrator
-from cord_ops.reduce import (
+from cord_ops.partition_sums import (
     cord_partition_pass,
     cord_pass_sums,
     exact_mean,
     exact_sum,
+    metric_sums,
+    repaired_metric_sums,
+)
+from cord_ops.reduce import (
     fit_calibrator,
     fit_cord,
     fit_temperature,
     local_reduce,
-    metric_sums,
     metrics_from_sums,
-    repaired_metric_sums,
     temperature_step,
 )
 from cord_ops.softmax import softmax

@@ -99,7 +99,7 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
 
 
 def test_one_column_parquet_shards_are_binary(tmp_path):
-    from flows.shards import distributed
+    from flows.shards import plan, worker
 
     folder = tmp_path / "shards"
     folder.mkdir()
@@ -108,15 +108,15 @@ def test_one_column_parquet_shards_are_binary(tmp_path):
         p = rng.uniform(0, 1, 40).astype(np.float32)
         pq.write_table(pa.table({"probs": p, "labels": (p > 0.5).astype(np.int64)}),
                        folder / f"part-{i}.parquet")
-    shards = distributed.describe_shards(str(folder))
+    shards = plan.describe_shards(str(folder))
     assert (shards.n_classes, shards.input_kind, shards.n) == (2, "probs", 80)
-    part = distributed.load_split_shard(shards.files[0], "probs", 2, 0, 0.5,
-                                        shards.key(shards.files[0]), f"binary-{tmp_path.name}")
+    part = worker.load_split_shard(shards.files[0], "probs", 2, 0, 0.5,
+                                   shards.key(shards.files[0]), f"binary-{tmp_path.name}")
     try:
-        scores = np.asarray(distributed.part_scores(part["calibration"]))
+        scores = np.asarray(worker.part_scores(part["calibration"]))
         stored = pq.read_table(shards.files[0]).column("probs").to_numpy().astype(np.float64)
         assert scores.shape == (part["calibration"]["n"], 2)
         assert set(scores[:, 1]) <= set(stored)
         assert np.array_equal(scores[:, 0], 1 - scores[:, 1])
     finally:
-        distributed.remove_scratch(f"binary-{tmp_path.name}")
+        worker.remove_scratch(f"binary-{tmp_path.name}")

@@ -15,7 +15,7 @@ from servers import dask_cluster
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.softmax import softmax
-from flows.shards.distributed import fit_shards
+from flows.shards.fit import fit_shards
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,9 @@ def test_a_beta_the_cord_pass_does_not_confirm_is_fitted_on(cluster, logits, tmp
     not confirm (here one 1e-7 off, as if the fit had settled too soon) is fitted on to
     the in-memory optimum and CORD is fitted again on the new one."""
     from cord_ops.calibrators import calibrator_from_dict
-    from flows.shards.distributed import fit_calibrator_on, fit_cord_on, open_session, plan_shards
+    from flows.shards.fit import fit_calibrator_on, fit_cord_on
+    from flows.shards.plan import plan_shards
+    from flows.shards.session import open_session
 
     client, _ = cluster
     z, y = logits
@@ -176,7 +178,7 @@ def test_local_clusters_serve_numpy_temporaries_from_the_arena(tmp_path):
     MALLOC_TRIM_THRESHOLD_ would otherwise send every block temporary to mmap)."""
     from distributed import Client
 
-    from flows.shards.distributed import WORKER_ENV, local_cluster
+    from flows.shards.session import WORKER_ENV, local_cluster
 
     with local_cluster(2) as local, Client(local) as client:
         found = client.run(lambda: {key: os.environ.get(key) for key in WORKER_ENV})

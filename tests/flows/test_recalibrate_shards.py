@@ -288,13 +288,9 @@ def test_a_worker_killed_after_the_read_changes_no_bit(tmp_path):
 
     from distributed import Client
 
-    from flows.shards.distributed import (
-        fit_calibrator_on,
-        fit_cord_on,
-        fit_shards,
-        open_session,
-        plan_shards,
-    )
+    from flows.shards.fit import fit_calibrator_on, fit_cord_on, fit_shards
+    from flows.shards.plan import plan_shards
+    from flows.shards.session import open_session
 
     root = write_shards(tmp_path / "shards", {f"p{i}.parquet": 700 for i in range(6)}, 9)
     (tmp_path / "dask").mkdir()
