@@ -336,7 +336,7 @@ def cord_row_scalars(part) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return part["b"], part["lower"], part["g"]
 
 
-def label_counts(part, k: int) -> np.ndarray:
+def partition_label_counts(part, k: int) -> np.ndarray:
     """Rows per class in the partition (the gate's label histograms)."""
     return np.bincount(part["labels"], minlength=k).astype(np.int64)
 

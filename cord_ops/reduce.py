@@ -295,7 +295,7 @@ def calibrator_state(name: str, params: dict, k: int, input_kind: str, prob_floo
             "options": options, "params": params}
 
 
-def fit_calibrator(name: str, reduce, n: int, k: int, *, input_kind="logits", sample=None,
+def fit_calibrator_from_sums(name: str, reduce, n: int, k: int, *, input_kind="logits", sample=None,
                    settle: float | None = None):
     """A fitted calibrator ``name`` (one of REDUCIBLE) from partition reductions;
     ``sample`` = (scores, labels), a row sample, gives the fits a warm start (the same
@@ -351,7 +351,7 @@ class _ReducedMean:
 
 
 
-def fit_cord(reduce, n: int, k: int, cord: CORD | None = None, *,
+def fit_cord_from_sums(reduce, n: int, k: int, cord: CORD | None = None, *,
              gather: bool = False) -> CORD:
     """Fit ``cord`` (default CORD()) from partitions that hold ``b``, ``lower`` and ``g``.
 

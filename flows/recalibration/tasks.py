@@ -196,9 +196,9 @@ def load_shards(plan, dask_address: str | None, dask_workers: int):
     """Connect to the Dask cluster (or start a local one) and read, validate and split
     every shard once on the workers; returns the open
     :class:`flows.shards.session.ShardSession`."""
-    from flows.shards.session import open_session
+    from flows.shards.session import open_shard_session
 
-    return open_session(plan, dask_address=dask_address, n_workers=dask_workers)
+    return open_shard_session(plan, dask_address=dask_address, n_workers=dask_workers)
 
 
 @compute_task

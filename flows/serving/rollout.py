@@ -163,7 +163,7 @@ class _Copy:
     key: str
 
 
-def sum_tolerance(model) -> float:
+def repaired_sum_tolerance(model) -> float:
     """How far a repaired row may sum from 1 (as :func:`flows.serving.http.verify` allows)."""
     from onnx_export.parity import FIXED_PARITY_TOLERANCE
 
@@ -315,7 +315,7 @@ class RolloutController:
         except Exception as exc:  # any failure of the candidate is its breach
             problem = f"{type(exc).__name__}: {exc}"
         else:
-            ok = rollout_steps.self_consistent(outputs, scores, sum_tolerance(candidate))
+            ok = rollout_steps.self_consistent(outputs, scores, repaired_sum_tolerance(candidate))
             if ok.all():
                 step.stats.timed("candidate", time.perf_counter() - began)
                 return outputs
@@ -415,7 +415,7 @@ class RolloutController:
                 step.stats.attempt()
                 step.stats.timed("candidate", elapsed)
                 ok = rollout_steps.self_consistent(candidate_out, item.scores,
-                                                   sum_tolerance(target))
+                                                   repaired_sum_tolerance(target))
                 if not ok.all():
                     step.stats.error()
                     self.candidate_errors.labels(target.version).inc()

@@ -20,16 +20,16 @@ from cord_ops.calibrators import calibrator_from_dict
 from cord_ops.calibrators.temperature import BETA_RTOL
 from cord_ops.cord import CORD, check_cord_params
 from cord_ops.names import REDUCIBLE
-from cord_ops.partition_sums import label_counts, repaired_metric_sums
+from cord_ops.partition_sums import partition_label_counts, repaired_metric_sums
 from cord_ops.reduce import (
-    fit_calibrator,
-    fit_cord,
+    fit_calibrator_from_sums,
+    fit_cord_from_sums,
     fit_temperature,
     metrics_from_sums,
     temperature_step,
 )
 from flows.shards.plan import ShardPlan, describe_shards
-from flows.shards.session import ShardSession, open_session
+from flows.shards.session import ShardSession, open_shard_session
 from flows.shards.worker import (
     add_all,
     cord_scalars,
@@ -73,7 +73,7 @@ def fit_calibrator_on(session: ShardSession, name: str):
     sample = _sample(session, "calibration", plan.n_calibration,
                      warm_start_rows(name, plan.n_calibration, plan.n_classes))
     settle = TS_SETTLE if name == "ts" else None
-    fitted = fit_calibrator(name, session.reduce("calibration"), plan.n_calibration,
+    fitted = fit_calibrator_from_sums(name, session.reduce("calibration"), plan.n_calibration,
                             plan.n_classes, input_kind=plan.input_kind,
                             sample=(sample[0], sample[1]), settle=settle)
     session.unconfirmed = fitted.to_dict() if settle is not None else None
@@ -84,7 +84,7 @@ def fit_calibrator_on(session: ShardSession, name: str):
 def fit_cord_on(session: ShardSession, calibrator, cord: CORD | None = None, *,
                 gather: bool = False, metrics: bool = False):
     """(CORD, calibrator, sums): eta* from exact sums over every calibration row
-    (``reduce.fit_cord``; its ``gather`` mode on request), on one pass that also confirms
+    (``reduce.fit_cord_from_sums``; its ``gather`` mode on request), on one pass that also confirms
     a TS beta :func:`fit_calibrator_on` left unconfirmed — when it is not (its Newton step
     is above BETA_RTOL, which a cubically converging fit does not reach in practice), the
     fit resumes from there to full convergence and the pass is repeated, and the
@@ -111,7 +111,7 @@ def fit_cord_on(session: ShardSession, calibrator, cord: CORD | None = None, *,
                                         input_kind=plan.input_kind, start=calibrator.beta_)
             polished = calibrator_from_dict({**state, "params": params})
             return fit_cord_on(session, polished, cord, gather=gather, metrics=metrics)
-    fitted = fit_cord(reduce, plan.n_calibration, plan.n_classes, cord, gather=gather)
+    fitted = fit_cord_from_sums(reduce, plan.n_calibration, plan.n_classes, cord, gather=gather)
     found = None
     if metrics:
         repaired = reduce(repaired_metric_sums, fitted.eta_)
@@ -182,7 +182,7 @@ def evaluate_on(session: ShardSession, calibrator, cord: CORD,
     plan, kind, k = session.plan, session.plan.input_kind, session.plan.n_classes
     found = _metrics(session, "evaluation", calibrator, cord)
     counts = [tuple(int(c) for c in sum(session.reducer(getattr(session, which))(
-        label_counts, k))) for which in ("calibration", "evaluation")]
+        partition_label_counts, k))) for which in ("calibration", "evaluation")]
     scores, labels, _ = _sample(session, "evaluation", plan.n_evaluation, sample_rows)
     digest = hashlib.sha256(scores.tobytes() + labels.tobytes()).hexdigest()
     source = plan.data if plan.evaluation is None else plan.evaluation
@@ -213,7 +213,7 @@ def fit_shards(spec, calibrator: str = "ts", *, dask_address: str | None = None,
     kept) + CORD on every row of the Parquet shards of ``spec`` (folder or glob) on Dask:
     ``client``, else the scheduler at ``dask_address``, else a local cluster of
     ``n_workers`` single-threaded processes (``memory_limit`` each). ``metrics`` are over
-    the same rows. ``gather`` selects ``fit_cord``'s gathered mode (eta* bit-identical to
+    the same rows. ``gather`` selects ``fit_cord_from_sums``'s gathered mode (eta* bit-identical to
     ``CORD.fit`` on all rows)."""
     if not isinstance(calibrator, str):
         calibrator.check_is_fitted()  # a fitted calibrator: only CORD is fitted here
@@ -225,7 +225,7 @@ def fit_shards(spec, calibrator: str = "ts", *, dask_address: str | None = None,
     check_cord_params(cord)
     shards = describe_shards(spec, input_kind)
     plan = ShardPlan(shards, None, 0, 1.0, shards.n, 0)
-    with open_session(plan, dask_address=dask_address, client=client, n_workers=n_workers,
+    with open_shard_session(plan, dask_address=dask_address, client=client, n_workers=n_workers,
                       memory_limit=memory_limit) as session:
         if isinstance(calibrator, str):
             cal = fit_calibrator_on(session, calibrator)

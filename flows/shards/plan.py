@@ -47,7 +47,7 @@ def shard_kind(files, input_kind: str = "auto") -> str:
 class ShardSet:
     """Parquet shards named by one folder or glob, described from their footers.
 
-    ``sha256`` is filled by :func:`open_session` (it needs every byte): the SHA-256 of the
+    ``sha256`` is filled by :func:`open_shard_session` (it needs every byte): the SHA-256 of the
     lines ``<path relative to root> <file's sha256>``, one per shard, in sorted order.
     Provides the attributes of ``data.Dataset`` that provenance tags read (``path``,
     ``sha256``, ``n``, ``n_classes``, ``input_kind``).

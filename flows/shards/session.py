@@ -144,7 +144,7 @@ def local_cluster(n_workers: int, memory_limit: str | None = None) -> LocalClust
                 os.environ[key] = value
 
 
-def open_session(plan: ShardPlan, *, dask_address: str | None = None,
+def open_shard_session(plan: ShardPlan, *, dask_address: str | None = None,
                  client: Client | None = None, n_workers: int = 2,
                  memory_limit: str | None = None,
                  connect_timeout: float = 10.0) -> ShardSession:

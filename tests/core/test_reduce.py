@@ -24,8 +24,8 @@ from cord_ops.partition_sums import (
     repaired_metric_sums,
 )
 from cord_ops.reduce import (
-    fit_calibrator,
-    fit_cord,
+    fit_calibrator_from_sums,
+    fit_cord_from_sums,
     fit_temperature,
     local_reduce,
     metrics_from_sums,
@@ -70,14 +70,15 @@ def scalar_partitions(p0, q, slices, lam=0.5):
 def test_eta_does_not_depend_on_the_split(pair, cuts, target, lam):
     p0, q = pair
     n, k = p0.shape
-    whole = fit_cord(local_reduce(scalar_partitions(p0, q, [slice(0, n)], lam)), n, k,
-                     CORD(mean_target=target, local_weight=lam))
+    whole = fit_cord_from_sums(local_reduce(scalar_partitions(p0, q, [slice(0, n)], lam)), n,
+                               k, CORD(mean_target=target, local_weight=lam))
     parts = scalar_partitions(p0, q, split(n, [c for c in cuts if c < n]), lam)
-    reduced = fit_cord(local_reduce(parts), n, k, CORD(mean_target=target, local_weight=lam))
+    reduced = fit_cord_from_sums(local_reduce(parts), n, k,
+                                 CORD(mean_target=target, local_weight=lam))
     assert reduced.eta_.hex() == whole.eta_.hex()
     assert reduced.mu_.hex() == whole.mu_.hex()
-    gathered = fit_cord(local_reduce(parts), n, k, CORD(mean_target=target, local_weight=lam),
-                        gather=True)
+    gathered = fit_cord_from_sums(local_reduce(parts), n, k,
+                                  CORD(mean_target=target, local_weight=lam), gather=True)
     fitted = CORD(mean_target=target, local_weight=lam).fit(p0, q)
     assert gathered.eta_.hex() == fitted.eta_.hex()
     assert gathered.mu_.hex() == fitted.mu_.hex()
@@ -89,7 +90,7 @@ def test_reduced_eta_solves_the_same_equation_as_fit(k):
     the mean response they produce is a few ulps of mu."""
     p0, q = pairs(np.random.default_rng(k), 6000, k)
     parts = scalar_partitions(p0, q, split(6000, [1000, 2500, 2501, 4000]))
-    reduced = fit_cord(local_reduce(parts), 6000, k)
+    reduced = fit_cord_from_sums(local_reduce(parts), 6000, k)
     fitted = CORD().fit(p0, q)
     assert fitted.eta_ != 0.0
     assert abs(reduced.mu_ - fitted.mu_) <= 4 * np.spacing(fitted.mu_)
@@ -112,13 +113,13 @@ def test_calibrators_reach_the_in_memory_optimum(name):
     z, y = logit_data(np.random.default_rng(7), 8000, 8)
     ref = make_calibrator(name).fit(z, y)
     parts = [{"scores": z[s], "labels": y[s]} for s in split(8000, [100, 3000, 7000])]
-    cal = fit_calibrator(name, local_reduce(parts), 8000, 8)
+    cal = fit_calibrator_from_sums(name, local_reduce(parts), 8000, 8)
     nll, nll_ref = metrics.nll(cal.predict_proba(z), y), metrics.nll(ref.predict_proba(z), y)
     assert abs(nll - nll_ref) <= 1e-9 * nll_ref
     if name == "ts":
         assert abs(cal.beta_ - ref.beta_) <= 1e-10 * ref.beta_
         # exact sums: the split does not change a bit of beta
-        other = fit_calibrator("ts", local_reduce([{"scores": z, "labels": y}]), 8000, 8)
+        other = fit_calibrator_from_sums("ts", local_reduce([{"scores": z, "labels": y}]), 8000, 8)
         assert other.beta_.hex() == cal.beta_.hex()
     else:
         np.testing.assert_allclose(cal.weights_, ref.weights_, atol=1e-4)
@@ -129,7 +130,7 @@ def test_calibrators_reach_the_in_memory_optimum(name):
 
 def test_other_calibrators_are_refused_naming_the_ones_that_can():
     with pytest.raises(ValueError, match=r"'isotonic'.*expected one of ts, vs"):
-        fit_calibrator("isotonic", local_reduce([]), 1, 2)
+        fit_calibrator_from_sums("isotonic", local_reduce([]), 1, 2)
 
 
 def test_metric_sums_match_the_metrics():
@@ -168,7 +169,7 @@ def test_a_settled_beta_is_confirmed_or_refused_by_the_cord_pass():
     float64 resolution) and refuse one 1e-7 off."""
     z, y = logit_data(np.random.default_rng(5), 4000, 9)
     sample = (z[:500], y[:500])
-    cal = fit_calibrator("ts", local_reduce([{"scores": z, "labels": y}]), 4000, 9,
+    cal = fit_calibrator_from_sums("ts", local_reduce([{"scores": z, "labels": y}]), 4000, 9,
                          sample=sample, settle=1e-5)
     ref = make_calibrator("ts").fit(z, y)
     assert abs(cal.beta_ - ref.beta_) <= 1e-10 * ref.beta_
@@ -226,7 +227,7 @@ def test_screened_bisection_steps_take_the_exact_branches(pair, target):
     n, k = p0.shape
     parts = scalar_partitions(p0, q, split(n, [n // 3, n // 2]))
     reduce = local_reduce(parts)
-    screened = fit_cord(reduce, n, k, CORD(mean_target=target))
+    screened = fit_cord_from_sums(reduce, n, k, CORD(mean_target=target))
     exact = _ReducedMean(reduce, n)
     exact.screening = False
     g = np.concatenate([p["g"] for p in parts])
@@ -248,7 +249,7 @@ def test_vs_warm_start_refined_on_a_larger_sample(monkeypatch):
     z, y = logit_data(np.random.default_rng(9), 6000, 6)
     ref = make_calibrator("vs").fit(z, y)
     parts = [{"scores": z[s], "labels": y[s]} for s in split(6000, [2000, 4000])]
-    cal = fit_calibrator("vs", local_reduce(parts), 6000, 6, sample=(z[:1500], y[:1500]))
+    cal = fit_calibrator_from_sums("vs", local_reduce(parts), 6000, 6, sample=(z[:1500], y[:1500]))
     np.testing.assert_allclose(cal.weights_, ref.weights_, atol=1e-4)
     assert abs(metrics.nll(cal.predict_proba(z), y) - metrics.nll(ref.predict_proba(z), y)) \
         <= 1e-9 * metrics.nll(ref.predict_proba(z), y)

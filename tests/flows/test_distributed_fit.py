@@ -151,13 +151,13 @@ def test_a_beta_the_cord_pass_does_not_confirm_is_fitted_on(cluster, logits, tmp
     from cord_ops.calibrators import calibrator_from_dict
     from flows.shards.fit import fit_calibrator_on, fit_cord_on
     from flows.shards.plan import plan_shards
-    from flows.shards.session import open_session
+    from flows.shards.session import open_shard_session
 
     client, _ = cluster
     z, y = logits
     shards = write_shards(tmp_path / "shards", z, y, 3)
     ref = make_calibrator("ts").fit(z, y)
-    with open_session(plan_shards(str(shards), None, "auto", 0, 1.0),
+    with open_shard_session(plan_shards(str(shards), None, "auto", 0, 1.0),
                       client=client) as session:
         settled = fit_calibrator_on(session, "ts")
         assert session.unconfirmed == settled.to_dict()

@@ -27,7 +27,7 @@ from servers import dask_cluster
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import calibrator_from_dict, make_calibrator
 from cord_ops.cord_kernels import row_scalars
-from cord_ops.reduce import fit_cord, local_reduce
+from cord_ops.reduce import fit_cord_from_sums, local_reduce
 from cord_ops.softmax import softmax
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
@@ -136,7 +136,7 @@ def test_recalibrate_on_shards_logs_the_contract_of_in_memory_rows(cluster, stor
     p0, q = softmax(zc), vs.predict_proba(zc)
     eta = float(params["eta_star"])
     b, lower, g = row_scalars(p0, q, CORD().local_weight)
-    exact = fit_cord(local_reduce([{"b": b, "lower": lower, "g": g}]), len(yc), K)
+    exact = fit_cord_from_sums(local_reduce([{"b": b, "lower": lower, "g": g}]), len(yc), K)
     assert eta.hex() == exact.eta_.hex() and eta == logged["eta_star"]
     assert abs(eta - CORD().fit(p0, q).eta_) <= 1e-10 * abs(eta) and eta != 0.0
 
@@ -290,14 +290,14 @@ def test_a_worker_killed_after_the_read_changes_no_bit(tmp_path):
 
     from flows.shards.fit import fit_calibrator_on, fit_cord_on, fit_shards
     from flows.shards.plan import plan_shards
-    from flows.shards.session import open_session
+    from flows.shards.session import open_shard_session
 
     root = write_shards(tmp_path / "shards", {f"p{i}.parquet": 700 for i in range(6)}, 9)
     (tmp_path / "dask").mkdir()
     with dask_cluster(tmp_path / "dask") as (address, pids), \
             Client(address, timeout=30) as client:
         healthy = fit_shards(str(root), "vs", client=client)
-        with open_session(plan_shards(str(root), None, "auto", 0, 1.0),
+        with open_shard_session(plan_shards(str(root), None, "auto", 0, 1.0),
                           client=client) as session:
             holders = {w for where in session.home.values() if where for w in where}
             assert len(holders) == 2  # both workers hold partitions
