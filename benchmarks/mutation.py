@@ -120,6 +120,30 @@ _TS_EINSUM = "einsum subscripts are letters: upper case names the same axes"
 _TS_GRID_END = ("without the grid point 16 the best point is at most 15.75, whose window "
                 "min(15.75 + 0.25, 16) still reaches 16: the same bounded search")
 
+# Reasons shared by several of cord_ops/metrics.py's equivalent survivors.
+_M_DTYPE = "numpy's default dtype (dtype None) is float64: the same array"
+_M_SIDE = "side='left' is searchsorted's default"
+_M_CONF_POSITIVE = ("a top-1 probability is at least (1 - 1e-4) / K > 0, so searchsorted never "
+                    "returns 0 and no bin index is below 0: the lower clip never acts")
+_M_GRID_POSITIVE = ("confidences and evaluation points lie in [0, 1], so the grid index "
+                    "f (m - 1) truncates to >= 0: the lower clip never acts")
+_M_FFT_AXES = ("the kernel is (1, m): convolving over axis 0 too is a 'valid' convolution with "
+               "a length-1 unit kernel, the identity (FFT rounding ~1e-16, far below relplot "
+               "parity's 1e-9)")
+_M_STABLE = "numpy lower-cases the sort kind: 'STABLE' is 'stable'"
+_M_EM_CAP = ("rank r <= n - 1 gives floor(r B / n) <= B - 1, so the cap min(B - 1, .) never "
+             "acts, at B - 1 or B + 1")
+_M_EM_DIV = ("r B / n is a quotient of integers: when it is not an integer it is at least 1/n "
+             "from one, far above its rounding, so the int64 cast truncates it to the same "
+             "floor")
+_M_DIVIDE = ("an empty bin divides 0 by 0, which numpy reports as 'invalid', never as 'divide' "
+             "(a filled bin has a count >= 1): the divide setting is never consulted")
+_M_SMECE_EPS = ("the bandwidths tried are 1 and dyadic midpoints 2^-k, never exactly "
+                "SMECE_EPS = 1e-3")
+_M_SMECE_TIE = ("differs only where smECE_sigma equals the dyadic sigma exactly; no input "
+                "found reaches that tie, and relplot's smECE (the parity tests) decides "
+                "the same strict way")
+
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
 ACCEPTED: dict[str, str] = {
     # cord_ops/cord.py: the screen is an optimisation; the exact mean decides the same way
@@ -186,6 +210,35 @@ ACCEPTED: dict[str, str] = {
         _TS_EINSUM,
     'cord_ops/calibrators/temperature.py::bounded_refit::grid = np.arange(-16.0, 16.0 + 1e-9, 0.25) -> grid = np.arange(-16.0, 16.0 - 1e-9, 0.25)':  # noqa: E501 - a key is one source line
         _TS_GRID_END,
+    # cord_ops/metrics.py
+    'cord_ops/metrics.py::_confidence_correct::return confidence, (pred == y).astype(np.float64) -> return confidence, (pred == y).astype(None)':  # noqa: E501 - a key is one source line
+        _M_DTYPE,
+    'cord_ops/metrics.py::_equal_width_bins::bins = np.searchsorted(edges, confidence, side="left") - 1 -> bins = np.searchsorted(edges, confidence, ) - 1':  # noqa: E501 - a key is one source line
+        _M_SIDE,
+    'cord_ops/metrics.py::_equal_width_bins::return edges, np.clip(bins, 0, n_bins - 1) -> return edges, np.clip(bins, None, n_bins - 1)':  # noqa: E501 - a key is one source line
+        _M_CONF_POSITIVE,
+    'cord_ops/metrics.py::_interpolate::left = (t * (m - 1)).astype(np.int64).clip(0, m - 2) -> left = (t * (m - 1)).astype(np.int64).clip(None, m - 2)':  # noqa: E501 - a key is one source line
+        _M_GRID_POSITIVE,
+    'cord_ops/metrics.py::_smooth_to_grid::left = scaled.astype(np.int64).clip(0, grid_points - 2) -> left = scaled.astype(np.int64).clip(None, grid_points - 2)':  # noqa: E501 - a key is one source line
+        _M_GRID_POSITIVE,
+    'cord_ops/metrics.py::_reflected_gaussian_smooth::smoothed = fftconvolve(mirrored, kernel[None, :], mode="valid", axes=1) -> smoothed = fftconvolve(mirrored, kernel[None, :], mode="valid", axes=None)':  # noqa: E501 - a key is one source line
+        _M_FFT_AXES,
+    'cord_ops/metrics.py::_reflected_gaussian_smooth::smoothed = fftconvolve(mirrored, kernel[None, :], mode="valid", axes=1) -> smoothed = fftconvolve(mirrored, kernel[None, :], mode="valid", )':  # noqa: E501 - a key is one source line
+        _M_FFT_AXES,
+    'cord_ops/metrics.py::ece_em::order = np.argsort(confidence, kind="stable") -> order = np.argsort(confidence, kind="STABLE")':  # noqa: E501 - a key is one source line
+        _M_STABLE,
+    'cord_ops/metrics.py::ece_em::bins[order] = np.minimum(n_bins - 1, (np.arange(n) * n_bins) // n) -> bins[order] = np.minimum(n_bins + 1, (np.arange(n) * n_bins) // n)':  # noqa: E501 - a key is one source line
+        _M_EM_CAP,
+    'cord_ops/metrics.py::ece_em::bins[order] = np.minimum(n_bins - 1, (np.arange(n) * n_bins) // n) -> bins[order] = np.minimum(n_bins - 1, (np.arange(n) * n_bins) / n)':  # noqa: E501 - a key is one source line
+        _M_EM_DIV,
+    'cord_ops/metrics.py::reliability_diagram::with np.errstate(invalid="ignore", divide="ignore"): -> with np.errstate(invalid="ignore", divide=None):':  # noqa: E501 - a key is one source line
+        _M_DIVIDE,
+    'cord_ops/metrics.py::reliability_diagram::with np.errstate(invalid="ignore", divide="ignore"): -> with np.errstate(invalid="ignore", ):':  # noqa: E501 - a key is one source line
+        _M_DIVIDE,
+    'cord_ops/metrics.py::smece_with_width::return sigma < SMECE_EPS or sigma < value(sigma) -> return sigma <= SMECE_EPS or sigma < value(sigma)':  # noqa: E501 - a key is one source line
+        _M_SMECE_EPS,
+    'cord_ops/metrics.py::smece_with_width::return sigma < SMECE_EPS or sigma < value(sigma) -> return sigma < SMECE_EPS or sigma <= value(sigma)':  # noqa: E501 - a key is one source line
+        _M_SMECE_TIE,
     # onnx_export/repair.py: the float32 skip of c1 is an optimisation of a product by 1
     "onnx_export/repair.py::build_repair::unit_c1 = gb.dtype == np.float32 -> "
     "unit_c1 = None":
