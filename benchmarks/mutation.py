@@ -60,7 +60,7 @@ MODULES: dict[str, list[str]] = {
         # it checks the warning's stack level, which mutmut's trampoline frame shifts
         "--deselect=tests/core/test_mutation_gaps.py::test_the_bound_warning_points_at_the_caller_of_fit"],  # noqa: E501
     "cord_ops/validation.py": ["tests/calibrators/test_bad_input.py",
-                               "tests/core/test_mutation_gaps.py"],
+                               "tests/core/test_mutation_gaps.py", "tests/core/test_validation.py"],
     "onnx_export/repair.py": ["tests/onnx/test_repair_graph.py", "tests/onnx/test_fixup.py"],
     "flows/promotion/gate.py": ["tests/flows/test_gate.py", "tests/flows/test_gate_units.py",
                       "tests/flows/test_champion_history.py", "tests/flows/test_gate_store.py",
@@ -143,6 +143,19 @@ _M_SMECE_EPS = ("the bandwidths tried are 1 and dyadic midpoints 2^-k, never exa
 _M_SMECE_TIE = ("differs only where smECE_sigma equals the dyadic sigma exactly; no input "
                 "found reaches that tie, and relplot's smECE (the parity tests) decides "
                 "the same strict way")
+
+# Reasons shared by several of cord_ops/validation.py's equivalent survivors.
+_V_KINDS = ("'X' is no numpy dtype kind: the kind test with 'XX' around the letters accepts "
+            "and refuses exactly the same dtypes")
+_V_FLOAT64 = "numpy's default dtype (dtype None) is float64: the same conversion"
+_V_COPY_NONE = "astype's copy=None copies only when needed, as copy=False does"
+_V_COLUMN_COPY = ("the converted column is only read (checks, 1 - p, column_stack builds a new "
+                  "array): whether astype copied it cannot be seen")
+_V_RESHAPE = ("np.unique's inverse of a 1-D array (the only kind that gets here) is already "
+              "1-D; reshape(None) leaves it as it is, like reshape(-1)")
+_V_TWO_COLUMNS = ("two_columns gets only what is_one_column accepts ((n,) or (n, 1), its one "
+                  "caller stored_scores checks): an (n, 1) column kept 2-D gives the same "
+                  "checks, row numbers, values and n x 2 column_stack")
 
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
 ACCEPTED: dict[str, str] = {
@@ -239,6 +252,33 @@ ACCEPTED: dict[str, str] = {
         _M_SMECE_EPS,
     'cord_ops/metrics.py::smece_with_width::return sigma < SMECE_EPS or sigma < value(sigma) -> return sigma < SMECE_EPS or sigma <= value(sigma)':  # noqa: E501 - a key is one source line
         _M_SMECE_TIE,
+    # cord_ops/validation.py
+    'cord_ops/validation.py::check_class_labels::if arr.dtype.kind not in "USbO": -> if arr.dtype.kind not in "XXUSbOXX":':  # noqa: E501 - a key is one source line
+        _V_KINDS,
+    'cord_ops/validation.py::check_class_labels::if arr.dtype != object and arr.dtype.kind in "iuf": -> if arr.dtype != object and arr.dtype.kind in "XXiufXX":':  # noqa: E501 - a key is one source line
+        _V_KINDS,
+    'cord_ops/validation.py::check_labels::if arr.dtype == object or arr.dtype.kind not in "iuf": -> if arr.dtype == object or arr.dtype.kind not in "XXiufXX":':  # noqa: E501 - a key is one source line
+        _V_KINDS,
+    'cord_ops/validation.py::check_layout::if arr.dtype == object or arr.dtype.kind not in "iuf": -> if arr.dtype == object or arr.dtype.kind not in "XXiufXX":':  # noqa: E501 - a key is one source line
+        _V_KINDS,
+    'cord_ops/validation.py::_one_column_values::if arr.dtype == object or arr.dtype.kind not in "iuf": -> if arr.dtype == object or arr.dtype.kind not in "XXiufXX":':  # noqa: E501 - a key is one source line
+        _V_KINDS,
+    'cord_ops/validation.py::check_scores::arr = check_layout(x, name, n_classes=n_classes).astype(np.float64, copy=False) -> arr = check_layout(x, name, n_classes=n_classes).astype(None, copy=False)':  # noqa: E501 - a key is one source line
+        _V_FLOAT64,
+    'cord_ops/validation.py::check_scores::arr = check_layout(x, name, n_classes=n_classes).astype(np.float64, copy=False) -> arr = check_layout(x, name, n_classes=n_classes).astype(np.float64, copy=None)':  # noqa: E501 - a key is one source line
+        _V_COPY_NONE,
+    'cord_ops/validation.py::_one_column_values::column = arr.astype(np.float64, copy=False) -> column = arr.astype(None, copy=False)':  # noqa: E501 - a key is one source line
+        _V_FLOAT64,
+    'cord_ops/validation.py::_one_column_values::column = arr.astype(np.float64, copy=False) -> column = arr.astype(np.float64, copy=None)':  # noqa: E501 - a key is one source line
+        _V_COLUMN_COPY,
+    'cord_ops/validation.py::_one_column_values::column = arr.astype(np.float64, copy=False) -> column = arr.astype(np.float64, )':  # noqa: E501 - a key is one source line
+        _V_COLUMN_COPY,
+    'cord_ops/validation.py::_one_column_values::column = arr.astype(np.float64, copy=False) -> column = arr.astype(np.float64, copy=True)':  # noqa: E501 - a key is one source line
+        _V_COLUMN_COPY,
+    'cord_ops/validation.py::check_class_labels::return classes, codes.reshape(-1).astype(np.int64) -> return classes, codes.reshape(None).astype(np.int64)':  # noqa: E501 - a key is one source line
+        _V_RESHAPE,
+    'cord_ops/validation.py::two_columns::if arr.ndim == 2: -> if arr.ndim == 3:':
+        _V_TWO_COLUMNS,
     # onnx_export/repair.py: the float32 skip of c1 is an optimisation of a product by 1
     "onnx_export/repair.py::build_repair::unit_c1 = gb.dtype == np.float32 -> "
     "unit_c1 = None":
