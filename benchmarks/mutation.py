@@ -82,7 +82,7 @@ MODULES: dict[str, list[str]] = {
     "flows/registry/owner.py": ["tests/flows/test_owner.py"],
     "flows/registry/journal.py": ["tests/flows/test_journal.py"],
     # without the two tests that fit, export and serve a model (10 s setup per process)
-    "flows/serving/contract.py": [
+    "flows/serving/contract.py": ["tests/flows/test_scoring_contract.py"] + [
         f"tests/flows/test_scoring_input.py::{name}" for name in (
             "test_every_accepted_form_gives_the_same_matrix",
             "test_the_first_non_finite_row_is_named", "test_a_wrong_width_is_refused",
@@ -156,6 +156,10 @@ _V_RESHAPE = ("np.unique's inverse of a 1-D array (the only kind that gets here)
 _V_TWO_COLUMNS = ("two_columns gets only what is_one_column accepts ((n,) or (n, 1), its one "
                   "caller stored_scores checks): an (n, 1) column kept 2-D gives the same "
                   "checks, row numbers, values and n x 2 column_stack")
+
+# Reasons shared by several of flows/serving/contract.py's equivalent survivors.
+_C_KINDS = ("'X' is no numpy or pandas dtype kind: the kind test with 'XX' around the letters "
+            "accepts and refuses exactly the same dtypes")
 
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
 ACCEPTED: dict[str, str] = {
@@ -279,6 +283,19 @@ ACCEPTED: dict[str, str] = {
         _V_RESHAPE,
     'cord_ops/validation.py::two_columns::if arr.ndim == 2: -> if arr.ndim == 3:':
         _V_TWO_COLUMNS,
+    # flows/serving/contract.py
+    'flows/serving/contract.py::_reason::if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "iuf" or ( -> if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "XXiufXX" or (':  # noqa: E501 - a key is one source line
+        _C_KINDS,
+    'flows/serving/contract.py::_as_array::if isinstance(value, np.ndarray) and value.dtype.kind in "iuf": -> if isinstance(value, np.ndarray) and value.dtype.kind in "XXiufXX":':  # noqa: E501 - a key is one source line
+        _C_KINDS,
+    'flows/serving/contract.py::_frame_array::if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "iuf": -> if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "XXiufXX":':  # noqa: E501 - a key is one source line
+        _C_KINDS,
+    'flows/serving/contract.py::_frame_array::if dtype.kind not in "iuf": -> if dtype.kind not in "XXiufXX":':  # noqa: E501 - a key is one source line
+        _C_KINDS,
+    'flows/serving/contract.py::_list_array::if arr is not None and arr.dtype.kind in "iuf": -> if arr is not None and arr.dtype.kind in "XXiufXX":':  # noqa: E501 - a key is one source line
+        _C_KINDS,
+    'flows/serving/contract.py::_list_array::if arr is not None and arr.dtype.kind in "USb": -> if arr is not None and arr.dtype.kind in "XXUSbXX":':  # noqa: E501 - a key is one source line
+        _C_KINDS,
     # onnx_export/repair.py: the float32 skip of c1 is an optimisation of a product by 1
     "onnx_export/repair.py::build_repair::unit_c1 = gb.dtype == np.float32 -> "
     "unit_c1 = None":
