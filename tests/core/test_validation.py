@@ -258,6 +258,11 @@ def test_stored_scores_refusals():
         v.stored_scores(np.array([[np.inf, 0.0]]), "logits", "s")
     with _raises(ValueError, "scores: row 1 contains NaN or inf; expected finite values"):
         v.stored_scores(np.array([0.5, np.nan]), "logits")
+    with _raises(ValueError, "s: row 1 is 1.5; expected a positive-class probability in [0, 1] "
+                             "(one score column)"):
+        v.stored_scores(np.array([0.5, 1.5]), "probs", "s")
+    with _raises(ValueError, "s: expected 3 classes (columns), got 4"):
+        v.stored_scores(np.zeros((2, 4)), "logits", "s", n_classes=3)
 
 
 def test_narrowed_keeps_the_stored_row_where_the_cast_would_tie():

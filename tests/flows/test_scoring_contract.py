@@ -5,6 +5,7 @@ hand-written inputs (no graph, no server)."""
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 
 import numpy as np
@@ -172,6 +173,10 @@ def test_a_value_beyond_float32_is_out_of_range_naming_its_row():
         with _refused("out_of_range", "input: row 1 has a value outside the float32 range of "
                                       "this model (|x| <= 3.4e+38)"):
             score_matrix(rows, LOGITS3)
+    # one overflow to +inf alone (the row's minimum stays finite) is refused too
+    with _refused("out_of_range", "input: row 0 has a value outside the float32 range of this "
+                                  "model (|x| <= 3.4e+38)"):
+        score_matrix([[0.0, 1e39, 0.0]], LOGITS3)
     # the largest float32 itself is in range; float64 models take 1e39 as it is
     top = float(np.finfo(np.float32).max)
     assert score_matrix([[top, -top, 0.0]], LOGITS3).tolist() == [[top, -top, 0.0]]
@@ -199,6 +204,11 @@ def test_frame_refusals_name_the_column():
                                "columns (one per class) or one column of arrays"):
         score_matrix(pd.DataFrame({"x": [1.0], "name": pd.Series(["a"], dtype=object),
                                   "y": [2.0]}), LOGITS3)
+    # also as the first of several columns (not read as a one-column frame of arrays)
+    with _refused("bad_shape", "input: column 'name' has dtype object; expected numeric "
+                               "columns (one per class) or one column of arrays"):
+        score_matrix(pd.DataFrame({"name": pd.Series(["a"], dtype=object), "x": [1.0],
+                                   "y": [2.0]}), LOGITS3)
     with _refused("bad_shape", "input column 'label': expected numbers, got <U1 values"):
         score_matrix(pd.DataFrame({"label": ["a", "b"]}), LOGITS3)
     with _refused("bad_shape", "input column 'cells': row 1 has 2 values but row 0 has 3; "
@@ -209,6 +219,8 @@ def test_frame_refusals_name_the_column():
 def test_list_refusals():
     with _refused("bad_shape", "input: expected numbers, got <U1 values"):
         score_matrix([["a", "b", "c"]], LOGITS3)
+    with _refused("bad_shape", "input: expected numbers, got <U1 values"):
+        score_matrix(np.array([["a", "b", "c"]]), LOGITS3)
     with _refused("bad_shape", "input: expected numbers, got bool values"):
         score_matrix(np.array([[True, False, True]]), LOGITS3)
     with _refused("bad_shape", "input: expected numbers, got <U6 values"):
@@ -290,6 +302,7 @@ def test_payload_rows():
     assert from_payload({"dataframe_split": {"columns": ["s"], "data": [[0.5], [0.25]]}}) == [
         [0.5], [0.25]]
     assert from_payload({"dataframe_split": {"columns": ["s"], "data": [[], []]}}) == [[], []]
+    assert from_payload({"dataframe_split": {"columns": ["s"], "data": [[[1, 2]]]}}) == [[1, 2]]
     assert from_payload({"dataframe_split": {"columns": ["s"], "data": []}}) == []
     assert from_payload({"dataframe_records": [{"b": 1, "a": 2}, {"b": 3, "a": 4}]}) == [
         [1, 2], [3, 4]]
@@ -303,3 +316,9 @@ def test_payload_rows():
                         ) == [[1, 2], [3, 4]]
     assert from_payload({"dataframe_split": {"columns": ["s"], "data": [[[1, 2]], [[3], [4]]]}}
                         ) == [[1, 2], [[3], [4]]]
+
+
+def test_lists_are_read_without_pandas_imported(monkeypatch):
+    # a server that never imported pandas gets no DataFrame: the form check must not need it
+    monkeypatch.delitem(sys.modules, "pandas")
+    assert score_matrix([[1.0, 2.0, 3.0]], LOGITS3).tolist() == [[1.0, 2.0, 3.0]]
