@@ -161,8 +161,6 @@ _V_TWO_COLUMNS = ("two_columns gets only what is_one_column accepts ((n,) or (n,
 _C_KINDS = ("'X' is no numpy or pandas dtype kind: the kind test with 'XX' around the letters "
             "accepts and refuses exactly the same dtypes")
 
-_C_AS_ARRAY = ("an ndarray not taken here goes to _list_array, where np.asarray gives it back "
-               "unchanged and the same kind test returns it: a float array ends the same way")
 _C_ONE_COLUMN_FRAME = ("a one-column numeric frame read through _list_array is np.asarray of its "
                        "numbers: the same values and dtype as frame.to_numpy()")
 _C_ONLY_NONE = ("the only scalar that reaches this line is None (numbers return above as a "
@@ -305,8 +303,6 @@ ACCEPTED: dict[str, str] = {
     'flows/serving/contract.py::_list_array::if arr is not None and arr.dtype.kind in "USb": -> if arr is not None and arr.dtype.kind in "XXUSbXX":':  # noqa: E501 - a key is one source line
         _C_KINDS,
     # round 8 survivors found equivalent after the first after-run
-    'flows/serving/contract.py::_as_array::if isinstance(value, np.ndarray) and value.dtype.kind in "iuf": -> if isinstance(value, np.ndarray) and value.dtype.kind in "IUF":':  # noqa: E501 - a key is one source line
-        _C_AS_ARRAY,
     'flows/serving/contract.py::_frame_array::if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "iuf": -> if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "IUF":':  # noqa: E501 - a key is one source line
         _C_ONE_COLUMN_FRAME,
     'flows/serving/contract.py::_list_array::rows = list(value) if not np.isscalar(value) and value is not None else None -> rows = list(value) if not np.isscalar(None) and value is not None else None':  # noqa: E501 - a key is one source line
