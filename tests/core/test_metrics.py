@@ -3,8 +3,10 @@ rule, and parity with relplot (smECE) and scikit-learn (NLL, Brier)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -129,9 +131,14 @@ def test_nll_hand_computed_and_clip():
     assert metrics.nll(np.array([[1.0, 0.0]]), np.array([1])) == pytest.approx(
         -np.log(np.finfo(np.float64).eps)
     )
-    assert metrics.nll(np.array([[1.0, 0.0]]), np.array([0])) == pytest.approx(
-        -np.log1p(-np.finfo(np.float64).eps)
-    )
+    # a label of probability 1 costs -log(1 - eps) = 2.2e-16, not 0: the default abs=1e-12
+    # of approx would take 0 too
+    eps = np.finfo(np.float64).eps
+    assert metrics.nll(np.array([[1.0, 0.0]]), np.array([0])) == pytest.approx(eps, rel=1e-6,
+                                                                               abs=0)
+    # a top-1 a rounding above 1 (within the sum tolerance) is clipped to 1 - eps as well
+    assert metrics.nll(np.array([[1.00001, 0.0]]), np.array([0])) == pytest.approx(
+        eps, rel=1e-6, abs=0)
 
 
 def test_brier_hand_computed():
@@ -396,3 +403,71 @@ def test_bin_options_are_checked():
         metrics.ece(a, [0], n_bins=0)
     with pytest.raises(ValueError, match="p: expected"):
         metrics.ece_em(a, [0], p=0.5)
+
+
+@pytest.mark.parametrize("metric", [metrics.ece, metrics.ece_em, metrics.reliability_diagram])
+def test_n_bins_must_be_a_positive_integer_and_not_a_bool(metric):
+    a = np.array([[0.7, 0.3]])
+    for bad in (0, -1, True, False, 2.0, "3"):
+        with pytest.raises(ValueError, match=rf"^n_bins: expected a positive integer, got "
+                                             rf"{re.escape(repr(bad))}$"):
+            metric(a, [0], n_bins=bad)
+    # numpy integers are integers; one bin is a valid binning
+    assert metrics.ece(a, [0], n_bins=np.int64(3)) == pytest.approx(0.3)
+    assert metrics.ece(a, [0], n_bins=1) == pytest.approx(0.3)
+
+
+def test_the_norm_order_must_be_finite_and_at_least_one():
+    a = np.array([[0.7, 0.3]])
+    for bad in (0.5, np.inf, np.nan, -1.0):
+        with pytest.raises(ValueError, match=rf"^p: expected a finite norm order >= 1, got "
+                                             rf"{re.escape(repr(bad))}$"):
+            metrics.ece_em(a, [0], p=bad)
+    assert metrics.ece_em(a, [0], p=1) == pytest.approx(0.3)
+
+
+def test_the_compared_report_is_named_probs():
+    a = np.array([[0.7, 0.3], [0.2, 0.8]])
+    bad = np.array([[0.7, 0.3], [0.5, 0.8]])
+    for call in (lambda: metrics.tpcr(a, bad), lambda: metrics.prediction_changes(a, bad, [0, 1])):
+        with pytest.raises(ValueError, match=r"^probs: row 1 sums to 1\.3; expected rows summing "
+                                             r"to 1 within 0\.0001$"):
+            call()
+
+
+def test_the_first_and_last_bins_are_kept_for_extreme_confidences():
+    # K = 5: a uniform row has confidence 0.2, inside the first of 4 bins (0, 0.25]; a top-1
+    # a rounding above 1 (row sum 1 + 1e-5, within the tolerance) belongs to the last bin
+    probs = np.array([[0.2] * 5, [1.00001, 0, 0, 0, 0], [0.9, 0.1, 0, 0, 0],
+                      [0.3, 0.7, 0, 0, 0]])
+    labels = np.array([0, 1, 0, 1])
+    diagram = metrics.reliability_diagram(probs, labels, n_bins=4)
+    assert diagram["count"].dtype == np.int64
+    assert diagram["count"].tolist() == [1, 0, 1, 2]
+    np.testing.assert_array_equal(diagram["edges"], [0.0, 0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_allclose(diagram["confidence"], [0.2, np.nan, 0.7, (1.00001 + 0.9) / 2],
+                               rtol=1e-15)
+    np.testing.assert_array_equal(diagram["accuracy"], [1.0, np.nan, 1.0, 0.5])
+    # bins: |1 - 0.2|, |1 - 0.7| and |0.5 - 0.950005| (both rows of the last bin pooled)
+    expected = (0.8 + 0.3 + 2 * abs(0.5 - (1.00001 + 0.9) / 2)) / 4
+    assert metrics.ece(probs, labels, n_bins=4) == pytest.approx(expected, rel=1e-12)
+
+
+def test_empty_bins_are_nan_without_a_warning():
+    probs = np.array([[0.9, 0.1], [0.6, 0.4]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 0/0 in an empty bin must not warn
+        diagram = metrics.reliability_diagram(probs, np.array([0, 1]), n_bins=5)
+    assert diagram["count"].tolist() == [0, 0, 1, 0, 1]
+    assert np.isnan(diagram["confidence"][[0, 1, 3]]).all()
+    assert np.isnan(diagram["accuracy"][[0, 1, 3]]).all()
+
+
+def test_smece_at_equals_relplot_for_confidences_near_zero():
+    # below the first grid node's spacing (1/1000 at sigma 0.05): the grid's first interval
+    rng = np.random.default_rng(3)
+    conf = np.concatenate([[0.0, 1e-4, 5e-4], rng.uniform(0.0, 0.01, 40), [1.0]])
+    correct = (rng.random(conf.size) < 0.5).astype(float)
+    for sigma in (0.05, 0.3):
+        assert metrics.smece_at(conf, correct, sigma) == pytest.approx(
+            relplot.smECE_sigma(conf, correct, sigma), abs=1e-12)
