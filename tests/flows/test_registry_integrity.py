@@ -24,6 +24,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from fault_site import cord_faults as faults
@@ -520,3 +521,38 @@ def test_a_partial_artifact_is_never_registered(store, digits_file, monkeypatch)
     (run,) = client.search_runs([client.get_experiment_by_name("m").experiment_id])
     assert run.info.status == "FAILED"
     assert "state/calibrator.json" in run.data.tags[registry.ERROR_TAG]
+
+
+def test_read_only_store_refuses_a_label_free_candidate_and_stays_intact(
+        tmpfs, store, digits, tmp_path, prefect_api_url, cord_ops_command):
+    """``monitor --register-candidate`` against a store that became read-only after its
+    champion was registered: one error line naming the store, before anything is written
+    (no run, no version, no artifact)."""
+    from cord_ops import data
+    from flows.recalibration.flow import recalibrate
+
+    recalibrate(data=str(data.save_npz(tmp_path / "d.npz", digits.scores, digits.labels,
+                                       "logits")), model_name="m")
+    source = Path(store.removeprefix("sqlite:///")).parent
+    copy = tmpfs / "mlruns"
+    shutil.copytree(source, copy)
+    db = copy / "mlflow.db"
+    before = db.read_bytes()
+    artifacts = sorted(str(p) for p in source.rglob("*") if p.is_file() and p.name != "mlflow.db")
+    batch = tmp_path / "shifted.npz"
+    np.savez(batch, logits=digits.scores[digits.labels <= 2])  # a prior shift: a candidate
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+
+    done = subprocess.run([*cord_ops_command, "monitor", "--data", str(batch), "--model-name",
+                           "m", "--register-candidate"], cwd=tmp_path,
+                          env=_env(prefect_api_url, MLFLOW_TRACKING_URI=f"sqlite:///{db}"),
+                          capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == 1, done.stderr[-3000:]
+    (line,) = _error_lines(done.stderr)
+    assert f"sqlite:///{db}" in line and "not writable" in line, line
+    assert db.read_bytes() == before
+    assert integrity(db) == "ok"
+    # the champion's artifacts live outside the read-only mount: nothing was added there
+    assert sorted(str(p) for p in source.rglob("*")
+                  if p.is_file() and p.name != "mlflow.db") == artifacts
