@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import filelock
 import prefect.client.orchestration as prefect_orchestration
 import prefect.concurrency.sync as prefect_sync
 import psutil
@@ -237,7 +238,7 @@ class TagStore:
     """One registered model's tags in memory, standing in for the MlflowClient the prefect
     and lease locks write to (another model name is unknown to it, as to a store);
     ``failures`` are raised by the next tag writes, one each; ``unreadable`` makes reads
-    fail like an unreachable server."""
+    fail like an unreachable server, ``fail_reads`` the next that many reads."""
 
     def __init__(self, model="m", failures=()):
         self.model = model
@@ -245,6 +246,7 @@ class TagStore:
         self.failures = list(failures)
         self.writes = 0
         self.unreadable = False
+        self.fail_reads = 0
 
     def _known(self, name):
         if name != self.model:
@@ -252,7 +254,8 @@ class TagStore:
 
     def get_registered_model(self, name):
         self._known(name)
-        if self.unreadable:
+        if self.unreadable or self.fail_reads:
+            self.fail_reads = max(0, self.fail_reads - 1)
             raise ConnectionError("tracking server unreachable")
         return SimpleNamespace(tags=dict(self.tags))
 
@@ -416,8 +419,18 @@ def test_a_file_lock_given_back_during_the_wait_is_taken(tmp_path):
     assert len(log.lines) == 2
 
 
-def test_a_file_lock_taken_on_one_thread_is_given_back_on_another(tmp_path):
-    # a flow's tasks may run on other threads than the one that took the lock
+def test_a_file_lock_taken_on_one_thread_is_given_back_on_another(tmp_path, monkeypatch):
+    # A flow's tasks may run on other threads than the one that took the lock. The lock
+    # objects are kept alive here: the section's release must free the lock, not the
+    # collection of an object whose release on another thread did nothing.
+    made = []
+
+    class Kept(FileLock):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(filelock, "FileLock", Kept)
     section = lock.registry_lock("file", "m", 5.0, Log(), {"run_id": "r"},
                                  store_folder=tmp_path)
     section.__enter__()
@@ -425,7 +438,7 @@ def test_a_file_lock_taken_on_one_thread_is_given_back_on_another(tmp_path):
     leave.start()
     leave.join()
     lock_file, holder_file = lock.lock_paths(tmp_path, "m")
-    assert not holder_file.exists() and not _held(lock_file)
+    assert len(made) == 1 and not holder_file.exists() and not _held(lock_file)
 
 
 def test_a_holder_record_removed_during_the_section_is_no_error(tmp_path):
@@ -621,6 +634,23 @@ def test_a_lease_gone_before_the_read_back_is_written_again(clock):
         assert waited == 1.0 and store.writes == 2 and _lease(store)["run_id"] == "r"
     assert log.lines[0] == ("registry lock of model 'm' is held by an unknown holder; "
                             "waiting up to 10 s")
+
+
+def test_our_own_lease_left_by_a_failed_read_back_is_ours_to_take(clock):
+    # The write got through but reading it back failed: the next attempt finds our own
+    # token, unexpired and held by this live process, and takes it rather than waiting
+    # for it to expire.
+    store, log = TagStore(), Log()
+
+    def fail_the_read_back(seconds):
+        clock.on_sleep = None
+        store.fail_reads = 1
+
+    clock.on_sleep = fail_the_read_back
+    holder = {"run_id": "r", **_me()}
+    with lock.registry_lock("lease", "m", 10.0, log, holder, client=store) as waited:
+        assert waited == 1.0 and clock.sleeps == [0.5, 0.5] and store.writes == 2
+    assert len(log.lines) == 2 and lock.LEASE_TAG not in store.tags
 
 
 def test_a_lease_write_that_meets_a_locked_database_tries_again(clock):
