@@ -1,7 +1,10 @@
-"""``flows.lock``'s pure parts, in-process and without a store (issue 25): the kind chosen
-per store, the holder in words, the lock file names, the lease rule and the wait's two
-log lines and its timeout error. The processes that contend for a lock are in
-test_registry.py."""
+"""``flows.registry.lock`` in the test process (issue 25): the kind chosen per store, the
+holder in words, the lock file names, the lease rule, the wait's log lines and timeout
+error, and each kind's hold: the file lock on real files (a rival lock object in this
+process stands in for another process), the Prefect slot against a stand-in server, the
+lease against a stand-in tag store, with a clock whose sleeps cost nothing. The processes
+that contend for a lock (a kill -9 included) are in test_registry.py; those cannot kill a
+mutant, since the child processes import the installed package."""
 
 from __future__ import annotations
 
