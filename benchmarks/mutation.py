@@ -74,7 +74,7 @@ MODULES: dict[str, list[str]] = {
         "tests/flows/test_registry.py::test_a_foreign_or_unreadable_store_file_gives_one_error_line",  # noqa: E501
         "tests/flows/test_lock_unit.py"],
     "flows/registry/versions.py": [
-        "tests/flows/test_owner.py",
+        "tests/flows/test_versions_unit.py", "tests/flows/test_owner.py",
         "tests/flows/test_registry.py::test_only_a_locked_sqlite_database_is_retried",
         "tests/flows/test_registry.py::test_clean_up_undoes_dead_owners_only",
         "tests/flows/test_registry.py::test_register_version_is_idempotent_per_run",
