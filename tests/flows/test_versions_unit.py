@@ -246,6 +246,14 @@ def test_clean_up_removes_an_alias_with_nowhere_to_go_back_to(client, dead):
     assert client.get_run(stray.info.run_id).info.status == "RUNNING"
 
 
+def test_clean_up_looks_past_a_completed_version_to_older_pending_ones(client, dead):
+    _register(client, "m", run_tags=dead)  # v1: dead, pending
+    _register(client, "m")  # v2: complete, listed first by the store (newest first)
+    registry.complete_version(client, "m", "2")
+    assert registry.clean_up(client, "m", None) == ["deleted pending v1 of a dead run"]
+    assert [str(mv.version) for mv in registry.model_versions(client, "m")] == ["2"]
+
+
 def test_an_abandoned_run_without_an_owner_record_says_so(client):
     experiment = client.create_experiment("m")
     # no owner tags, started long ago: dead by its start time
