@@ -100,6 +100,19 @@ def test_model_versions_keep_only_the_exact_name(client):
     assert registry.model_versions(client, "absent") == []
 
 
+def test_model_versions_ask_the_store_for_that_name_only():
+    # a search without the filter lists every model's versions (up to the page limit)
+    asked = []
+
+    class Client:
+        def search_model_versions(self, filter_string):
+            asked.append(filter_string)
+            return [SimpleNamespace(name="m", version="1")]
+
+    assert [mv.version for mv in registry.model_versions(Client(), "m")] == ["1"]
+    assert asked == ["name = 'm'"]
+
+
 def test_a_decision_is_recorded_in_version_tags(client):
     _register(client, "m")
     decision = SimpleNamespace(label="promote", reason="lower NLL", candidate_nll=0.25,
