@@ -52,9 +52,9 @@ CAUSES = {"ks": "ks drift", "chi2": "chi2 drift", "accuracy": "estimated accurac
           "priors": "class priors moved"}
 
 
-def champion(scores, labels, kind: str):
-    """(fitted calibrator, fitted CORD, original probabilities) as recalibrate fits them."""
-    cal = make_calibrator("vs", input_kind=kind).fit(scores, labels)
+def champion(scores, labels, kind: str, calibrator: str = "vs"):
+    """(fitted calibrator, fitted CORD) as ``recalibrate --calibrator`` fits them."""
+    cal = make_calibrator(calibrator, input_kind=kind).fit(scores, labels)
     p0 = softmax(scores) if kind == "logits" else scores / scores.sum(axis=1, keepdims=True)
     cord = CORD().fit(p0, cal.predict_proba(scores))
     return cal, cord
@@ -81,12 +81,12 @@ def draw(rng, scenario: str, labels: np.ndarray, raw_conf: np.ndarray, size: int
 
 
 def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rng,
-              nannyml_jobs: list | None) -> dict:
+              nannyml_jobs: list | None, calibrator: str = "vs") -> dict:
     k = int(labels.max()) + 1
     perm = np.random.default_rng(0).permutation(len(labels))
     a, b = int(0.4 * len(labels)), int(0.7 * len(labels))
     cal_i, ref_i, pool_i = perm[:a], perm[a:b], perm[b:]
-    cal, cord = champion(scores[cal_i], labels[cal_i], kind)
+    cal, cord = champion(scores[cal_i], labels[cal_i], kind, calibrator)
     ref_p0, ref_q = outputs(cal, cord, scores[ref_i], kind)
     profile = lf.ReferenceProfile().fit(ref_q, labels[ref_i])
     pool_p0, pool_q = outputs(cal, cord, scores[pool_i], kind)
@@ -214,10 +214,13 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=2000)
     parser.add_argument("--files", nargs="*")
     parser.add_argument("--no-corpus", action="store_true")
+    parser.add_argument("--calibrator", default="vs",
+                        help="the champion's calibrator (recalibrate's --calibrator) [vs]")
     parser.add_argument("--nannyml", help="python interpreter with nannyml installed")
     parser.add_argument("--json", type=Path, help="also write the per-model figures here")
     args = parser.parse_args(argv)
-    print(f"load average {os.getloadavg()}, repeats {args.repeats}, batch {args.batch}")
+    print(f"load average {os.getloadavg()}, repeats {args.repeats}, batch {args.batch}, "
+          f"champion {args.calibrator} + CORD")
     started = time.perf_counter()
     rng = np.random.default_rng(1)
     groups = {}
@@ -226,13 +229,15 @@ def main(argv=None) -> int:
         for name, scores, labels, kind in cifar_models(args.files):
             group = "CIFAR-100" if name.startswith("cifar100") else "CIFAR-10"
             groups.setdefault(group, []).append(
-                run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs))
+                run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
+                         args.calibrator))
     else:
         print(f"{DATA}: not found, CIFAR skipped")
     if not args.no_corpus:
         for name, scores, labels, kind in corpus_models():
             groups.setdefault("corpus", []).append(
-                run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs))
+                run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
+                         args.calibrator))
     nannyml = run_nannyml(args.nannyml, jobs) if args.nannyml else {}
     for group, rows in groups.items():
         table(rows, nannyml, f"{group} ({len(rows)} models)")
