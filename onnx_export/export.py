@@ -322,3 +322,13 @@ def load_model(path) -> onnx.ModelProto:
 def model_metadata(model: onnx.ModelProto) -> dict[str, str]:
     """The model's metadata_props as a dict."""
     return {prop.key: prop.value for prop in model.metadata_props}
+
+
+def pipeline_input(model: onnx.ModelProto, model_path) -> tuple[int, str]:
+    """A pipeline model's (n_classes, input_kind); ValueError naming ``model_path`` when
+    its metadata does not say (not a cord-ops pipeline model)."""
+    meta = model_metadata(model)
+    try:
+        return int(meta["cord.n_classes"]), meta["cord.input_kind"]
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"{model_path}: not a cord-ops pipeline model (metadata {exc})") from exc

@@ -31,7 +31,7 @@ from cord_ops.scoring_files import (  # noqa: F401 - the reading half lives in c
     read_input,
     read_parquet_input,
 )
-from onnx_export.export import load_model, model_metadata
+from onnx_export.export import load_model, pipeline_input
 from onnx_export.runtime import input_dtype, open_session, run_batched
 
 
@@ -122,11 +122,7 @@ def predict_file(model_path, input_path, output_path, batch_size: int | None = N
     (``sum_error``, at ``sum_error_row``), the session's providers and the output path.
     """
     model = load_model(model_path)
-    meta = model_metadata(model)
-    try:
-        n_classes, input_kind = int(meta["cord.n_classes"]), meta["cord.input_kind"]
-    except (KeyError, ValueError) as exc:
-        raise ValueError(f"{model_path}: not a cord-ops pipeline model (metadata {exc})") from exc
+    n_classes, input_kind = pipeline_input(model, model_path)
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
     session = open_session(model, provider=provider, threads=threads)

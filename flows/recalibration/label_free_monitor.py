@@ -35,14 +35,20 @@ class ChampionOnBatches:
     scored_batches: list[label_free.Scored]
 
 
-@store_task
-def score_champion(uri: str, model_name: str, batches: list[label_free.Batch]) -> ChampionOnBatches:
-    """``@champion``'s outputs on its reference split and on every batch."""
-    client = tracking.client(uri)
+def champion_to_monitor(client, model_name: str):
+    """``model_name@champion``'s ModelVersion; LookupError naming the fix when unset."""
     current = registry.champion_version(client, model_name)
     if current is None:
         raise LookupError(f"model '{model_name}' has no @{registry.CHAMPION} to monitor; "
                           "run `cord-ops recalibrate` first")
+    return current
+
+
+@store_task
+def score_champion(uri: str, model_name: str, batches: list[label_free.Batch]) -> ChampionOnBatches:
+    """``@champion``'s outputs on its reference split and on every batch."""
+    client = tracking.client(uri)
+    current = champion_to_monitor(client, model_name)
     version = str(current.version)
     try:
         split = reference.load_reference_split(client, current.run_id)

@@ -25,7 +25,7 @@ from prefect import flow, get_run_logger
 from cord_ops import data, metrics
 from flows.promotion.champion import ChampionUnhealthyError, record_health
 from flows.recalibration.flow import RecalibrationResult, recalibrate
-from flows.recalibration.label_free_monitor import settle_labelled
+from flows.recalibration.label_free_monitor import champion_to_monitor, settle_labelled
 from flows.recalibration.tasks import load_dataset
 from flows.registry import tracking
 from flows.registry import versions as registry
@@ -67,10 +67,7 @@ def score_champion_on_batch(uri: str, model_name: str,
                             batch: data.Dataset) -> ChampionOnBatch:
     """Run ``model_name@champion`` on the batch; read its baseline from its own run."""
     client = tracking.client(uri)
-    current = registry.champion_version(client, model_name)
-    if current is None:
-        raise LookupError(f"model '{model_name}' has no @{registry.CHAMPION} to monitor; "
-                          "run `cord-ops recalibrate` first")
+    current = champion_to_monitor(client, model_name)
     version = str(current.version)
     reads = current.tags.get(registry.INPUT_KIND_TAG)  # None: registered without the tag
     problem = None

@@ -140,18 +140,14 @@ def predict_batch(model_path, input_spec, output, *, dask_address: str | None = 
     """Score every Parquet file of ``input_spec`` (folder or glob) into the folder
     ``output`` on a Dask cluster: the scheduler at ``dask_address``, or a local cluster of
     ``n_workers`` processes. ``threads`` is each session's intra-op thread count."""
-    from onnx_export.export import load_model, model_metadata
+    from onnx_export.export import load_model, pipeline_input
 
     output = Path(output)
     if output.exists():
         raise ValueError(f"{output}: already exists; batch output goes to a new folder")
     root, files = expand_inputs(input_spec)
     model = load_model(model_path)
-    meta = model_metadata(model)
-    try:
-        n_classes, input_kind = int(meta["cord.n_classes"]), meta["cord.input_kind"]
-    except (KeyError, ValueError) as exc:
-        raise ValueError(f"{model_path}: not a cord-ops pipeline model (metadata {exc})") from exc
+    n_classes, input_kind = pipeline_input(model, model_path)
     check_schemas(files, input_kind)
 
     model_bytes = model.SerializeToString()
