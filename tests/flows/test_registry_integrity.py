@@ -401,6 +401,52 @@ def test_kill_9_at_every_named_step_then_one_rerun(tmp_path, digits_file, store_
                      len(shared) + len(own))
 
 
+def test_kill_9_of_a_label_free_registration_at_every_step_it_passes_then_one_rerun(
+        tmp_path, digits, digits_file, store_at, prefect_api_url):
+    """Issue 26: ``monitor --register-candidate`` killed at each named step it passes (all
+    but ``alias_moved``: it never moves @champion) and where MLflow marks its logged model
+    READY, all at once on the session's Prefect server, then run once more: the store is
+    sound, @champion is still the recalibrated version, every killed run is FAILED as
+    abandoned and exactly one label-free candidate is registered, the rerun's."""
+    from mlflow import MlflowClient
+
+    from flows.monitoring import label_free
+    from flows.recalibration import label_free_register
+
+    work = tmp_path / "work"
+    uri = store_at(work / "mlruns" / "mlflow.db")
+    batch = tmp_path / "shifted.npz"
+    np.savez(batch, logits=digits.scores[digits.labels <= 2])  # a prior shift: a candidate
+    register = ["monitor", "--data", str(batch), "--model-name", "m", "--register-candidate"]
+    steps = [s for s in faults.STEPS if s != "alias_moved"]
+    first = _spec(_recalibrate(digits_file, "ts"), work, tmp_path / "champion.log")
+    shared = _kill_specs(register, work, tmp_path, steps, "label-free")
+    shared.append({**_spec(register, work, tmp_path / "label-free-logged-model.log"),
+                   "finalize_kill": True,
+                   "survivors": str(tmp_path / "survivors-label-free-logged-model.json")})
+    rerun = _spec(register, work, tmp_path / "rerun.log")
+    logs = [first["log"], *(k["log"] for k in shared), rerun["log"]]
+
+    codes = _kill_phases(first, shared, [], rerun, prefect_api_url, tmp_path / "home", tmp_path)
+
+    # 3: the rerun's batch is an alert (its priors moved), after everything was logged
+    assert codes == ([0], [-9] * len(shared), [], [3]), _logs(logs)
+    assert_kills_cleaned_up(shared, [], tmp_path / "home")
+    assert integrity(work / "mlruns" / "mlflow.db") == "ok"
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("m").experiment_id
+    monitoring = client.get_experiment_by_name(label_free.monitoring_experiment("m"))
+    versions = assert_nothing_pending(client, "m", [experiment, monitoring.experiment_id])
+    (champion,) = [v for v in versions if v.tags.get(registry.LABEL_FREE_TAG) != "true"]
+    (candidate,) = [v for v in versions if v.tags.get(registry.LABEL_FREE_TAG) == "true"]
+    assert str(registry.champion_version(client, "m").version) == str(champion.version)
+    assert candidate.tags[label_free_register.SOURCE_VERSION_TAG] == str(champion.version)
+    assert client.get_run(candidate.run_id).info.status == "FINISHED"
+    assert f"prior-shift candidate: registered as v{candidate.version}" in \
+        Path(rerun["log"]).read_text()
+    assert_abandoned(client, experiment, len(shared))
+
+
 def test_a_killed_cli_takes_its_temporary_prefect_server_with_it(tmp_path, digits_file,
                                                                  cord_ops_command):
     """No PREFECT_API_URL: the command starts its own Prefect server; kill -9 the command
