@@ -15,7 +15,7 @@ import numpy as np
 from cord_ops import data, metrics
 from flows.errors import CordOpsError
 from flows.promotion.rules import ChampionScore
-from flows.registry import reference
+from flows.registry import reference, retries
 from flows.registry import versions as registry
 
 #: Registered-model tags.
@@ -43,12 +43,26 @@ def health_message(version: str, problem: str | None) -> str:
     return HEALTHY if problem is None else f"v{version} cannot be scored: {problem}"[:5000]
 
 
-def record_health(client, name: str, version: str, problem: str | None) -> None:
-    """Set the registered-model health tag (only when it changes, to spare the store)."""
+def record_health(client, name: str, version: str, problem: str | None,
+                  attempts: int = 3) -> None:
+    """Set the registered-model health tag (only when it changes, to spare the store).
+
+    Processes that write a model's first health tag at once race on MLflow's insert of
+    the tag row (:func:`flows.registry.retries.is_insert_race`): the loser reads the
+    winner's value and writes again only when it still differs. Other errors propagate.
+    """
+    from mlflow.exceptions import MlflowException
+
     value = health_message(version, problem)
-    current = client.get_registered_model(name).tags.get(HEALTH_TAG)
-    if current != value:
-        client.set_registered_model_tag(name, HEALTH_TAG, value)
+    for attempt in range(attempts):
+        if client.get_registered_model(name).tags.get(HEALTH_TAG) == value:
+            return
+        try:
+            client.set_registered_model_tag(name, HEALTH_TAG, value)
+            return
+        except MlflowException as exc:
+            if not retries.is_insert_race(exc) or attempt == attempts - 1:
+                raise
 
 
 def read_history(client, name: str) -> list[dict]:

@@ -13,8 +13,10 @@ model's experiment with the metrics :func:`flows.promotion.operations.check_prom
 reads (``onnx.*``, ``cord.tpcr``, ``cord.nll`` on the reference split), the champion's
 reference split pinned again as its own, the pyfunc + onnx flavours of
 :mod:`flows.pyfunc_model` checked byte for byte, and under the registry lock clean-up,
-a pending version, its tags, complete. ``@champion`` never moves: no label has judged the
-candidate, and the version says so (``cord.label_free=true``) until labels settle it
+a pending version, its tags, complete, passing the named steps of
+:mod:`flows.runtime.checkpoints` a recalibration passes (all but ``alias_moved``), where
+the crash tests kill it. ``@champion`` never moves: no label has judged the candidate,
+and the version says so (``cord.label_free=true``) until labels settle it
 (:func:`flows.monitoring.label_free.record_verdict`); ``promote`` refuses it until
 then without ``--allow-label-free``.
 """
@@ -33,6 +35,7 @@ from cord_ops import metrics
 from cord_ops.validation import top1
 from flows.monitoring import label_free
 from flows.registry import versions as registry
+from flows.runtime import checkpoints
 
 KIND = "prior-shift-candidate"
 #: Monitoring-run tag: the version a candidate was registered as.
@@ -151,22 +154,27 @@ def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: 
                                   label_free.SCORES_DIGEST_TAG: batch.scores_sha256,
                                   **owner.Owner.current().record()})
     run_id, created = run.info.run_id, None
+    checkpoints.checkpoint("start_run")
     try:
         tracking.log_values(client, run_id, metrics=ready.values,
                             params={"prior_shift.eta_star": repr(ready.values["eta_star"]),
                                     "prior_shift.source_version": version,
                                     "prior_shift.priors_sha256":
                                         meta["cord.prior_shift.priors_sha256"]})
+        checkpoints.checkpoint("log_params")
         with tempfile.TemporaryDirectory(prefix="cord-ops-candidate-") as tmp:
             path = Path(tmp) / "prior_shift.json"
             path.write_text(json.dumps(ready.state, indent=1))
             client.log_artifact(run_id, str(path), "state")
         reference.log_reference_split(client, run_id, ready.reference)
+        checkpoints.checkpoint("log_artifacts")
         example = np.asarray(ready.reference.scores[:5], dtype=ready.dtype)
         info = pyfunc_model.log_model(client, run_id, experiment, ready.graph, example,
                                       name="model")
+        checkpoints.checkpoint("log_model")
         _check_logged(uri, info, ready.graph)
         with operations.registry_section(client, uri, model_name, lock_timeout):
+            checkpoints.checkpoint("lock_acquired")
             registry.clean_up(client, model_name, experiment)
             holder = registry.champion_version(client, model_name)
             previous = None if holder is None else str(holder.version)
@@ -185,12 +193,16 @@ def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: 
                           "data.sha256": batch.sha256},
                     previous_champion=previous)
             created = str(mv.version)
+            checkpoints.checkpoint("registered")
             reason = (f"label-free prior-shift candidate of v{version} (monitoring run "
                       f"{monitor_run_id}); not gated: no labels yet")
             client.set_model_version_tag(model_name, created, registry.DECISION_TAG,
                                          "label-free")
             client.set_model_version_tag(model_name, created, registry.REASON_TAG, reason)
+            # @champion never moves here, so there is no "alias_moved" step
+            checkpoints.checkpoint("gate_recorded")
             client.set_terminated(run_id, "FINISHED")
+            checkpoints.checkpoint("run_finished")
             registry.complete_version(client, model_name, created)
     except BaseException as exc:
         if created is not None:

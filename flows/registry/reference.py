@@ -21,6 +21,7 @@ import numpy as np
 
 from cord_ops import data
 from flows.errors import CordOpsError
+from flows.registry import retries
 
 ARTIFACT_DIR = "reference"
 ARTIFACT_NAME = "evaluation.npz"
@@ -93,7 +94,7 @@ def _log_input(client, run_id: str, dataset_input, attempts: int = 3) -> None:
             client.log_inputs(run_id, datasets=[dataset_input])
             return
         except MlflowException as exc:
-            if "unique constraint" not in str(exc).lower() or attempt == attempts - 1:
+            if not retries.is_insert_race(exc) or attempt == attempts - 1:
                 raise
 
 

@@ -4,7 +4,9 @@ One retry layer, not two multiplied. Against a tracking server, MLflow's HTTP cl
 already retries refused connections, timeouts and 429/5xx answers (bounded by the
 settings of :func:`flows.registry.tracking.http_environment`); a Prefect task retry on top would
 repeat that whole sequence. So the Prefect store tasks retry only what no lower layer
-does: an embedded sqlite database briefly locked by another process's write.
+does: an embedded sqlite database briefly locked by another process's write. The callers
+that insert a row other processes may insert at the same moment retry
+:func:`is_insert_race` themselves, re-reading the row first.
 
 Everything else fails at once: a bad argument, a missing model, and the store errors
 that waiting does not cure (a read-only database, a full disk, a permission error, a
@@ -18,6 +20,11 @@ from __future__ import annotations
 
 #: sqlite's own words for "another connection holds the write lock right now".
 TRANSIENT_MESSAGES = ("database is locked", "database table is locked")
+#: The words of a unique-key violation. MLflow's database store inserts a missing row (a
+#: dataset, a registered-model tag) without a lock, so processes writing the same first row
+#: at once all insert and all but one hit the key; the row then exists and a second try
+#: updates it or finds it written.
+INSERT_RACE_MESSAGE = "unique constraint"
 #: Fragments of the messages of a store that cannot be reached (requests, urllib3 and
 #: MLflow's wrapping of them).
 OUTAGE_MESSAGES = ("connection refused", "max retries exceeded", "failed to establish",
@@ -54,6 +61,12 @@ def is_transient(exc: BaseException) -> bool:
         return False
     return any(fragment in str(err).lower()
                for err in _chain(exc) for fragment in TRANSIENT_MESSAGES)
+
+
+def is_insert_race(exc: BaseException) -> bool:
+    """True when ``exc`` (or its cause chain) is a lost race to insert the same row
+    (:data:`INSERT_RACE_MESSAGE`): worth one more try once the winner's row is read."""
+    return any(INSERT_RACE_MESSAGE in str(err).lower() for err in _chain(exc))
 
 
 def transient_store_error(task, task_run, state) -> bool:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-#: The named steps, in the order a recalibration passes them.
+#: The named steps, in the order a recalibration passes them (the label-free candidate
+#: registration, flows/recalibration/label_free_register.py, passes all but "alias_moved").
 STEPS = (
     "start_run",             # run RUNNING, nothing logged
     "log_params",            # params and metrics logged

@@ -32,18 +32,28 @@ def mlflow_template_db(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def store_at(mlflow_template_db):
+    """``store_at(db)``: an empty, already migrated store at the path ``db`` (a copy of the
+    template, folders made); returns its URI."""
+    def make(db: Path) -> str:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(mlflow_template_db, db)
+        # The template's Default experiment keeps the artifact folder of the directory it
+        # was created in; point it at this store so no artifact lands outside its folder.
+        with sqlite3.connect(db) as connection:
+            connection.execute("UPDATE experiments SET artifact_location = ? "
+                               "WHERE experiment_id = 0", (str(db.parent / "0"),))
+        connection.close()
+        return f"sqlite:///{db}"
+    return make
+
+
 @pytest.fixture
-def store(mlflow_uri, mlflow_template_db) -> str:
+def store(mlflow_uri, store_at) -> str:
     """A fresh, already migrated embedded store, named by MLFLOW_TRACKING_URI (from
     ``mlflow_uri``). Returns the URI."""
-    db = Path(mlflow_uri.removeprefix("sqlite:///"))
-    shutil.copyfile(mlflow_template_db, db)
-    # The template's Default experiment keeps the artifact folder of the directory it was
-    # created in; point it at this test's store so no artifact lands outside tmp_path.
-    with sqlite3.connect(db) as connection:
-        connection.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
-                           (str(db.parent / "0"),))
-    connection.close()
+    store_at(Path(mlflow_uri.removeprefix("sqlite:///")))
     return mlflow_uri
 
 

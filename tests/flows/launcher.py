@@ -9,7 +9,12 @@ connection or starts a thread runs before the fork.
 
 Usage: ``python launcher.py PHASES.json`` where the file holds a list of phases; each phase
 is a list of ``{"argv": [...], "cwd": ..., "log": ..., "env": {...}, "finalize_kill":
-bool}``. The phases run one after another, the processes of a phase concurrently. Prints
+bool}``. The phases run one after another, the processes of a phase concurrently. A phase
+may instead be ``{"processes": [...], "after": PATH, "done": PATH}``: it starts once the
+file ``after`` exists and creates ``done`` when it has ended, so phases of two launchers
+started at once (each with its own environment: Prefect reads its settings when imported,
+before the fork, so a child's ``env`` cannot change its Prefect server) can be ordered
+against each other. Prints
 ``[[[exit code, ended], ...], ...]`` as JSON: a signal is a negative code, as
 ``subprocess`` has it; ``ended`` is the wall-clock time the process was reaped.
 ``finalize_kill`` kills the child the moment MLflow would mark its logged model READY:
@@ -63,16 +68,32 @@ def _child(spec: dict) -> None:
         os._exit(code)
 
 
-def _marked(owner: str) -> list[dict]:
-    """Live processes whose environment carries the owner marker ``owner``."""
-    found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
+def _marked(owners: set[str]) -> dict[str, list[dict]]:
+    """Live processes whose environment carries one of the owner markers ``owners``, by
+    marker: one pass over ``/proc`` per tick for every watched child together (ten killed
+    children watched at once would otherwise be ten passes), matching each environment's
+    raw entries rather than building a dict of it per process."""
+    found: dict[str, list[dict]] = {owner: [] for owner in owners}
+    if not owners:
+        return found
+    wanted = {f"CORD_OPS_OWNER={owner}".encode(): owner for owner in owners}
+    for pid in psutil.pids():
         try:
-            if (process.info["status"] != psutil.STATUS_ZOMBIE
-                    and process.environ().get("CORD_OPS_OWNER") == owner):
-                found.append({"pid": process.pid, "cmdline": process.info["cmdline"]})
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                entries = handle.read().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        hits = [wanted[e] for e in entries if e in wanted]
+        if not hits:
+            continue
+        try:
+            process = psutil.Process(pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = process.cmdline()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
+        found[hits[0]].append({"pid": pid, "cmdline": cmdline})
     return found
 
 
@@ -98,23 +119,41 @@ def _run_phase(phase: list[dict]) -> list:
                 checks.append((time.monotonic() + phase[index].get("settle", 3.0), index))
             continue
         now = time.monotonic()
-        if now >= next_look:
-            next_look = now + 0.5
-            for index in (i for i in watched if codes[i] is None):
-                seen[index].update({p["pid"]: p for p in _marked(str(pids[index]))})
-        for due, index in [c for c in checks if c[0] <= now]:
-            checks.remove((due, index))
-            with open(phase[index]["survivors"], "w") as handle:
-                json.dump({"seen": list(seen[index].values()),
-                           "left": _marked(str(pids[index]))}, handle)
+        looking = now >= next_look
+        running = [i for i in watched if codes[i] is None] if looking else []
+        due = [c for c in checks if c[0] <= now]
+        if running or due:
+            if looking:
+                next_look = now + 0.5
+            marked = _marked({str(pids[i]) for i in running} | {str(pids[i]) for _, i in due})
+            for index in running:
+                seen[index].update({p["pid"]: p for p in marked[str(pids[index])]})
+            for check in due:
+                checks.remove(check)
+                index = check[1]
+                with open(phase[index]["survivors"], "w") as handle:
+                    json.dump({"seen": list(seen[index].values()),
+                               "left": marked[str(pids[index])]}, handle)
         time.sleep(0.05)
+    return codes
+
+
+def _ordered_phase(phase) -> list:
+    if isinstance(phase, list):
+        return _run_phase(phase)
+    while phase.get("after") and not os.path.exists(phase["after"]):
+        time.sleep(0.1)
+    codes = _run_phase(phase["processes"])
+    if phase.get("done"):
+        with open(phase["done"], "w"):
+            pass
     return codes
 
 
 def main() -> None:
     with open(sys.argv[1]) as handle:
         phases = json.load(handle)
-    print(json.dumps([_run_phase(phase) for phase in phases]))
+    print(json.dumps([_ordered_phase(phase) for phase in phases]))
 
 
 if __name__ == "__main__":

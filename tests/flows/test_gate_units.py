@@ -410,3 +410,46 @@ def test_the_health_tag_is_written_only_when_it_changes():
     assert client.writes == [("m", champion.HEALTH_TAG, "v3 cannot be scored: graph missing")]
     champion.record_health(client, "m", "3", "graph missing")
     assert len(client.writes) == 1
+
+
+class _RacingClient(_Client):
+    """A store whose first tag write loses the insert race to another process that wrote
+    ``winner`` at that moment (MLflow's sqlite store then raises the unique-key error)."""
+
+    def __init__(self, winner: str, error: Exception):
+        super().__init__()
+        self.winner, self.error = winner, error
+
+    def set_registered_model_tag(self, name, key, value):
+        if self.error is not None:
+            error, self.error = self.error, None
+            self.model_tags[key] = self.winner
+            raise error
+        super().set_registered_model_tag(name, key, value)
+
+
+RACE = "UNIQUE constraint failed: registered_model_tags.key, registered_model_tags.name"
+
+
+@pytest.mark.parametrize("winner, writes", [
+    ("ok", [("m", champion.HEALTH_TAG, "v3 cannot be scored: graph missing")]),
+    ("v3 cannot be scored: graph missing", [])])
+def test_a_lost_race_on_the_first_health_tag_rereads_and_writes_only_a_differing_value(
+        winner, writes):
+    from mlflow.exceptions import MlflowException
+
+    client = _RacingClient(winner, MlflowException(RACE))
+    champion.record_health(client, "m", "3", "graph missing")
+    assert client.model_tags == {champion.HEALTH_TAG: "v3 cannot be scored: graph missing"}
+    assert client.writes == writes
+
+
+@pytest.mark.parametrize("error", [
+    "attempt to write a readonly database", "RESOURCE_DOES_NOT_EXIST: no model 'm'"])
+def test_a_health_tag_write_failing_otherwise_is_not_retried(error):
+    from mlflow.exceptions import MlflowException
+
+    client = _RacingClient("ok", MlflowException(error))
+    with pytest.raises(MlflowException, match=error.split(":")[0]):
+        champion.record_health(client, "m", "3", "graph missing")
+    assert client.writes == []

@@ -67,14 +67,40 @@ def _recalibrate(data: Path, calibrator: str, model: str = "m") -> list[str]:
             "--model-name", model]
 
 
+def launch_together(runs: list[tuple[list, dict]], folder: Path) -> list[list[list[list]]]:
+    """Start one ``launcher.py`` per (phases, environment) at once (launcher.py says how
+    their phases are ordered against each other); returns [exit code, end time] per process
+    of each. The first launcher to fail ends the others, which may be waiting for it."""
+    started = []
+    for phases, env in runs:
+        name = folder / f"launcher-{uuid.uuid4().hex[:6]}"
+        Path(f"{name}.json").write_text(json.dumps(phases))
+        with open(f"{name}.out", "w") as out, open(f"{name}.err", "w") as err:
+            started.append((name, subprocess.Popen(
+                [sys.executable, str(LAUNCHER), f"{name}.json"], env=env, stdout=out,
+                stderr=err, start_new_session=True)))
+    deadline = time.monotonic() + 900
+    try:
+        while any(p.poll() is None for _, p in started):
+            failed = [n for n, p in started if p.returncode not in (None, 0)]
+            assert not failed, Path(f"{failed[0]}.err").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the launchers ran past 900 s"
+            time.sleep(0.2)
+    finally:
+        for _, process in started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    for name, process in started:
+        assert process.returncode == 0, Path(f"{name}.err").read_text()[-3000:]
+    return [json.loads(Path(f"{name}.out").read_text().strip().splitlines()[-1])
+            for name, _ in started]
+
+
 def launch_timed(phases: list[list[dict]], env: dict, folder: Path) -> list[list[list]]:
     """Run the phases with ``launcher.py``; returns [exit code, end time] per process."""
-    spec = folder / f"phases-{uuid.uuid4().hex[:6]}.json"
-    spec.write_text(json.dumps(phases))
-    done = subprocess.run([sys.executable, str(LAUNCHER), str(spec)], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    (timed,) = launch_together([(phases, env)], folder)
+    return timed
 
 
 def launch(phases: list[list[dict]], env: dict, folder: Path) -> list[list[int]]:
@@ -106,21 +132,29 @@ def integrity(db: Path) -> str:
     return result
 
 
-def assert_registry_sound(uri: str, model: str = "m"):
-    """No RUNNING run, no pending version, no PENDING logged model, a complete champion
-    with every gate tag, and the champion the serial gate gives: the passing version
-    with the lowest evaluation NLL. Returns (versions, champion)."""
-    from mlflow import MlflowClient
+def assert_nothing_pending(client, model: str, experiments: list[str]) -> list:
+    """No RUNNING run in ``experiments``, no PENDING logged model, no pending version of
+    ``model``. Returns its versions."""
     from mlflow.entities import LoggedModelStatus
 
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(model).experiment_id
-    running = client.search_runs([experiment], "attributes.status = 'RUNNING'")
+    running = client.search_runs(experiments, "attributes.status = 'RUNNING'")
     assert not running, [r.info.run_id for r in running]
-    models = client.search_logged_models([experiment])
+    models = client.search_logged_models(experiments)
     assert not [m.model_id for m in models if m.status == LoggedModelStatus.PENDING]
     versions = client.search_model_versions(f"name = '{model}'")
     assert {v.tags.get(registry.REGISTRATION_TAG) for v in versions} == {registry.COMPLETE}
+    return versions
+
+
+def assert_registry_sound(uri: str, model: str = "m"):
+    """Nothing pending (:func:`assert_nothing_pending`), a complete champion with every
+    gate tag, and the champion the serial gate gives: the passing version with the lowest
+    evaluation NLL. Returns (versions, champion)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    versions = assert_nothing_pending(
+        client, model, [client.get_experiment_by_name(model).experiment_id])
     champion = client.get_model_version_by_alias(model, registry.CHAMPION)
     assert all(tag in champion.tags for tag in GATE_TAGS), champion.tags
     assert champion.tags[registry.DECISION_TAG] == "promoted"
@@ -264,53 +298,153 @@ def test_concurrent_first_use_through_the_managed_server_and_its_warm_runner(
 
 
 # ---------------------------------------------------------------- kill -9
-def test_kill_9_at_every_named_step_then_one_rerun(tmp_path, digits_file):
+#: The kill -9 tests' kills that run on a temporary Prefect server of their own; the others
+#: run on the session's server, which spares a server start (and its first use of a new
+#: PREFECT_HOME) per kill. No named step is in the temporary server's code: each comes after
+#: the server answered, and what takes the server down with a killed command (its
+#: PR_SET_PDEATHSIG and the owner watchdog) acts alike at every step, so the first and the
+#: last step of the flow stand for the rest.
+OWN_SERVER_STEPS = ("start_run", "run_finished")
+
+
+def _kill_specs(argv: list[str], work: Path, folder: Path, steps, name: str) -> list[dict]:
+    """One process per step, killed there, its marked processes listed (launcher.py)."""
+    return [{**_spec(argv, work, folder / f"{name}-{step}.log", **{faults.KILL_AT: step}),
+             "survivors": str(folder / f"survivors-{name}-{step}.json")} for step in steps]
+
+
+def _kill_phases(first: dict, shared: list[dict], own: list[dict], rerun: dict,
+                 prefect_api_url: str, home: Path, folder: Path):
+    """``first``, then the kills of ``shared`` (on the session's Prefect server) and of
+    ``own`` (each on a temporary server of its own, in ``home``) all at once, then
+    ``rerun``; returns the exit codes of (first, shared, own, rerun)."""
+    champion, killed = folder / "phase-first.done", folder / "phase-own.done"
+    shared_phases = [{"processes": [first], "done": str(champion)}, shared,
+                     {"processes": [rerun], "after": str(killed) if own else None}]
+    runs = [(shared_phases, _env(prefect_api_url))]
+    if own:
+        runs.append(([{"processes": own, "after": str(champion), "done": str(killed)}],
+                     _env(None, PREFECT_HOME=str(home))))
+    (one, many, again), *alone = launch_together(runs, folder)
+    return tuple([code for code, _ in phase]
+                 for phase in (one, many, alone[0][0] if own else [], again))
+
+
+def _survivors(kills: list[dict]) -> dict[str, dict]:
+    return {Path(k["survivors"]).stem: json.loads(Path(k["survivors"]).read_text())
+            for k in kills}
+
+
+def _servers_seen(listing: dict) -> bool:
+    return any("uvicorn" in " ".join(p["cmdline"]) for p in listing["seen"])
+
+
+def assert_kills_cleaned_up(shared: list[dict], own: list[dict], home: Path) -> None:
+    """Each kill of ``own`` had started its temporary server, marked as its own, and none of
+    ``shared`` had (they ran on the session's); 3 s after each kill nothing it started is
+    left (issue 24)."""
+    on_own, on_shared = _survivors(own), _survivors(shared)
+    assert all(_servers_seen(listing) for listing in on_own.values()), on_own
+    assert not any(_servers_seen(listing) for listing in on_shared.values()), on_shared
+    # the temporary servers' own database, and only when there were any
+    assert (home / "prefect.db").is_file() == bool(own)
+    left = {name: listing["left"] for name, listing in {**on_own, **on_shared}.items()}
+    assert left == {name: [] for name in left}, left
+
+
+def assert_abandoned(client, experiment: str, killed: int) -> None:
+    """One FAILED run per kill, each tagged as abandoned by the clean-up."""
+    failed = client.search_runs([experiment], "attributes.status = 'FAILED'")
+    assert len(failed) == killed
+    assert all(r.data.tags[registry.ERROR_TAG].startswith("abandoned") for r in failed)
+
+
+def test_kill_9_at_every_named_step_then_one_rerun(tmp_path, digits_file, store_at,
+                                                   prefect_api_url):
     """A champion, then one process killed at each named step (all at once: each dead
     holder's lock passes to the next), then one rerun. ``ts`` is the champion; the killed
     runs and the rerun fit ``svs``, which beats it on this split, so the kill after the
     alias moved leaves a pending version holding @champion.
 
-    No ``PREFECT_API_URL``: every process runs on a temporary Prefect server of its own,
-    and 3 s after each kill no process that carries the killed command's owner marker
-    (its server, anything it spawned) may be left (issue 24)."""
+    The kills at :data:`OWN_SERVER_STEPS` run without ``PREFECT_API_URL``, each on a
+    temporary Prefect server of its own; the rest on the session's. 3 s after each kill
+    no process that carries the killed command's owner marker (its server, anything it
+    spawned) may be left (issue 24)."""
     from mlflow import MlflowClient
 
     work = tmp_path / "work"
-    work.mkdir()
-    uri = f"sqlite:///{work / 'mlruns' / 'mlflow.db'}"
+    uri = store_at(work / "mlruns" / "mlflow.db")
+    home = tmp_path / "prefect-home"
+    svs = _recalibrate(digits_file, "svs")
     first = _spec(_recalibrate(digits_file, "ts"), work, tmp_path / "champion.log")
-    killed = [{**_spec(_recalibrate(digits_file, "svs"), work, tmp_path / f"kill-{step}.log",
-                       **{faults.KILL_AT: step}),
-               "survivors": str(tmp_path / f"survivors-{step}.json")} for step in faults.STEPS]
-    pending_model = {**_spec(_recalibrate(digits_file, "svs"), work,
-                             tmp_path / "kill-logged-model.log"), "finalize_kill": True,
-                     "survivors": str(tmp_path / "survivors-logged-model.json")}
-    rerun = _spec(_recalibrate(digits_file, "svs"), work, tmp_path / "rerun.log")
-    logs = [first["log"], *(k["log"] for k in killed), pending_model["log"], rerun["log"]]
+    own = _kill_specs(svs, work, tmp_path, OWN_SERVER_STEPS, "kill")
+    shared = _kill_specs(svs, work, tmp_path,
+                         [s for s in faults.STEPS if s not in OWN_SERVER_STEPS], "kill")
+    shared.append({**_spec(svs, work, tmp_path / "kill-logged-model.log"),
+                   "finalize_kill": True,
+                   "survivors": str(tmp_path / "survivors-logged-model.json")})
+    rerun = _spec(svs, work, tmp_path / "rerun.log")
+    logs = [first["log"], *(k["log"] for k in [*shared, *own]), rerun["log"]]
 
-    codes = launch([[first], [*killed, pending_model], [rerun]],
-                   _env(None, PREFECT_HOME=str(tmp_path / "prefect-home")), tmp_path)
+    codes = _kill_phases(first, shared, own, rerun, prefect_api_url, home, tmp_path)
 
-    assert codes == [[0], [-9] * (len(killed) + 1), [0]], _logs(logs)
-    listings = {Path(k["survivors"]).stem: json.loads(Path(k["survivors"]).read_text())
-                for k in [*killed, pending_model]}
-    # Each killed command had started its temporary server, marked as its own ...
-    assert all(any("uvicorn" in " ".join(p["cmdline"]) for p in listing["seen"])
-               for listing in listings.values()), listings
-    # ... and 3 s after its kill nothing it started is left.
-    left = {name: listing["left"] for name, listing in listings.items()}
-    assert left == {name: [] for name in left}, left
+    assert codes == ([0], [-9] * len(shared), [-9] * len(own), [0]), _logs(logs)
+    assert len(shared) + len(own) == len(faults.STEPS) + 1  # every step, and the model's
+    assert_kills_cleaned_up(shared, own, home)
     assert integrity(work / "mlruns" / "mlflow.db") == "ok"
     versions, champion = assert_registry_sound(uri)
     client = MlflowClient(uri)
     assert len(versions) == 2  # the first champion and the rerun; every killed one undone
     assert client.get_run(champion.run_id).data.tags["cord.calibrator"] == "svs"
     assert "moved back from abandoned" in _logs(logs)  # the alias-holding kill was undone
+    assert_abandoned(client, client.get_experiment_by_name("m").experiment_id,
+                     len(shared) + len(own))
+
+
+def test_kill_9_of_a_label_free_registration_at_every_step_it_passes_then_one_rerun(
+        tmp_path, digits, digits_file, store_at, prefect_api_url):
+    """Issue 26: ``monitor --register-candidate`` killed at each named step it passes (all
+    but ``alias_moved``: it never moves @champion) and where MLflow marks its logged model
+    READY, all at once on the session's Prefect server, then run once more: the store is
+    sound, @champion is still the recalibrated version, every killed run is FAILED as
+    abandoned and exactly one label-free candidate is registered, the rerun's."""
+    from mlflow import MlflowClient
+
+    from flows.monitoring import label_free
+    from flows.recalibration import label_free_register
+
+    work = tmp_path / "work"
+    uri = store_at(work / "mlruns" / "mlflow.db")
+    batch = tmp_path / "shifted.npz"
+    np.savez(batch, logits=digits.scores[digits.labels <= 2])  # a prior shift: a candidate
+    register = ["monitor", "--data", str(batch), "--model-name", "m", "--register-candidate"]
+    steps = [s for s in faults.STEPS if s != "alias_moved"]
+    first = _spec(_recalibrate(digits_file, "ts"), work, tmp_path / "champion.log")
+    shared = _kill_specs(register, work, tmp_path, steps, "label-free")
+    shared.append({**_spec(register, work, tmp_path / "label-free-logged-model.log"),
+                   "finalize_kill": True,
+                   "survivors": str(tmp_path / "survivors-label-free-logged-model.json")})
+    rerun = _spec(register, work, tmp_path / "rerun.log")
+    logs = [first["log"], *(k["log"] for k in shared), rerun["log"]]
+
+    codes = _kill_phases(first, shared, [], rerun, prefect_api_url, tmp_path / "home", tmp_path)
+
+    # 3: the rerun's batch is an alert (its priors moved), after everything was logged
+    assert codes == ([0], [-9] * len(shared), [], [3]), _logs(logs)
+    assert_kills_cleaned_up(shared, [], tmp_path / "home")
+    assert integrity(work / "mlruns" / "mlflow.db") == "ok"
+    client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("m").experiment_id
-    runs = client.search_runs([experiment])
-    failed = [r for r in runs if r.info.status == "FAILED"]
-    assert len(failed) == len(killed) + 1
-    assert all(r.data.tags[registry.ERROR_TAG].startswith("abandoned") for r in failed)
+    monitoring = client.get_experiment_by_name(label_free.monitoring_experiment("m"))
+    versions = assert_nothing_pending(client, "m", [experiment, monitoring.experiment_id])
+    (champion,) = [v for v in versions if v.tags.get(registry.LABEL_FREE_TAG) != "true"]
+    (candidate,) = [v for v in versions if v.tags.get(registry.LABEL_FREE_TAG) == "true"]
+    assert str(registry.champion_version(client, "m").version) == str(champion.version)
+    assert candidate.tags[label_free_register.SOURCE_VERSION_TAG] == str(champion.version)
+    assert client.get_run(candidate.run_id).info.status == "FINISHED"
+    assert f"prior-shift candidate: registered as v{candidate.version}" in \
+        Path(rerun["log"]).read_text()
+    assert_abandoned(client, experiment, len(shared))
 
 
 def test_a_killed_cli_takes_its_temporary_prefect_server_with_it(tmp_path, digits_file,
