@@ -1,0 +1,215 @@
+"""Tests for what mutation round 9 showed no other test could see (issue 25) in CORD's
+solver (cord_solve), kernels (cord_kernels) and estimator (cord).
+
+Expected values are written out by hand or computed here with plain numpy from the
+equations (Section 3, Appendix A), never by the code under test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cord_ops.cord_kernels import RepairTerms
+from cord_ops.cord_solve import _MeanResponse, bisect_multiplier, screen_margin, target_mean
+
+U = 2.0**-53
+
+
+def _terms(g, lower, upper, b=None) -> RepairTerms:
+    g, lower, upper = (np.asarray(v, dtype=np.float64) for v in (g, lower, upper))
+    b = g.copy() if b is None else np.asarray(b, dtype=np.float64)
+    return RepairTerms(label=None, b=b, tail=None, rest=None, lower=lower, upper=upper, g=g)
+
+
+def _hypot_mean(eta: float, g, lower, upper) -> float:
+    """mean psi(eta) with the hypot form of R and the eta <= 1 branch (eqs. 16, 19-20)."""
+    r = np.hypot(eta + (2.0 * g - 1.0), 2.0 * np.sqrt(g * (1.0 - g)))
+    s = 2.0 * g / ((1.0 - eta) + r) if eta <= 1.0 else ((eta - 1.0) + r) / (2.0 * eta)
+    return float(np.mean(np.clip(s, lower, upper)))
+
+
+def _sqrt_mean(eta: float, g, lower, upper) -> float:
+    """The same with R = sqrt(x^2 + y^2), the screen's cheaper form."""
+    y = 2.0 * np.sqrt(g * (1.0 - g))
+    x = eta + (2.0 * g - 1.0)
+    r = np.sqrt(x * x + y * y)
+    s = 2.0 * g / ((1.0 - eta) + r) if eta <= 1.0 else ((eta - 1.0) + r) / (2.0 * eta)
+    return float(np.mean(np.clip(s, lower, upper)))
+
+
+RNG = np.random.default_rng(9)
+G = RNG.uniform(0.01, 0.99, size=257)
+LOWER = G * RNG.uniform(0.2, 0.95, size=G.size)
+UPPER = G + (1.0 - G) * RNG.uniform(0.05, 0.8, size=G.size)
+
+
+# ------------------------------------------------------------------ screen_margin
+@pytest.mark.parametrize("n, units", [(0, 190.0), (1, 190.0), (2, 198.0), (1024, 270.0)])
+def test_screen_margin_is_four_times_the_stated_bound(n, units):
+    # 4 (7.5 + 2 (20 + log2 max(n, 1))) u: n = 0 and 1 give log2 1 = 0, 2 gives 1, 1024
+    # gives 10; every step is exact in binary64.
+    assert screen_margin(n) == units * U
+
+
+def test_screen_margin_at_five_thousand_rows_is_the_documented_three_e_minus_fourteen():
+    expected = 4.0 * (7.5 + 2.0 * (20.0 + np.log2(5000.0))) * U
+    assert screen_margin(5000) == expected
+    assert 3.1e-14 < expected < 3.3e-14
+
+
+# ------------------------------------------------------------------ the mean response
+@pytest.mark.parametrize("eta", [-7.25, -0.5, 0.375, 0.999, 1.0, 1.5, 12.0])
+def test_exact_mean_is_the_hypot_response_bit_for_bit(eta):
+    mean = _MeanResponse(_terms(G, LOWER, UPPER))
+    assert mean.exact(eta) == _hypot_mean(eta, G, LOWER, UPPER)
+
+
+@pytest.mark.parametrize("eta", [-7.25, -0.5, 0.375, 0.999, 1.0, 1.5, 12.0])
+def test_approximate_mean_is_the_sqrt_response_bit_for_bit(eta):
+    mean = _MeanResponse(_terms(G, LOWER, UPPER))
+    assert mean.approximate(eta) == _sqrt_mean(eta, G, LOWER, UPPER)
+
+
+def test_at_eta_one_both_means_take_the_first_branch():
+    # At eta = 1 both branches are sqrt(g) in exact arithmetic; in floats 2g / r and r / 2
+    # differ for these rows, so only the eta <= 1 branch gives the listing's value.
+    g = np.array([0.3, 0.7, 0.11, 0.52, 0.93])
+    lower, upper = np.zeros(5), np.ones(5)
+    r = np.hypot(2.0 * g, 2.0 * np.sqrt(g * (1.0 - g)))
+    first, second = float(np.mean(2.0 * g / r)), float(np.mean(r / 2.0))
+    assert first != second
+    mean = _MeanResponse(_terms(g, lower, upper))
+    assert mean.exact(1.0) == first
+
+
+def test_exact_mean_at_zero_is_the_clipped_reference_itself():
+    # psi(0) = Pi_I(g) (H(g, 0) = g): rows below, inside and above their interval.
+    g = np.array([0.1, 0.3, 0.7, 0.95])
+    lower, upper = np.full(4, 0.2), np.full(4, 0.9)
+    mean = _MeanResponse(_terms(g, lower, upper))
+    assert mean.exact(0.0) == float(np.mean([0.2, 0.3, 0.7, 0.9]))
+
+
+# ------------------------------------------------------------------ the screen
+def test_the_screen_answers_far_from_mu_and_stops_at_the_first_step_near_it():
+    mean = _MeanResponse(_terms(G, LOWER, UPPER))
+    eta = 0.375
+    approx = _sqrt_mean(eta, G, LOWER, UPPER)
+    margin = screen_margin(G.size)
+    # far from mu: the approximate mean itself, and the screen stays on
+    assert mean._screened(eta, approx + 2.0 * margin) == approx
+    assert mean._screened(eta, approx - 2.0 * margin) == approx
+    # within the margin (here at it exactly): no answer, and none for any later step
+    assert mean._screened(eta, approx + margin) is None
+    assert mean._screened(eta, approx + 2.0 * margin) is None
+
+
+def test_screened_decisions_are_strict_comparisons_of_the_approximate_mean():
+    mean = _MeanResponse(_terms(G, LOWER, UPPER))
+    eta = -0.5
+    approx = _sqrt_mean(eta, G, LOWER, UPPER)
+    far = 4.0 * screen_margin(G.size)
+    assert mean.at_least(eta, approx - far) is True
+    assert mean.at_least(eta, approx + far) is False
+    assert mean.at_most(eta, approx + far) is True
+    assert mean.at_most(eta, approx - far) is False
+    assert mean.screening is True
+
+
+def test_near_mu_the_exact_mean_decides_with_equality_counting():
+    eta = 0.375
+    exact = _hypot_mean(eta, G, LOWER, UPPER)
+    mean = _MeanResponse(_terms(G, LOWER, UPPER))
+    assert mean.at_least(eta, exact) is True
+    mean = _MeanResponse(_terms(G, LOWER, UPPER))
+    assert mean.at_most(eta, exact) is True
+    mean = _MeanResponse(_terms(G, LOWER, UPPER))
+    assert mean.at_least(eta, float(np.nextafter(exact, 1.0))) is False
+    mean = _MeanResponse(_terms(G, LOWER, UPPER))
+    assert mean.at_most(eta, float(np.nextafter(exact, 0.0))) is False
+
+
+# ------------------------------------------------------------------ the bisection
+class _Identity:
+    """A stand-in mean response psi(eta) = eta, recording every midpoint asked."""
+
+    def __init__(self):
+        self.asked = []
+
+    def exact(self, eta):
+        return eta
+
+    def at_least(self, eta, mu):
+        self.asked.append(eta)
+        return eta >= mu
+
+    def at_most(self, eta, mu):
+        self.asked.append(eta)
+        return eta <= mu
+
+
+def _never():
+    raise AssertionError("this side's bracket end was asked for")
+
+
+def test_positive_side_bisects_zero_to_highest_and_returns_the_first_float_reaching_mu():
+    mean = _Identity()
+    eta = bisect_multiplier(mean, 0.3, lambda: 0.5, _never)
+    # the smallest float >= 0.3 is 0.3 itself; the probes halve [0, 0.5]
+    assert eta == 0.3
+    assert mean.asked[:4] == [0.25, 0.375, 0.3125, 0.28125]
+
+
+def test_negative_side_bisects_lowest_to_zero_and_returns_the_first_float_reaching_mu():
+    mean = _Identity()
+    eta = bisect_multiplier(mean, -0.3, _never, lambda: -0.5)
+    assert eta == -0.3
+    assert mean.asked[:4] == [-0.25, -0.375, -0.3125, -0.28125]
+
+
+def test_a_bracket_end_on_the_wrong_side_of_zero_is_clamped_to_zero():
+    # max(0, highest()) / min(0, lowest()): a degenerate bracket [0, 0] returns 0 at once
+    mean = _Identity()
+    assert bisect_multiplier(mean, 0.3, lambda: -0.5, _never) == 0.0
+    assert bisect_multiplier(mean, -0.3, _never, lambda: 0.5) == 0.0
+    assert mean.asked == []
+
+
+def test_a_target_met_at_zero_asks_for_no_bracket():
+    mean = _Identity()
+    assert bisect_multiplier(mean, 0.0, _never, _never) == 0.0
+    assert mean.asked == []
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(1e-6, 0.999), st.floats(1.0, 8.0))
+def test_the_bisection_ends_on_the_adjacent_float_pair_around_mu(mu, scale):
+    # psi(eta) = eta: eta* is the smallest float >= mu, i.e. mu; from either side
+    mean = _Identity()
+    assert bisect_multiplier(mean, mu, lambda: scale, _never) == mu
+    assert bisect_multiplier(mean, -mu, _never, lambda: -scale) == -mu
+
+
+# ------------------------------------------------------------------ the target mean
+def test_target_means_are_eq_6_and_the_ablations_projected_onto_the_mean_interval():
+    g = np.array([0.2, 0.6, 0.9])
+    b = np.array([0.1, 0.65, 0.99])
+    lower = np.array([0.3, 0.5, 0.5])
+    upper = np.array([0.8, 0.9, 0.95])
+    terms = _terms(g, lower, upper, b=b)
+    # inherited: mean b = 0.58 inside [mean lower, mean upper] = [0.4333.., 0.8833..]
+    assert target_mean(terms, "inherited") == pytest.approx(1.74 / 3, abs=1e-15)
+    assert target_mean(terms, "local") == pytest.approx(1.7 / 3, abs=1e-15)
+    # pointwise: mean of Pi_I(b) = mean [0.3, 0.65, 0.95]
+    assert target_mean(terms, "pointwise") == pytest.approx(1.9 / 3, abs=1e-15)
+
+
+@pytest.mark.parametrize("target", ["inherited", "local", "pointwise"])
+def test_target_means_outside_the_interval_are_projected_onto_its_ends(target):
+    low = _terms([0.1, 0.1], [0.4, 0.6], [0.8, 0.9], b=[0.1, 0.1])
+    high = _terms([0.95, 0.99], [0.4, 0.6], [0.8, 0.9], b=[0.95, 0.99])
+    assert target_mean(low, target) == pytest.approx(0.5, abs=1e-15)
+    assert target_mean(high, target) == pytest.approx(0.85, abs=1e-15)
