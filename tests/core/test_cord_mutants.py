@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from core import cord_listing as listing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cord_ops.cord_kernels import RepairTerms
+from cord_ops import cord_kernels
+from cord_ops.cord_kernels import RepairTerms, interior_response, row_terms, stabilize, sweep
 from cord_ops.cord_solve import _MeanResponse, bisect_multiplier, screen_margin, target_mean
 
 U = 2.0**-53
@@ -213,3 +215,110 @@ def test_target_means_outside_the_interval_are_projected_onto_its_ends(target):
     high = _terms([0.95, 0.99], [0.4, 0.6], [0.8, 0.9], b=[0.95, 0.99])
     assert target_mean(low, target) == pytest.approx(0.5, abs=1e-15)
     assert target_mean(high, target) == pytest.approx(0.85, abs=1e-15)
+
+
+# ------------------------------------------------------------------ kernels, bit for bit
+def _pairs(k: int, n: int = 120, seed: int = 3):
+    """p0 and q with flipped rows and boundary rows (exact zeros) in both."""
+    rng = np.random.default_rng(seed + k)
+    z = rng.normal(size=(n, k)) * 3.0
+    p0 = np.exp(z - z.max(axis=1, keepdims=True))
+    zq = z * rng.uniform(0.3, 1.5, size=k) + rng.normal(size=(n, k))
+    q = np.exp(zq - zq.max(axis=1, keepdims=True))
+    q[::5, -1] = 0.0
+    q[1::7, :k // 2] = 0.0
+    p0[2::6, -2] = 0.0
+    p0 /= p0.sum(axis=1, keepdims=True)
+    q /= q.sum(axis=1, keepdims=True)
+    return p0, q
+
+
+# 4 and 32 take the column-wise block kernel, 33 and 40 the row-wise one
+@pytest.mark.parametrize("k", [4, 32, 33, 40])
+@pytest.mark.parametrize("lam", [0.5, 0.2])
+def test_sweep_terms_are_the_listings_bit_for_bit(k, lam):
+    p0, q = _pairs(k)
+    a, b, alpha, lower, upper, g = listing.terms(p0, q, lam)
+    assert (q.min(axis=1) <= 0).any() and (p0.min(axis=1) <= 0).any()
+    assert (np.argmax(q, axis=1) != a).any()
+    terms = sweep(p0, q, lam, keep_rest=True)
+    np.testing.assert_array_equal(terms.label, a)
+    np.testing.assert_array_equal(terms.b, b)
+    np.testing.assert_array_equal(terms.lower, lower)
+    np.testing.assert_array_equal(terms.upper, np.full(len(a), 1.0 - 1e-12))
+    np.testing.assert_array_equal(terms.g, g)
+    qs = np.where((q <= 0).any(axis=1)[:, None], (1 - 1e-10) * q + 1e-10 / k, q)
+    rest = qs.copy()
+    rest[np.arange(len(a)), a] = 0.0
+    np.testing.assert_array_equal(terms.rest, rest)
+    np.testing.assert_array_equal(terms.tail, rest.sum(axis=1))
+    np.testing.assert_array_equal(terms.changed, np.argmax(q, axis=1) != a)
+    np.testing.assert_array_equal(terms.calibrated_top, np.argmax(q, axis=1))
+
+
+@pytest.mark.parametrize("k", [4, 40])
+def test_a_fit_keeps_no_rest_and_row_terms_keeps_it_only_when_asked(k):
+    p0, q = _pairs(k)
+    assert sweep(p0, q, 0.5).rest is None
+    assert row_terms(p0, q, 0.5).rest is None
+    assert row_terms(p0, q, 0.5, keep_rest=True).rest.shape == (len(p0), k)
+
+
+@pytest.mark.parametrize("k", [4, 32, 33, 40])
+@pytest.mark.parametrize("eta", [-1.5, 0.0, 0.7, 3.0])
+def test_transform_is_the_rebuilt_vector_bit_for_bit(k, eta):
+    p0, q = _pairs(k)
+    a, b, _, lower, upper, g = listing.terms(p0, q, 0.5)
+    rows = np.arange(len(a))
+    qs = np.where((q <= 0).any(axis=1)[:, None], (1 - 1e-10) * q + 1e-10 / k, q)
+    rest = qs.copy()
+    rest[rows, a] = 0.0
+    tail = rest.sum(axis=1)
+    h = _interior(eta, g)
+    s = np.clip(h, lower, 1.0 - 1e-12)
+    expected = rest * ((1.0 - s) / tail)[:, None]
+    same = s == b
+    expected[same] = qs[same]
+    expected[rows, a] = s
+    out = sweep(p0, q, 0.5, eta=eta).rest
+    np.testing.assert_array_equal(out, expected)
+
+
+def _interior(eta: float, g: np.ndarray) -> np.ndarray:
+    """H(g, eta) of eqs. 19-20 with the hypot form of R; H(g, 0) = g."""
+    if eta == 0.0:
+        return g.copy()
+    r = np.hypot(eta + (2.0 * g - 1.0), 2.0 * np.sqrt(g * (1.0 - g)))
+    return 2.0 * g / ((1.0 - eta) + r) if eta <= 1.0 else ((eta - 1.0) + r) / (2.0 * eta)
+
+
+@pytest.mark.parametrize("eta", [-4.0, -0.25, 0.5, 1.0, 1.0 + 2.0**-52, 6.0])
+def test_interior_response_is_eqs_19_20_bit_for_bit(eta):
+    np.testing.assert_array_equal(interior_response(eta, G), _interior(eta, G))
+
+
+def test_interior_response_at_one_takes_the_first_branch():
+    # both branches are sqrt(g) at eta = 1 in exact arithmetic, not in floats
+    g = np.array([0.3, 0.7, 0.11, 0.52, 0.93])
+    r = np.hypot(2.0 * g, 2.0 * np.sqrt(g * (1.0 - g)))
+    assert (2.0 * g / r != r / 2.0).any()
+    np.testing.assert_array_equal(interior_response(1.0, g), 2.0 * g / r)
+
+
+def test_interior_response_at_zero_is_g_in_a_new_array():
+    out = interior_response(0.0, G)
+    np.testing.assert_array_equal(out, G)
+    assert out is not G
+
+
+def test_stabilize_mixes_in_delta_over_k_per_row():
+    # K = 4 rows of a 2 x 4 array: the delta / K term uses the row length, not the count
+    u = np.array([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
+    expected = (1 - 1e-10) * u + 1e-10 / 4
+    np.testing.assert_array_equal(stabilize(u), expected)
+    np.testing.assert_array_equal(stabilize(u[:1]), expected[:1])
+
+
+def test_on_boundary_marks_rows_with_a_zero_entry():
+    u = np.array([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0], [1e-300, 1.0]])
+    np.testing.assert_array_equal(cord_kernels.on_boundary(u), [False, True, True, False])
