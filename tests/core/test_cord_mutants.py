@@ -7,13 +7,17 @@ equations (Section 3, Appendix A), never by the code under test.
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 from core import cord_listing as listing
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sklearn.exceptions import NotFittedError
 
-from cord_ops import cord_kernels
+from cord_ops import CORD, cord_kernels, minimal_repair
 from cord_ops.cord_kernels import RepairTerms, interior_response, row_terms, stabilize, sweep
 from cord_ops.cord_solve import _MeanResponse, bisect_multiplier, screen_margin, target_mean
 
@@ -322,3 +326,176 @@ def test_stabilize_mixes_in_delta_over_k_per_row():
 def test_on_boundary_marks_rows_with_a_zero_entry():
     u = np.array([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0], [1e-300, 1.0]])
     np.testing.assert_array_equal(cord_kernels.on_boundary(u), [False, True, True, False])
+
+
+# ------------------------------------------------------------------ the estimator
+P0, Q = _pairs(4, n=30)
+
+
+def _full(message: str) -> str:
+    """A pattern matching exactly ``message`` (a mutated prefix or suffix fails)."""
+    return "^" + re.escape(message) + "$"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"mean_target": "median"},
+     "mean_target: expected one of ('inherited', 'none', 'local', 'pointwise'), got 'median'"),
+    ({"mean_target": 3},
+     "mean_target: expected one of ('inherited', 'none', 'local', 'pointwise'), got 3"),
+    ({"local_weight": 1.5}, "local_weight: expected a number in [0, 1], got 1.5"),
+    ({"local_weight": -0.0001}, "local_weight: expected a number in [0, 1], got -0.0001"),
+    ({"local_weight": True}, "local_weight: expected a number in [0, 1], got True"),
+    ({"local_weight": "0.5"}, "local_weight: expected a number in [0, 1], got '0.5'"),
+])
+def test_bad_options_get_their_whole_message(options, message):
+    with pytest.raises(ValueError, match=_full(message)):
+        CORD(**options).fit(P0, Q)
+
+
+@pytest.mark.parametrize("weight", [0, 1, 0.0, 1.0, np.float32(0.25)])
+def test_local_weight_ends_and_numpy_floats_are_accepted(weight):
+    assert CORD(local_weight=weight).fit(P0, Q).n_fit_ == 30
+
+
+def test_no_blocks_and_transform_before_fit_get_their_whole_message():
+    with pytest.raises(ValueError, match=_full(
+            "blocks: expected at least one (original, calibrated) block")):
+        CORD().fit_blocks([])
+    with pytest.raises(NotFittedError, match=_full(
+            "CORD: call fit(original, calibrated) before transform")):
+        CORD().transform(P0, Q)
+    with pytest.raises(NotFittedError):
+        CORD().to_dict()
+
+
+def test_fitted_attributes_of_fit_and_fit_blocks():
+    for model in (CORD().fit(P0, Q), CORD().fit_blocks([(P0[:10], Q[:10]), (P0[10:], Q[10:])])):
+        assert (model.n_classes_, model.n_features_in_, model.n_fit_) == (4, 4, 30)
+        assert type(model.eta_) is float and type(model.mu_) is float
+        assert type(model.n_classes_) is int and type(model.n_fit_) is int
+
+
+def test_the_none_target_fits_eta_zero_and_the_mean_of_the_clipped_reference():
+    _, _, _, lower, upper, g = listing.terms(P0, Q)
+    model = CORD(mean_target="none").fit(P0, Q)
+    assert model.eta_ == 0.0
+    assert model.mu_ == float(np.mean(np.clip(g, lower, upper)))
+
+
+def test_sklearn_tags_say_positive_inputs_and_a_required_second_array():
+    tags = CORD().__sklearn_tags__()
+    assert tags.input_tags.positive_only is True
+    assert tags.target_tags.required is True
+
+
+def test_fit_transform_is_fit_then_transform():
+    model = CORD(mean_target="local")
+    out = model.fit_transform(P0, Q)
+    np.testing.assert_array_equal(out, CORD(mean_target="local").fit(P0, Q).transform(P0, Q))
+    assert model.n_fit_ == 30
+
+
+def test_to_dict_is_the_whole_state_written_out():
+    model = CORD(mean_target="pointwise", local_weight=0.25).fit(P0, Q)
+    assert model.to_dict() == {
+        "kind": "cord", "version": 1, "eta_star": model.eta_,
+        "eta_star_repr": repr(model.eta_), "mu": model.mu_, "n_classes": 4, "n_fit": 30,
+        "mean_target": "pointwise", "local_weight": 0.25, "eps_num": 1e-12,
+        "delta_stab": 1e-10}
+    assert type(model.to_dict()["local_weight"]) is float
+
+
+def _state(**changes):
+    state = CORD(mean_target="local", local_weight=0.3).fit(P0, Q).to_dict()
+    state.update(changes)
+    return state
+
+
+def test_from_dict_restores_every_attribute():
+    state = _state(eta_star_repr="0.125", mu="0.5", n_fit=30.0, n_classes=2)
+    model = CORD.from_dict(state)
+    assert (model.eta_, model.mu_, model.n_classes_, model.n_features_in_, model.n_fit_) == (
+        0.125, 0.5, 2, 2, 30)
+    assert type(model.mu_) is float and type(model.n_fit_) is int
+    assert (model.mean_target, model.local_weight) == ("local", 0.3)
+
+
+@pytest.mark.parametrize("key", ["version", "eta_star_repr", "mu", "n_classes", "n_fit",
+                                 "mean_target", "local_weight", "eps_num", "delta_stab"])
+def test_each_required_key_is_named_when_missing(key):
+    state = _state()
+    del state[key]
+    with pytest.raises(ValueError, match=_full(f"CORD state: missing keys ['{key}']")):
+        CORD.from_dict(state)
+
+
+def test_eta_star_alone_is_not_required():
+    state = _state()
+    del state["eta_star"]
+    assert CORD.from_dict(state).eta_ == float(state["eta_star_repr"])
+
+
+@pytest.mark.parametrize("state, message", [
+    ([1, 2], "CORD state: expected a dict with kind 'cord'"),
+    ({"kind": "other"}, "CORD state: expected a dict with kind 'cord'"),
+    ({}, "CORD state: expected a dict with kind 'cord'"),
+    (_state(version=2), "CORD state: expected version 1, got 2"),
+    (_state(version="1"), "CORD state: expected version 1, got '1'"),
+    (_state(eps_num=1e-9), "CORD state: eps_num/delta_stab differ from this build's "
+                           "constants (1e-12, 1e-10)"),
+    (_state(delta_stab=1e-9), "CORD state: eps_num/delta_stab differ from this build's "
+                              "constants (1e-12, 1e-10)"),
+    (_state(eta_star_repr="abc"), "CORD state: eta_star_repr 'abc' is not a float"),
+    (_state(eta_star_repr=None), "CORD state: eta_star_repr None is not a float"),
+    (_state(eta_star_repr="inf"), "CORD state: eta_star must be finite, got inf"),
+    (_state(eta_star_repr="nan"), "CORD state: eta_star must be finite, got nan"),
+    (_state(n_classes=1), "CORD state: n_classes must be an integer >= 2, got 1"),
+    (_state(n_classes=3.0), "CORD state: n_classes must be an integer >= 2, got 3.0"),
+    (_state(mean_target="median"), "mean_target: expected one of ('inherited', 'none', "
+                                   "'local', 'pointwise'), got 'median'"),
+])
+def test_bad_states_get_their_whole_message(state, message):
+    with pytest.raises(ValueError, match=_full(message)):
+        CORD.from_dict(state)
+
+
+def test_save_and_load_round_trip_and_name_the_file(tmp_path):
+    model = CORD(mean_target="local", local_weight=0.3).fit(P0, Q)
+    path = tmp_path / "cord.json"
+    model.save(path)
+    assert json.loads(path.read_text()) == model.to_dict()
+    loaded = CORD.load(str(path))
+    assert (loaded.eta_, loaded.mu_) == (model.eta_, model.mu_)
+    path.write_text('{"kind": "other"}')
+    with pytest.raises(ValueError, match=_full(
+            f"{path}: CORD state: expected a dict with kind 'cord'")):
+        CORD.load(path)
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe\x00", None])
+def test_unreadable_state_files_are_named(tmp_path, content):
+    path = tmp_path / "cord.json"
+    if content is None:
+        path.mkdir()  # reading a directory is an OSError
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: not a readable CORD "
+                                                         "state file (") + r".+\)$"):
+        CORD.load(path)
+
+
+def test_minimal_repair_keeps_agreeing_rows_and_projects_b_elsewhere():
+    a, b, _, lower, upper, _ = listing.terms(P0, Q)
+    rows = np.arange(len(a))
+    kept = np.argmax(Q, axis=1) == a
+    assert kept.any() and (~kept).any()
+    out = minimal_repair(P0, Q)
+    np.testing.assert_array_equal(out[kept], Q[kept])
+    qs = np.where((Q <= 0).any(axis=1)[:, None], (1 - 1e-10) * Q + 1e-10 / 4, Q)
+    rest = qs.copy()
+    rest[rows, a] = 0.0
+    s = np.clip(b, lower, upper)
+    expected = rest * ((1.0 - s) / rest.sum(axis=1))[:, None]
+    expected[s == b] = qs[s == b]
+    expected[rows, a] = s
+    np.testing.assert_array_equal(out[~kept], expected[~kept])
