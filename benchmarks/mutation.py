@@ -121,6 +121,10 @@ _CHAMPION_REPAIRED = ("metrics.nll validates with check_scores, which converts t
                   "itself; a graph's 'repaired' output is float32 or float64, both converted "
                   "exactly")
 
+# Reasons shared by several of cord_ops/cord_solve.py's equivalent survivors.
+_SOLVE_BUFFER = ("out= only reuses a work buffer: a freshly allocated array holds the same "
+                 "values, and every later step reads the array it is given, not buf2")
+
 # Reasons shared by several of cord_ops/calibrators/temperature.py's equivalent survivors.
 _TS_PREDICT = ("softmax's overwrite only says whether it may compute in its argument, here "
                "the fresh product beta_ * logits, which nothing else holds: same values bit "
@@ -210,6 +214,17 @@ ACCEPTED: dict[str, str] = {
     "cord_ops/cord_solve.py::_MeanResponse.at_most::return self.exact(eta) <= mu if approx is "
     "None else approx < mu -> return self.exact(eta) <= mu if approx is None else approx <= mu":
         "as for at_least: a screened approx is never equal to mu",
+    'cord_ops/cord_solve.py::_MeanResponse.approximate::x = np.add(eta, self.shift, '
+    'out=self.buf2) -> x = np.add(eta, self.shift, out=None)': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.approximate::x = np.add(eta, self.shift, '
+    'out=self.buf2) -> x = np.add(eta, self.shift, )': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.approximate::return self._finish(eta, np.sqrt(x, '
+    'out=x)) -> return self._finish(eta, np.sqrt(x, out=None))': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.approximate::return self._finish(eta, np.sqrt(x, '
+    'out=x)) -> return self._finish(eta, np.sqrt(x, ))': _SOLVE_BUFFER,
+    "cord_ops/cord_solve.py::_MeanResponse._screened::self.screening = False -> "
+    "self.screening = None":
+        "screening is only read as `if not self.screening`, where None is False",
     # cord_ops/calibrators/temperature.py
     'cord_ops/calibrators/temperature.py::bracketed_iteration::if g == 0.0: -> if g == 1.0:':
         'at g == 0 the step is 0, which the convergence test returns: same beta',

@@ -113,6 +113,19 @@ def test_the_screen_answers_far_from_mu_and_stops_at_the_first_step_near_it():
     assert mean._screened(eta, approx + 2.0 * margin) is None
 
 
+def test_a_step_exactly_at_the_margin_is_left_to_the_exact_mean():
+    # Every row clipped to 2^-20, so the approximate mean is 2^-20 exactly; with n = 4 the
+    # margin is 206 u, and 2^-20 + 206 u is exact, so |approx - mu| equals the margin.
+    tiny = np.full(4, 2.0**-20)
+    mean = _MeanResponse(_terms([0.3, 0.5, 0.6, 0.9], tiny, tiny))
+    assert mean.margin == 206.0 * U
+    assert mean.approximate(0.75) == 2.0**-20
+    mu = 2.0**-20 + 206.0 * U
+    assert mu - 2.0**-20 == mean.margin
+    assert mean._screened(0.75, mu) is None
+    assert mean.screening is False
+
+
 def test_screened_decisions_are_strict_comparisons_of_the_approximate_mean():
     mean = _MeanResponse(_terms(G, LOWER, UPPER))
     eta = -0.5
