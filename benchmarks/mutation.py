@@ -64,8 +64,8 @@ _CORD_TESTS = ["tests/core/test_cord_mutants.py", "tests/core/test_cord.py",
 
 #: module -> its own fast tests (files or node ids; ``-m "not slow"`` is added).
 MODULES: dict[str, list[str]] = {
-    # test_cord_mutants.py first: it takes ~1 s, and mutmut stops a mutant's run at the
-    # first failing test (-x)
+    # mutmut runs a mutant's tests fastest first and stops at the first failure (-x), so
+    # test_cord_mutants.py's unit tests decide most kills before the hypothesis properties
     "cord_ops/cord.py": _CORD_TESTS,
     "cord_ops/cord_kernels.py": _CORD_TESTS,
     "cord_ops/cord_solve.py": _CORD_TESTS,
