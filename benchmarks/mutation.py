@@ -222,6 +222,18 @@ ACCEPTED: dict[str, str] = {
     'out=x)) -> return self._finish(eta, np.sqrt(x, out=None))': _SOLVE_BUFFER,
     'cord_ops/cord_solve.py::_MeanResponse.approximate::return self._finish(eta, np.sqrt(x, '
     'out=x)) -> return self._finish(eta, np.sqrt(x, ))': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.exact::x = np.add(eta, self.shift, '
+    'out=self.buf2) -> x = np.add(eta, self.shift, out=None)': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.exact::x = np.add(eta, self.shift, '
+    'out=self.buf2) -> x = np.add(eta, self.shift, )': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.exact::return self._finish(eta, np.hypot(x, '
+    'self.y, out=self.buf2)) -> return self._finish(eta, np.hypot(x, self.y, out=None))':
+        _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.exact::return self._finish(eta, np.hypot(x, '
+    'self.y, out=self.buf2)) -> return self._finish(eta, np.hypot(x, self.y, ))':
+        _SOLVE_BUFFER,
+    "cord_ops/cord_solve.py::bisect_multiplier::if at_zero < mu: -> if at_zero <= mu:":
+        "at_zero == mu has already returned 0.0 on the line above, so < and <= agree",
     "cord_ops/cord_solve.py::_MeanResponse._screened::self.screening = False -> "
     "self.screening = None":
         "screening is only read as `if not self.screening`, where None is False",
