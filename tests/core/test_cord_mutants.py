@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -512,3 +513,69 @@ def test_minimal_repair_keeps_agreeing_rows_and_projects_b_elsewhere():
     expected[s == b] = qs[s == b]
     expected[rows, a] = s
     np.testing.assert_array_equal(out[~kept], expected[~kept])
+
+
+@pytest.mark.parametrize("k", [4, 40])
+def test_float32_inputs_give_the_terms_of_their_float64_values(k):
+    p0, q = _pairs(k)
+    p32, q32 = p0.astype(np.float32), q.astype(np.float32)
+    p32 /= p32.sum(axis=1, keepdims=True)
+    q32 /= q32.sum(axis=1, keepdims=True)
+    got = sweep(p32, q32, 0.5, keep_rest=True)
+    _, b, _, lower, _, g = listing.terms(p32.astype(np.float64), q32.astype(np.float64))
+    np.testing.assert_array_equal(got.b, b)
+    np.testing.assert_array_equal(got.lower, lower)
+    np.testing.assert_array_equal(got.g, g)
+
+
+@pytest.mark.parametrize("k", [4, 40])
+@pytest.mark.parametrize("which, row, value, message", [
+    ("calibrated", 7, np.nan, "calibrated: row 7 contains NaN or inf"),
+    ("original", 11, -0.25, "original: row 11 has a negative entry"),
+])
+def test_a_bad_value_is_refused_on_either_block_kernel(k, which, row, value, message):
+    p0, q = _pairs(k, n=20)
+    bad = (q if which == "calibrated" else p0).copy()
+    bad[row, 0] = value
+    args = (p0, bad) if which == "calibrated" else (bad, q)
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        sweep(*args, 0.5)
+
+
+def test_a_wrong_calibrated_width_is_named_as_the_calibrated_arrays():
+    p0, q = _pairs(4, n=5)
+    _, wide = _pairs(5, n=5)
+    with pytest.raises(ValueError, match="^" + re.escape("calibrated: expected 4 classes")):
+        sweep(p0, wide, 0.5, n_classes=4)
+
+
+def test_row_terms_names_block_rows_from_zero_by_default():
+    p0, q = _pairs(4, n=6)
+    q[3, 0] = np.nan
+    with pytest.raises(ValueError, match="^" + re.escape("calibrated: row 3 contains")):
+        row_terms(p0, q, 0.5)
+    with pytest.raises(ValueError, match="^" + re.escape("calibrated: row 3 contains")):
+        cord_kernels.row_scalars(p0, q, 0.5)
+    with pytest.raises(ValueError, match="^" + re.escape("calibrated: row 13 contains")):
+        cord_kernels.row_scalars(p0, q, 0.5, first_row=10)
+
+
+def test_repair_terms_and_reconstruct_at_s_equal_b_give_q_back_bit_for_bit():
+    p0, q = _pairs(4)
+    terms = cord_kernels.repair_terms(p0, q, 0.5)
+    _, b, _, lower, _, g = listing.terms(p0, q, 0.5)
+    np.testing.assert_array_equal(terms.g, g)
+    qs = np.where((q <= 0).any(axis=1)[:, None], (1 - 1e-10) * q + 1e-10 / 4, q)
+    np.testing.assert_array_equal(cord_kernels.reconstruct(terms, b.copy()), qs)
+
+
+def test_a_subnormal_tail_overflows_silently():
+    # (1 - s) / tail overflows for tail 1e-310; the rows are rebuilt another way, no warning
+    model = CORD.from_dict({**CORD().fit(P0, Q).to_dict(), "eta_star_repr": "-2.0",
+                            "n_classes": 2})
+    p0 = np.array([[0.6, 0.4], [0.7, 0.3]])
+    q = np.array([[1.0, 1e-310], [0.6, 0.4]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = model.transform(p0, q)
+    assert np.isfinite(out).all()
