@@ -545,7 +545,8 @@ def test_a_bad_value_is_refused_on_either_block_kernel(k, which, row, value, mes
 def test_a_wrong_calibrated_width_is_named_as_the_calibrated_arrays():
     p0, q = _pairs(4, n=5)
     _, wide = _pairs(5, n=5)
-    with pytest.raises(ValueError, match="^" + re.escape("calibrated: expected 4 classes")):
+    # the count check's own wording, not check_pair's "to match original"
+    with pytest.raises(ValueError, match=_full("calibrated: expected 4 classes (columns), got 5")):
         sweep(p0, wide, 0.5, n_classes=4)
 
 
@@ -579,3 +580,19 @@ def test_a_subnormal_tail_overflows_silently():
         warnings.simplefilter("error")
         out = model.transform(p0, q)
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("which", ["original", "calibrated"])
+def test_rows_off_one_whose_columns_sum_to_one_are_refused(which):
+    # the block check sums rows, not columns: here each column sums to 1, each row does not
+    bad = np.array([[0.5, 0.6], [0.5, 0.4]])
+    good = np.array([[0.7, 0.3], [0.6, 0.4]])
+    args = (bad, good) if which == "original" else (good, bad)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{which}: row 0 sums to")):
+        sweep(*args, 0.5)
+
+
+def test_arrays_of_another_width_than_the_fit_are_refused_with_a_value_error():
+    _, wide = _pairs(5, n=3)
+    with pytest.raises(ValueError, match=_full("original: expected 4 classes (columns), got 5")):
+        sweep(wide, wide, 0.5, n_classes=4)
