@@ -283,7 +283,7 @@ def test_a_fit_keeps_no_rest_and_row_terms_keeps_it_only_when_asked(k):
 
 
 @pytest.mark.parametrize("k", [4, 32, 33, 40])
-@pytest.mark.parametrize("eta", [-1.5, 0.0, 0.7, 3.0])
+@pytest.mark.parametrize("eta", [-1.5, 0.0, 0.7, 3.0, 1e14])
 def test_transform_is_the_rebuilt_vector_bit_for_bit(k, eta):
     p0, q = _pairs(k)
     a, b, _, lower, upper, g = listing.terms(p0, q, 0.5)
