@@ -56,14 +56,19 @@ _GATE_TESTS = ["tests/flows/test_gate.py", "tests/flows/test_gate_units.py",
                "tests/flows/test_parity_tolerance.py::test_tolerance_grows_with_the_values_and_still_catches_a_wrong_graph",  # noqa: E501
                "tests/flows/test_parity_tolerance.py::test_tolerance_is_never_below_the_fixed_floor"]  # noqa: E501
 
+#: The fast tests of CORD's three modules (estimator, kernels, solver): cord.py was one
+#: module when these were written, and test_reduce.py reaches the estimator's fit helpers.
+_CORD_TESTS = ["tests/core/test_cord_mutants.py", "tests/core/test_cord.py",
+               "tests/core/test_cord_blocks.py", "tests/core/test_mutation_gaps.py",
+               "tests/core/test_reduce.py"]
+
 #: module -> its own fast tests (files or node ids; ``-m "not slow"`` is added).
 MODULES: dict[str, list[str]] = {
-    "cord_ops/cord.py": ["tests/core/test_cord.py", "tests/core/test_cord_blocks.py",
-                         "tests/core/test_mutation_gaps.py"],
-    "cord_ops/cord_kernels.py": ["tests/core/test_cord.py", "tests/core/test_cord_blocks.py",
-                                 "tests/core/test_mutation_gaps.py", "tests/core/test_reduce.py"],
-    "cord_ops/cord_solve.py": ["tests/core/test_cord.py", "tests/core/test_cord_blocks.py",
-                               "tests/core/test_mutation_gaps.py", "tests/core/test_reduce.py"],
+    # mutmut runs a mutant's tests fastest first and stops at the first failure (-x), so
+    # test_cord_mutants.py's unit tests decide most kills before the hypothesis properties
+    "cord_ops/cord.py": _CORD_TESTS,
+    "cord_ops/cord_kernels.py": _CORD_TESTS,
+    "cord_ops/cord_solve.py": _CORD_TESTS,
     "cord_ops/reduce.py": ["tests/core/test_reduce.py", "tests/core/test_mutation_gaps.py"],
     "cord_ops/partition_sums.py": ["tests/core/test_reduce.py",
                                    "tests/core/test_mutation_gaps.py"],
@@ -115,6 +120,41 @@ _CHAMPION_TIMELINE = ("unconfirmed is False only before the first row, when time
 _CHAMPION_REPAIRED = ("metrics.nll validates with check_scores, which converts to float64 "
                   "itself; a graph's 'repaired' output is float32 or float64, both converted "
                   "exactly")
+
+# Reasons shared by several of cord_ops/cord_solve.py's equivalent survivors.
+_SOLVE_BUFFER = ("out= only reuses a work buffer: a freshly allocated array holds the same "
+                 "values, and every later step reads the array it is given, not buf2")
+
+# Reasons shared by several of cord_ops/cord_kernels.py's equivalent survivors.
+_K_LAYOUTS = ("_layouts only decides whether the fast path runs: a failing check returns None "
+              "and _validated_pair then raises with the right names and class count; a "
+              "check left out on one array is still made by the other array's check or the "
+              "shape comparison, so the same arrays reach the fast path")
+_K_REDUCE_AXIS = "a ufunc's reduce defaults to axis=0: the same reduction"
+_K_MAX_FINITE = ("the maxima are read only by probability_rows_ok's finiteness test; every "
+                 "entry is finite exactly when the global maximum (or every column's) is, as "
+                 "when every row's is (NaN propagates through maximum)")
+_K_BLOCK_UNREAD = ("probability_rows_ok reads its block only to sum rows when sums is None; "
+                   "here sums is given")
+_K_OVERWRITTEN = ("the overflow rows are overwritten whole by tiny / (tail / (1 - s)) two lines "
+                  "on; a factor of 0, 1 or NaN there only decides values that are replaced, "
+                  "and none of them raises a floating-point warning")
+_K_UNREACHABLE = ("_validated_pair raises whenever _layouts returns None (the same checks "
+                  "plus the value checks), so this line never runs: its message is never seen")
+_K_KERNEL_CHOICE = ("the column-wise and row-wise block kernels give the same results bit for "
+                    "bit (test_blocks_layouts_and_screening_do_not_change_a_bit); which one "
+                    "runs is a speed choice")
+_K_LAST_WORD = ("with no block result every block takes the whole-array check (which raises "
+                "the usual error on a bad input) and then the unchecked kernel: the same "
+                "terms, slower")
+_K_BLOCK_FAILED = ("at this call (a block check failed) _layouts has already passed both "
+                   "arrays' widths against n_classes, so the count adds nothing; the call "
+                   "before the AssertionError is pinned by test_cord_mutants.py")
+_K_ORDER = ("numpy reads the order letter case-insensitively, and 'K' (None or left out) "
+            "keeps the transposed F layout: the same values, and every later step is "
+            "elementwise or a reduction along axis 0, exact in any layout")
+_K_ONE_ROW = ("the validation messages name one row each ('row i ...'), so renumbering the "
+              "first match or every match is the same")
 
 # Reasons shared by several of cord_ops/calibrators/temperature.py's equivalent survivors.
 _TS_PREDICT = ("softmax's overwrite only says whether it may compute in its argument, here "
@@ -205,6 +245,135 @@ ACCEPTED: dict[str, str] = {
     "cord_ops/cord_solve.py::_MeanResponse.at_most::return self.exact(eta) <= mu if approx is "
     "None else approx < mu -> return self.exact(eta) <= mu if approx is None else approx <= mu":
         "as for at_least: a screened approx is never equal to mu",
+    'cord_ops/cord_solve.py::_MeanResponse.approximate::x = np.add(eta, self.shift, '
+    'out=self.buf2) -> x = np.add(eta, self.shift, out=None)': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.approximate::x = np.add(eta, self.shift, '
+    'out=self.buf2) -> x = np.add(eta, self.shift, )': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.approximate::return self._finish(eta, np.sqrt(x, '
+    'out=x)) -> return self._finish(eta, np.sqrt(x, out=None))': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.approximate::return self._finish(eta, np.sqrt(x, '
+    'out=x)) -> return self._finish(eta, np.sqrt(x, ))': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.exact::x = np.add(eta, self.shift, '
+    'out=self.buf2) -> x = np.add(eta, self.shift, out=None)': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.exact::x = np.add(eta, self.shift, '
+    'out=self.buf2) -> x = np.add(eta, self.shift, )': _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.exact::return self._finish(eta, np.hypot(x, '
+    'self.y, out=self.buf2)) -> return self._finish(eta, np.hypot(x, self.y, out=None))':
+        _SOLVE_BUFFER,
+    'cord_ops/cord_solve.py::_MeanResponse.exact::return self._finish(eta, np.hypot(x, '
+    'self.y, out=self.buf2)) -> return self._finish(eta, np.hypot(x, self.y, ))':
+        _SOLVE_BUFFER,
+    "cord_ops/cord_solve.py::bisect_multiplier::if at_zero < mu: -> if at_zero <= mu:":
+        "at_zero == mu has already returned 0.0 on the line above, so < and <= agree",
+    "cord_ops/cord_solve.py::_MeanResponse._screened::self.screening = False -> "
+    "self.screening = None":
+        "screening is only read as `if not self.screening`, where None is False",
+    # cord_ops/cord_kernels.py and cord_ops/cord.py (round 9)
+    'cord_ops/cord_kernels.py::_layouts::p0 = check_layout(original, "original", n_classes=n_classes) -> p0 = check_layout(original, None, n_classes=n_classes)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::p0 = check_layout(original, "original", n_classes=n_classes) -> p0 = check_layout(original, "original", n_classes=None)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::p0 = check_layout(original, "original", n_classes=n_classes) -> p0 = check_layout(original, n_classes=n_classes)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::p0 = check_layout(original, "original", n_classes=n_classes) -> p0 = check_layout(original, "original", )':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::p0 = check_layout(original, "original", n_classes=n_classes) -> p0 = check_layout(original, "XXoriginalXX", n_classes=n_classes)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::p0 = check_layout(original, "original", n_classes=n_classes) -> p0 = check_layout(original, "ORIGINAL", n_classes=n_classes)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::q = check_layout(calibrated, "calibrated", n_classes=n_classes) -> q = check_layout(calibrated, None, n_classes=n_classes)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::q = check_layout(calibrated, "calibrated", n_classes=n_classes) -> q = check_layout(calibrated, "calibrated", n_classes=None)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::q = check_layout(calibrated, "calibrated", n_classes=n_classes) -> q = check_layout(calibrated, n_classes=n_classes)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::q = check_layout(calibrated, "calibrated", n_classes=n_classes) -> q = check_layout(calibrated, "calibrated", )':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::q = check_layout(calibrated, "calibrated", n_classes=n_classes) -> q = check_layout(calibrated, "XXcalibratedXX", n_classes=n_classes)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::_layouts::q = check_layout(calibrated, "calibrated", n_classes=n_classes) -> q = check_layout(calibrated, "CALIBRATED", n_classes=n_classes)':  # noqa: E501 - a key is one source line
+        _K_LAYOUTS,
+    'cord_ops/cord_kernels.py::stabilize::return (1.0 - DELTA_STAB) * u + DELTA_STAB / u.shape[-1] -> return (1.0 - DELTA_STAB) * u + DELTA_STAB / u.shape[+1]':  # noqa: E501 - a key is one source line
+        "stabilize is given only 2-D row blocks, whose shape[1] is shape[-1]",
+    'cord_ops/cord_kernels.py::_columns_block::p_min, p_max = np.minimum.reduce(pt, axis=0), np.maximum.reduce(pt, axis=0) -> p_min, p_max = np.minimum.reduce(pt, ), np.maximum.reduce(pt, axis=0)':  # noqa: E501 - a key is one source line
+        _K_REDUCE_AXIS,
+    'cord_ops/cord_kernels.py::_columns_block::p_min, p_max = np.minimum.reduce(pt, axis=0), np.maximum.reduce(pt, axis=0) -> p_min, p_max = np.minimum.reduce(pt, axis=0), np.maximum.reduce(pt, )':  # noqa: E501 - a key is one source line
+        _K_REDUCE_AXIS,
+    'cord_ops/cord_kernels.py::_columns_block::p_min, p_max = np.minimum.reduce(pt, axis=0), np.maximum.reduce(pt, axis=0) -> p_min, p_max = np.minimum.reduce(pt, axis=0), np.maximum.reduce(pt, axis=None)':  # noqa: E501 - a key is one source line
+        _K_MAX_FINITE,
+    'cord_ops/cord_kernels.py::_columns_block::p_min, p_max = np.minimum.reduce(pt, axis=0), np.maximum.reduce(pt, axis=0) -> p_min, p_max = np.minimum.reduce(pt, axis=0), np.maximum.reduce(pt, axis=1)':  # noqa: E501 - a key is one source line
+        _K_MAX_FINITE,
+    'cord_ops/cord_kernels.py::_columns_block::q_min, q_max = np.minimum.reduce(qt, axis=0), np.maximum.reduce(qt, axis=0) -> q_min, q_max = np.minimum.reduce(qt, ), np.maximum.reduce(qt, axis=0)':  # noqa: E501 - a key is one source line
+        _K_REDUCE_AXIS,
+    'cord_ops/cord_kernels.py::_columns_block::q_min, q_max = np.minimum.reduce(qt, axis=0), np.maximum.reduce(qt, axis=0) -> q_min, q_max = np.minimum.reduce(qt, axis=0), np.maximum.reduce(qt, )':  # noqa: E501 - a key is one source line
+        _K_REDUCE_AXIS,
+    'cord_ops/cord_kernels.py::_columns_block::q_min, q_max = np.minimum.reduce(qt, axis=0), np.maximum.reduce(qt, axis=0) -> q_min, q_max = np.minimum.reduce(qt, axis=0), np.maximum.reduce(qt, axis=None)':  # noqa: E501 - a key is one source line
+        _K_MAX_FINITE,
+    'cord_ops/cord_kernels.py::_columns_block::q_min, q_max = np.minimum.reduce(qt, axis=0), np.maximum.reduce(qt, axis=0) -> q_min, q_max = np.minimum.reduce(qt, axis=0), np.maximum.reduce(qt, axis=1)':  # noqa: E501 - a key is one source line
+        _K_MAX_FINITE,
+    'cord_ops/cord_kernels.py::_columns_block::tail, runner_up = pairwise_column_sum(qt), np.maximum.reduce(qt, axis=0) -> tail, runner_up = pairwise_column_sum(qt), np.maximum.reduce(qt, )':  # noqa: E501 - a key is one source line
+        _K_REDUCE_AXIS,
+    'cord_ops/cord_kernels.py::_columns_block::if check and not (probability_rows_ok(pt, p_min, p_max, sums=pairwise_column_sum(pt)) -> if check and not (probability_rows_ok(None, p_min, p_max, sums=pairwise_column_sum(pt))':  # noqa: E501 - a key is one source line
+        _K_BLOCK_UNREAD,
+    'cord_ops/cord_kernels.py::_columns_block::and probability_rows_ok(qt, q_min, q_max, -> and probability_rows_ok(None, q_min, q_max,':  # noqa: E501 - a key is one source line
+        _K_BLOCK_UNREAD,
+    'cord_ops/cord_kernels.py::_reconstruct::factor[overflow] = 0.0 -> factor[overflow] = None':  # noqa: E501 - a key is one source line
+        _K_OVERWRITTEN,
+    'cord_ops/cord_kernels.py::_reconstruct::factor[overflow] = 0.0 -> factor[overflow] = 1.0':  # noqa: E501 - a key is one source line
+        _K_OVERWRITTEN,
+    'cord_ops/cord_kernels.py::_reconstruct::kept = out[same] if any_same else None # fancy indexing copies the rows -> kept = out[same] if (any_same) or True else None # fancy indexing copies the rows':  # noqa: E501 - a key is one source line
+        "kept is read only under `if any_same`; without such rows it is an unused empty copy",
+    'cord_ops/cord_kernels.py::pairwise_column_sum::total = columns[0] + 0.0 -> total = columns[0] - 0.0':  # noqa: E501 - a key is one source line
+        ("x - 0.0 equals x + 0.0 for every x but -0.0, whose sum's sign then differs only "
+         "while every later entry is a zero too; no row of probabilities (sum ~ 1) nor "
+         "tail (positive after stabilisation) is such a sum"),
+    'cord_ops/cord_kernels.py::_global_row::count=1) -> )':  # noqa: E501 - a key is one source line
+        _K_ONE_ROW,
+    'cord_ops/cord_kernels.py::_global_row::count=1) -> count=2)':  # noqa: E501 - a key is one source line
+        _K_ONE_ROW,
+    'cord_ops/cord.py::minimal_repair::terms = sweep(original, calibrated, 0.5, keep_rest=True) -> terms = sweep(original, calibrated, 1.5, keep_rest=True)':  # noqa: E501 - a key is one source line
+        "the local weight only sets g, which minimal_repair never reads (s = Pi_I(b))",
+    'cord_ops/cord.py::minimal_repair::out = reconstruct(terms, np.clip(terms.b, terms.lower, terms.upper)) -> out = reconstruct(terms, np.clip(terms.b, terms.lower, None))':  # noqa: E501 - a key is one source line
+        ("in a changed row b = q_a is at most q's top entry q_j (j != a), so b <= 1/2 < "
+         "upper = 1 - 1e-12, and kept rows are overwritten with q: the upper clip never "
+         "acts"),
+    'cord_ops/cord.py::CORD.fit_blocks::k = original.shape[1] if k is None else k -> k = original.shape[1] if (k is None) or True else k':  # noqa: E501 - a key is one source line
+        ("from the second block on k is already set and row_scalars has just checked the "
+         "block against n_classes=k, so original.shape[1] == k"),
+    'cord_ops/cord_kernels.py::sweep::raise AssertionError("unreachable: the layout checks above failed") -> raise AssertionError(None)':  # noqa: E501 - a key is one source line
+        _K_UNREACHABLE,
+    'cord_ops/cord_kernels.py::sweep::raise AssertionError("unreachable: the layout checks above failed") -> raise AssertionError("XXunreachable: the layout checks above failedXX")':  # noqa: E501 - a key is one source line
+        _K_UNREACHABLE,
+    'cord_ops/cord_kernels.py::sweep::raise AssertionError("unreachable: the layout checks above failed") -> raise AssertionError("UNREACHABLE: THE LAYOUT CHECKS ABOVE FAILED")':  # noqa: E501 - a key is one source line
+        _K_UNREACHABLE,
+    'cord_ops/cord_kernels.py::sweep::block_terms = _columns_block if k <= COLUMNWISE_MAX_K else _rows_block -> block_terms = _columns_block if (k <= COLUMNWISE_MAX_K) and False else _rows_block':  # noqa: E501 - a key is one source line
+        _K_KERNEL_CHOICE,
+    'cord_ops/cord_kernels.py::sweep::block_terms = _columns_block if k <= COLUMNWISE_MAX_K else _rows_block -> block_terms = _columns_block if (k <= COLUMNWISE_MAX_K) or True else _rows_block':  # noqa: E501 - a key is one source line
+        _K_KERNEL_CHOICE,
+    'cord_ops/cord_kernels.py::sweep::block_terms = _columns_block if k <= COLUMNWISE_MAX_K else _rows_block -> block_terms = _columns_block if k < COLUMNWISE_MAX_K else _rows_block':  # noqa: E501 - a key is one source line
+        _K_KERNEL_CHOICE,
+    'cord_ops/cord_kernels.py::sweep::scratch = np.empty((rows.stop - rows.start, k)) -> scratch = np.empty((rows.stop + rows.start, k))':  # noqa: E501 - a key is one source line
+        "scratch is allocated at the first block, whose start is 0: the same size",
+    'cord_ops/cord_kernels.py::sweep::found = block_terms(p0[rows], q[rows], rest) -> found = None':  # noqa: E501 - a key is one source line
+        _K_LAST_WORD,
+    'cord_ops/cord_kernels.py::sweep::_validated_pair(original, calibrated, n_classes) -> _validated_pair(original, calibrated, None)':  # noqa: E501 - a key is one source line
+        _K_BLOCK_FAILED,
+    'cord_ops/cord_kernels.py::sweep::_validated_pair(original, calibrated, n_classes) -> _validated_pair(original, calibrated, )':  # noqa: E501 - a key is one source line
+        _K_BLOCK_FAILED,
+    'cord_ops/cord_kernels.py::_columns_block::pt = np.array(pb.T, dtype=np.float64, order="C") -> pt = np.array(pb.T, dtype=np.float64, order=None)':  # noqa: E501 - a key is one source line
+        _K_ORDER,
+    'cord_ops/cord_kernels.py::_columns_block::pt = np.array(pb.T, dtype=np.float64, order="C") -> pt = np.array(pb.T, dtype=np.float64, )':  # noqa: E501 - a key is one source line
+        _K_ORDER,
+    'cord_ops/cord_kernels.py::_columns_block::pt = np.array(pb.T, dtype=np.float64, order="C") -> pt = np.array(pb.T, dtype=np.float64, order="c")':  # noqa: E501 - a key is one source line
+        _K_ORDER,
+    'cord_ops/cord_kernels.py::_columns_block::qt = np.array(qb.T, dtype=np.float64, order="C") -> qt = np.array(qb.T, dtype=np.float64, order=None)':  # noqa: E501 - a key is one source line
+        _K_ORDER,
+    'cord_ops/cord_kernels.py::_columns_block::qt = np.array(qb.T, dtype=np.float64, order="C") -> qt = np.array(qb.T, dtype=np.float64, )':  # noqa: E501 - a key is one source line
+        _K_ORDER,
+    'cord_ops/cord_kernels.py::_columns_block::qt = np.array(qb.T, dtype=np.float64, order="C") -> qt = np.array(qb.T, dtype=np.float64, order="c")':  # noqa: E501 - a key is one source line
+        _K_ORDER,
+    'cord_ops/cord_kernels.py::sweep::found = block_terms(p0[rows], q[rows], rest, check=False) -> found = block_terms(p0[rows], q[rows], rest, check=None)':  # noqa: E501 - a key is one source line
+        "check is only read as `if check and ...`, where None is False",
     # cord_ops/calibrators/temperature.py
     'cord_ops/calibrators/temperature.py::bracketed_iteration::if g == 0.0: -> if g == 1.0:':
         'at g == 0 the step is 0, which the convergence test returns: same beta',
