@@ -242,10 +242,10 @@ def cord_partition_pass(part, calibrator_state, input_kind, local_weight, first_
     - ``metrics``: the per-row values behind ``metric_sums`` of the original output (p0)
       and of the calibrator's (q, TPCR against p0), and those the repaired output's sums
       need once eta* is known (``repaired_metric_sums``): the tail mass, the label's entry
-      of the tail (0 when the label is the original top-1), the tail's sum of squares and
-      whether the label is the original top-1. The repair is p~ = s e_a + (1 - s) rest /
-      tail (eq. 2), so those give its top-1 probability s, its label entry and its sum of
-      squares without the K-vector;
+      of the tail (0 when the label is the original top-1), the sum of squares of
+      alpha = rest / tail (``alpha_sq``) and whether the label is the original top-1. The
+      repair is p~ = s e_a + (1 - s) alpha (eq. 2), so those give its top-1 probability
+      s, its label entry and its sum of squares without the K-vector;
     - ``temperature``: per-row E_q[z] - z_y and Var_q(z) (the calibrator a TS), whose
       sums let ``temperature_step`` confirm the fitted beta on this pass.
 
@@ -264,7 +264,12 @@ def cord_partition_pass(part, calibrator_state, input_kind, local_weight, first_
     idx = np.arange(q.shape[0])
     if metrics:
         rest, a, q_top = terms.rest, terms.label, terms.calibrated_top
-        out.update(tail=terms.tail, rest_y=rest[idx, y], rest_sq=np.einsum("ik,ik->i", rest, rest),
+        rest_y = rest[idx, y]  # a copy: rest is rescaled to alpha below
+        # alpha = rest / tail (eq. 2): its sum of squares is in [1 / (K - 1), 1] whatever
+        # the tail's size; the tail's own (rest . rest) underflows to a subnormal or 0
+        # below a tail of ~2^-511, and ((1 - s) / tail)^2 overflows there
+        rest /= terms.tail[:, None]
+        out.update(tail=terms.tail, rest_y=rest_y, alpha_sq=np.einsum("ik,ik->i", rest, rest),
                    hit=a == y, p0_top=p0[idx, a], p0_y=p0[idx, y],
                    p0_sq=np.einsum("ik,ik->i", p0, p0), q_top=q_top.astype(np.int32),
                    q_conf=q[idx, q_top], q_y=q[idx, y], q_sq=np.einsum("ik,ik->i", q, q),
@@ -310,21 +315,26 @@ def repaired_metric_sums(part, eta: float, n_bins: int = 15) -> dict:
     per-row arrays of ``cord_partition_pass(..., metrics=True)``: s = Pi_I(H(g, eta)) is
     the repaired top-1 probability (the original top-1 stays on top, Proposition 1), the
     label's entry is s or (1 - s) / tail times its tail entry, the sum of squares is
-    s^2 + ((1 - s) / tail)^2 times the tail's. The per-row values are ``transform``'s:
-    rows with s == b keep q's own entries (factor 1) and a factor that overflows divides
-    instead, as ``cord_kernels._reconstruct`` does."""
+    s^2 + (1 - s)^2 |alpha|^2. The label entries are ``transform``'s: rows with s == b
+    keep q's own entries (factor 1, tail^2 |alpha|^2) and a factor that overflows divides
+    instead, as ``cord_kernels._reconstruct`` does; the sum of squares equals the
+    transformed row's to rounding."""
     s = np.clip(interior_response(eta, part["g"]), part["lower"], 1.0 - EPS_NUM)
     tail, rest_y, hit = part["tail"], part["rest_y"], part["hit"]
+    kept = s == part["b"]
     with np.errstate(over="ignore"):
         factor = (1.0 - s) / tail
-    factor[s == part["b"]] = 1.0
+    factor[kept] = 1.0
     on_label = np.where(hit, s, rest_y * factor)
-    sum_sq = s * s + part["rest_sq"] * (factor * factor)
     overflow = np.isinf(factor)
     if overflow.any():
         divisor = tail[overflow] / (1.0 - s[overflow])
         on_label[overflow] = np.where(hit[overflow], s[overflow], rest_y[overflow] / divisor)
-        sum_sq[overflow] = s[overflow] ** 2 + part["rest_sq"][overflow] / divisor**2
+    # the repaired tail is w alpha, w = 1 - s (the tail itself where q is kept): its sum
+    # of squares w^2 |alpha|^2 is finite for any tail, where the tail's own sum of squares
+    # times factor^2 is inf or 0 * inf below a tail of ~2^-500
+    w = np.where(kept, tail, 1.0 - s)
+    sum_sq = s * s + (w * w) * part["alpha_sq"]
     out = _row_metric_sums(s, hit, on_label, sum_sq, n_bins)
     out.update(changed=0, c_plus=0, c_minus=0, c_zero=0)
     return out

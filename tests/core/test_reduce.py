@@ -253,3 +253,95 @@ def test_vs_warm_start_refined_on_a_larger_sample(monkeypatch):
     np.testing.assert_allclose(cal.weights_, ref.weights_, atol=1e-4)
     assert abs(metrics.nll(cal.predict_proba(z), y) - metrics.nll(ref.predict_proba(z), y)) \
         <= 1e-9 * metrics.nll(ref.predict_proba(z), y)
+
+
+def _identity_ts_state(k, input_kind="logits"):
+    """A TS calibrator's state at beta = 1: q = softmax(z), so the tiny tails of the
+    original rows reach q unchanged."""
+    z, y = logit_data(np.random.default_rng(0), 50, k)
+    return {**make_calibrator("ts", input_kind=input_kind).fit(z, y).to_dict(),
+            "params": {"beta": 1.0}}
+
+
+def _pass_rows(z, y, state, slices):
+    blocks = [cord_partition_pass({"scores": z[s], "labels": y[s]}, state, "logits", 0.5,
+                                  s.start, metrics=True) for s in slices]
+    rows = {key: np.concatenate([b[key] for b in blocks]) for key in blocks[0]}
+    rows["labels"] = y
+    return blocks, rows
+
+
+def _tiny_tail_logits(rng, n, k, gaps):
+    """Ordinary logit rows, then one row per gap whose top-1 leads every other class by
+    at least ``gap`` nats: a tail mass of about exp(-gap)."""
+    z, y = logit_data(rng, n, k)
+    extreme = -np.asarray(gaps, dtype=np.float64)[:, None] - rng.random((len(gaps), k)) * 3.0
+    top = rng.integers(0, k, size=len(gaps))
+    extreme[np.arange(len(gaps)), top] = 0.0
+    labels = np.where(np.arange(len(gaps)) % 2 == 0, top, (top + 1) % k)
+    return np.vstack([z, extreme]), np.concatenate([y, labels])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(3, 9),
+       st.lists(st.floats(345.0, 705.0), min_size=1, max_size=4),
+       st.floats(-8.0, 2.0))
+def test_repaired_metrics_stay_exact_for_tails_below_2_to_the_minus_500(seed, k, gaps, eta):
+    """Rows whose tail mass is below ~2^-500 (all normal doubles here): the repaired tail's
+    sum of squares, ((1 - s) / tail)^2 times that of the tail, must not overflow to inf
+    (inf or 0 * inf = NaN make exact_sum refuse the rows) nor lose digits to a
+    subnormal sum of squares. Expected: the single-machine repair's own metrics at the
+    same eta (cord.transform, then cord_ops.metrics)."""
+    from cord_ops.cord import set_fitted
+
+    rng = np.random.default_rng(seed)
+    z, y = _tiny_tail_logits(rng, 30, k, gaps)
+    n = z.shape[0]
+    _, rows = _pass_rows(z, y, _identity_ts_state(k), split(n, [11, n - 1]))
+    assert np.all(rows["tail"][30:] < 2.0**-490)
+    got = metrics_from_sums([repaired_metric_sums(rows, eta)])
+    cord = set_fitted(CORD(), eta, 0.5, n, k)
+    repaired = cord.transform(softmax(z), softmax(z))
+    assert np.isfinite(got["brier"]) and np.isfinite(got["nll"])
+    assert got["brier"] == pytest.approx(metrics.brier(repaired, y), rel=1e-13)
+    assert got["nll"] == pytest.approx(metrics.nll(repaired, y), rel=1e-13)
+    assert got["ece"] == pytest.approx(metrics.ece(repaired, y), rel=1e-12, abs=1e-15)
+    assert got["accuracy"] == metrics.accuracy(repaired, y)
+
+
+def test_reduced_cord_fit_and_metrics_of_a_shard_with_tiny_and_subnormal_tails():
+    """The brief's rows through the public path: a probability row [1 - 1e-160, 1e-160, ..]
+    (as logits: log of it), a tail of 2^-600 and a subnormal tail (~1e-313), in separate
+    partitions. eta* from exact sums (fit_cord_from_sums), then the repaired Brier from the
+    pass: the single-machine numbers (CORD.fit's eta* to the rounding of a mean, the
+    metrics of cord.transform at the reduced eta*). The tiny-tail rows are correct-label
+    top-1 rows: their Brier is (1 - s)^2 (1 + |alpha|^2) with s = 1 - 1e-12 (eta* > -1 and
+    b rounds to 1), about 2e-24, so the score is that of the ordinary rows alone."""
+    rng = np.random.default_rng(11)
+    k = 5
+    z, y = logit_data(rng, 400, k)
+    p = np.full((3, k), 1e-160 / (k - 1))
+    p[:, 0] = 1.0
+    tiny = np.log(p)
+    tiny[1, 1:] = -600.0 * np.log(2.0) + np.log(1.0 / (k - 1))
+    tiny[2, 1:] = -720.0
+    z, y = np.vstack([z, tiny]), np.concatenate([y, [0, 0, 0]])
+    n = z.shape[0]
+    state = _identity_ts_state(k)
+    blocks, rows = _pass_rows(z, y, state, split(n, [200, 401, 402]))
+    assert rows["tail"][400] == pytest.approx(1e-160, rel=1e-12)
+    assert 0.0 < rows["tail"][402] < np.finfo(np.float64).tiny
+    fitted = fit_cord_from_sums(local_reduce(blocks), n, k)
+    single = CORD().fit(softmax(z), softmax(z))
+    assert abs(fitted.mu_ - single.mu_) <= 4 * np.spacing(single.mu_)
+    assert fitted.eta_ > -1.0
+    got = metrics_from_sums([repaired_metric_sums(b, fitted.eta_) for b in
+                             [{**blk, "labels": y[s]} for blk, s in
+                              zip(blocks, split(n, [200, 401, 402]), strict=True)]])
+    repaired = fitted.transform(softmax(z), softmax(z))
+    assert np.all(repaired[400:, 0] == 1.0 - 1e-12)
+    assert got["brier"] == pytest.approx(metrics.brier(repaired, y), rel=1e-13)
+    # the three rows' share of the score is below 1e-20 of it: the ordinary rows alone
+    assert got["brier"] * n == pytest.approx(metrics.brier(repaired[:400], y[:400]) * 400,
+                                             rel=1e-13)
+    assert got["nll"] == pytest.approx(metrics.nll(repaired, y), rel=1e-13)
