@@ -282,8 +282,10 @@ def _reconstruct(out: np.ndarray, label: np.ndarray, b: np.ndarray, tail: np.nda
     same = s == b
     with np.errstate(over="ignore"):
         factor = (1.0 - s) / tail
-    # A subnormal tail can push (1 - s) / tail past the float range; those rows divide by
-    # tail / (1 - s) instead, which is finite whenever the tail is positive.
+    # A subnormal tail can push (1 - s) / tail past the float range; those rows form
+    # alpha = rest / tail first (in [0, 1], exact to a rounding since sums of subnormals are
+    # exact) and scale it by 1 - s. Dividing by tail / (1 - s) instead rounds that quotient
+    # to the subnormal grid: a tail of ~1e-322 then put rows 1 % off summing to 1.
     overflow = np.isinf(factor)
     any_same, any_overflow = same.any(), overflow.any()
     kept = out[same] if any_same else None  # fancy indexing copies the rows
@@ -292,7 +294,7 @@ def _reconstruct(out: np.ndarray, label: np.ndarray, b: np.ndarray, tail: np.nda
         factor[overflow] = 0.0
     out *= factor[:, None]
     if any_overflow:
-        out[overflow] = tiny / (tail[overflow] / (1.0 - s[overflow]))[:, None]
+        out[overflow] = (tiny / tail[overflow][:, None]) * (1.0 - s[overflow])[:, None]
     if any_same:
         out[same] = kept
     out[np.arange(out.shape[0]), label] = s

@@ -582,6 +582,21 @@ def test_a_subnormal_tail_overflows_silently():
     assert np.isfinite(out).all()
 
 
+
+def test_a_tail_of_a_few_subnormal_units_is_rebuilt_summing_to_one():
+    # tail = 2e-322 is ~40 units of the subnormal grid: (1 - s) / tail overflows, and
+    # alpha must come out as rest / tail = (1/2, 1/2), not rounded on that grid
+    model = CORD.from_dict({**CORD().fit(P0, Q).to_dict(), "eta_star_repr": "-3.0",
+                            "n_classes": 3})
+    p0 = np.array([[0.5, 0.3, 0.2], [0.2, 0.5, 0.3]])
+    q = np.array([[1.0 - 2e-322, 1e-322, 1e-322], [0.2, 0.5, 0.3]])
+    out = model.transform(p0, q)
+    s = out[0, 0]
+    assert s < 1.0 - 1e-3  # the repair moved mass into the tail: the overflow branch ran
+    assert out[0, 1] == out[0, 2] == pytest.approx((1.0 - s) / 2, rel=1e-15, abs=0)
+    assert out[0].sum() == pytest.approx(1.0, rel=1e-15, abs=0)
+
+
 @pytest.mark.parametrize("which", ["original", "calibrated"])
 def test_rows_off_one_whose_columns_sum_to_one_are_refused(which):
     # the block check sums rows, not columns: here each column sums to 1, each row does not
