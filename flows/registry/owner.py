@@ -8,8 +8,9 @@ plus, for stores other machines can reach, a heartbeat the owner refreshes while
 
 An owner is alive when
 
-- it runs on this host: its pid exists and that process started when the record says
-  (to 10 ms); the answer is certain;
+- it runs on this host: its pid exists and that process is the one recorded, told by its
+  start stamp (:func:`process_stamp`: the boot and the clock tick since boot it started
+  at, which no change of the wall clock moves); the answer is certain;
 - it runs on another host: its last heartbeat is younger than ``stale_after`` seconds
   (:data:`STALE_AFTER`); a heartbeat cannot tell a hung owner from a slow one, so a
   heartbeat older than that is taken as dead.
@@ -27,12 +28,14 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
 HOST_TAG = "cord.owner.host"
 PID_TAG = "cord.owner.pid"
 STARTED_TAG = "cord.owner.started"
+STAMP_TAG = "cord.owner.process"
 HEARTBEAT_TAG = "cord.owner.heartbeat"
 #: Seconds without a heartbeat after which an owner on another host is taken as dead.
 STALE_AFTER = 300.0
@@ -116,6 +119,43 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
+def process_stamp(pid: int) -> str | None:
+    """Which process ``pid`` is: a string that names this one start of it on this host and
+    that no change of the wall clock alters; None when there is no such live process.
+
+    Why not the start time: psutil's ``create_time`` is the boot time from
+    ``/proc/stat`` (whole seconds of the wall clock, re-read at every call) plus the start
+    since boot, so an NTP step or slew across a second boundary moves every process's
+    start time by a second, and a live server or run owner would compare as dead. On
+    Linux the stamp is the boot id and the start in clock ticks since boot (field 22 of
+    ``/proc/<pid>/stat``, fixed for the life of the process); elsewhere it is psutil's
+    start time.
+    """
+    if process_start_time(pid) is None:  # gone, or a zombie
+        return None
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        started = process_start_time(pid)
+        return None if started is None else f"epoch:{started!r}"
+    # the command name (field 2) may hold spaces and parentheses: fields resume after the
+    # last ")", at field 3
+    ticks = stat[stat.rindex(")") + 2:].split()[22 - 3]
+    return f"{boot}:{ticks}"
+
+
+def same_process(pid: int, stamp: str | None, started: float | None = None,
+                 tolerance: float = 0.01) -> bool:
+    """Whether ``pid`` is still the process a record names: by its ``stamp`` when the
+    record has one, else (a record written before stamps) by its start time ``started``
+    to ``tolerance`` seconds."""
+    if stamp:
+        return process_stamp(pid) == stamp
+    now = process_start_time(pid)
+    return now is not None and started is not None and abs(now - float(started)) < tolerance
+
+
 def reap(pid: int) -> None:
     """Collect ``pid``'s exit status if it is this process's child (started here), so an
     exited child does not linger as a zombie that looks alive."""
@@ -141,27 +181,34 @@ def terminate_group(pid: int, timeout: float) -> None:
 
 @dataclass(frozen=True)
 class Owner:
-    """A process: host name, pid and start time (seconds since the epoch, as psutil has it)."""
+    """A process: host name, pid, start time (seconds since the epoch, as psutil has it)
+    and start stamp (:func:`process_stamp`; None in records of older cord-ops)."""
 
     host: str
     pid: int
     started: float
+    stamp: str | None = None
 
     @classmethod
     def current(cls) -> Owner:
-        return cls(socket.gethostname(), os.getpid(), psutil.Process().create_time())
+        return cls(socket.gethostname(), os.getpid(), psutil.Process().create_time(),
+                   process_stamp(os.getpid()))
 
     @classmethod
     def from_record(cls, record: dict) -> Owner | None:
         """The owner in a tag (or lock holder) dict, or None when it holds no owner."""
         try:
-            return cls(str(record[HOST_TAG]), int(record[PID_TAG]), float(record[STARTED_TAG]))
+            return cls(str(record[HOST_TAG]), int(record[PID_TAG]), float(record[STARTED_TAG]),
+                       record.get(STAMP_TAG) or None)
         except (KeyError, TypeError, ValueError):
             return None
 
     def record(self) -> dict[str, str]:
-        return {HOST_TAG: self.host, PID_TAG: str(self.pid), STARTED_TAG: repr(self.started),
+        tags = {HOST_TAG: self.host, PID_TAG: str(self.pid), STARTED_TAG: repr(self.started),
                 HEARTBEAT_TAG: repr(time.time())}
+        if self.stamp:
+            tags[STAMP_TAG] = self.stamp
+        return tags
 
     def describe(self) -> str:
         since = time.strftime("%H:%M:%S", time.localtime(self.started))
@@ -172,6 +219,8 @@ class Owner:
 
     def process_alive(self) -> bool:
         """For an owner on this host: its process still runs (not a reused pid)."""
+        if self.stamp:
+            return process_stamp(self.pid) == self.stamp
         try:
             return abs(psutil.Process(self.pid).create_time() - self.started) < 0.01
         except (psutil.NoSuchProcess, psutil.ZombieProcess):

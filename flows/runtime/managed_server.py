@@ -106,9 +106,9 @@ def _recorded(folder: Path) -> dict | None:
 
 def _alive(record: dict) -> bool:
     """The recorded process still exists and is the one that was started (same start
-    time), so a recycled pid is never taken for the server."""
-    started = owner.process_start_time(int(record["pid"]))
-    return started is not None and abs(started - float(record["create_time"])) < 1.0
+    stamp), so a recycled pid is never taken for the server."""
+    return owner.same_process(int(record["pid"]), record.get("stamp"),
+                              record.get("create_time"), tolerance=1.0)
 
 
 def running(folder: Path) -> RunningServer | None:
@@ -186,6 +186,7 @@ def start(folder: Path, timeout: float = START_TIMEOUT_S) -> tuple[RunningServer
             process = _spawn(folder, port)
             record = {"pid": process.pid, "port": port,
                       "create_time": owner.process_start_time(process.pid),
+                      "stamp": owner.process_stamp(process.pid),
                       "started_at": time.time()}
             _state_file(folder).write_text(json.dumps(record, indent=2) + "\n")
         server = RunningServer(int(record["pid"]), int(record["port"]), folder)

@@ -120,12 +120,11 @@ def running(folder: Path) -> dict | None:
     once it listens, false while it is still importing."""
     try:
         record = json.loads(record_file(folder).read_text())
-        started = owner.process_start_time(int(record["pid"]))
+        same = owner.same_process(int(record["pid"]), record.get("stamp"),
+                                  record.get("create_time"), tolerance=1.0)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if started is None or abs(started - float(record["create_time"])) >= 1.0:
-        return None
-    return record
+    return record if same else None
 
 
 def spawn(folder: Path) -> int:
@@ -156,7 +155,8 @@ def _write_record(folder: Path, pid: int, expected: str, ready: bool) -> None:
     from cord_ops.atomic import write_json_atomic
 
     write_json_atomic(record_file(folder), {
-        "pid": pid, "create_time": owner.process_start_time(pid), "ready": ready,
+        "pid": pid, "create_time": owner.process_start_time(pid),
+        "stamp": owner.process_stamp(pid), "ready": ready,
         "socket": str(socket_path(folder)), "fingerprint": expected, "written_at": time.time()})
 
 

@@ -9,6 +9,7 @@ that are read; the clock is a parameter (``now``).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -94,6 +95,50 @@ def test_a_reused_pid_is_told_by_its_start_time(offset, same):
     started = psutil.Process().create_time()
     record = owner.Owner(HERE, os.getpid(), started + offset).record()
     assert owner.alive(record) is same
+
+
+def test_the_start_stamp_is_the_boot_and_the_start_tick_of_that_one_process():
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                for _ in range(2)]
+    try:
+        stamps = [owner.process_stamp(c.pid) for c in children]
+        assert stamps == [owner.process_stamp(c.pid) for c in children]  # fixed for its life
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+        for child, stamp in zip(children, stamps, strict=True):
+            head, ticks = stamp.rsplit(":", 1)
+            assert head == boot
+            since_boot = int(ticks) / os.sysconf("SC_CLK_TCK")
+            process = psutil.Process(child.pid)
+            assert abs(since_boot - (process.create_time() - psutil.boot_time())) < 0.05
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert [owner.process_stamp(c.pid) for c in children] == [None, None]
+
+
+def test_a_wall_clock_step_does_not_make_a_live_process_look_dead():
+    """psutil's start time moves with the boot time the wall clock gives: a second's step
+    made the managed server and run owners compare as dead (CI, stop 35). The stamp decides
+    when a record has one; a stamp of another process is dead whatever the start time."""
+    started = psutil.Process().create_time()
+    stamp = owner.process_stamp(os.getpid())
+    for step in (1.0, -1.0, 3600.0):
+        assert owner.Owner(HERE, os.getpid(), started + step, stamp).process_alive()
+        assert owner.same_process(os.getpid(), stamp, started + step, tolerance=1.0)
+    assert owner.alive(owner.Owner(HERE, os.getpid(), started + 1.0, stamp).record())
+    other = subprocess.Popen([sys.executable, "-c", "pass"])
+    foreign = owner.process_stamp(other.pid)
+    other.wait()
+    assert foreign is not None and foreign != stamp
+    assert not owner.Owner(HERE, os.getpid(), started, foreign).process_alive()
+    assert not owner.same_process(os.getpid(), foreign, started)
+    # records written before stamps: the start time, to the tolerance given
+    assert owner.same_process(os.getpid(), None, started + 0.5, tolerance=1.0)
+    assert not owner.same_process(os.getpid(), None, started + 1.0, tolerance=1.0)
+    assert not owner.same_process(os.getpid(), None, None)
+    assert owner.Owner.current().stamp == stamp
+    assert owner.Owner.from_record(owner.Owner.current().record()).stamp == stamp
 
 
 def test_a_remote_owner_is_alive_while_its_heartbeat_is_fresh():
@@ -290,3 +335,31 @@ def test_the_watchdog_kills_what_carries_the_marker_once_the_command_ends(tmp_pa
             sleeper.wait()
         if watchdog.is_running():
             watchdog.kill()
+
+
+def test_the_managed_server_and_warm_runner_records_survive_a_clock_step(tmp_path):
+    """A server.json / runner.json whose start time a clock step moved by a second still
+    names its live process; one written before stamps (no "stamp") is judged by the time."""
+    from flows.runtime import managed_server, warm
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    try:
+        started = psutil.Process(child.pid).create_time()
+        stepped = {"pid": child.pid, "port": 1, "create_time": started + 1.0,
+                   "stamp": owner.process_stamp(child.pid)}
+        folder = tmp_path / "prefect"
+        folder.mkdir()
+        (folder / "runner.json").write_text(json.dumps(stepped))
+        assert warm.running(folder) == stepped
+        (folder / "runner.json").write_text(json.dumps({**stepped, "stamp": None}))
+        assert warm.running(folder) is None
+        (folder / "server.json").write_text(json.dumps({**stepped, "stamp": None}))
+        assert managed_server.stop(folder, timeout=5) is None  # taken as dead: not signalled
+        assert child.poll() is None
+        (folder / "server.json").write_text(json.dumps(stepped))
+        assert managed_server.stop(folder, timeout=5) == child.pid  # found and stopped
+        assert child.wait(timeout=10) is not None
+    finally:
+        child.kill()
+        child.wait()
