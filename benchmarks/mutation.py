@@ -136,7 +136,7 @@ _K_MAX_FINITE = ("the maxima are read only by probability_rows_ok's finiteness t
                  "when every row's is (NaN propagates through maximum)")
 _K_BLOCK_UNREAD = ("probability_rows_ok reads its block only to sum rows when sums is None; "
                    "here sums is given")
-_K_OVERWRITTEN = ("the overflow rows are overwritten whole by tiny / (tail / (1 - s)) two lines "
+_K_OVERWRITTEN = ("the overflow rows are overwritten whole by (tiny / tail) * (1 - s) two lines "
                   "on; a factor of 0, 1 or NaN there only decides values that are replaced, "
                   "and none of them raises a floating-point warning")
 _K_UNREACHABLE = ("_validated_pair raises whenever _layouts returns None (the same checks "

@@ -316,9 +316,9 @@ def repaired_metric_sums(part, eta: float, n_bins: int = 15) -> dict:
     the repaired top-1 probability (the original top-1 stays on top, Proposition 1), the
     label's entry is s or (1 - s) / tail times its tail entry, the sum of squares is
     s^2 + (1 - s)^2 |alpha|^2. The label entries are ``transform``'s: rows with s == b
-    keep q's own entries (factor 1, tail^2 |alpha|^2) and a factor that overflows divides
-    instead, as ``cord_kernels._reconstruct`` does; the sum of squares equals the
-    transformed row's to rounding."""
+    keep q's own entries (factor 1, tail^2 |alpha|^2) and where the factor overflows the
+    entry is alpha_y = rest_y / tail times 1 - s, as ``cord_kernels._reconstruct`` does;
+    the sum of squares equals the transformed row's to rounding."""
     s = np.clip(interior_response(eta, part["g"]), part["lower"], 1.0 - EPS_NUM)
     tail, rest_y, hit = part["tail"], part["rest_y"], part["hit"]
     kept = s == part["b"]
@@ -328,8 +328,11 @@ def repaired_metric_sums(part, eta: float, n_bins: int = 15) -> dict:
     on_label = np.where(hit, s, rest_y * factor)
     overflow = np.isinf(factor)
     if overflow.any():
-        divisor = tail[overflow] / (1.0 - s[overflow])
-        on_label[overflow] = np.where(hit[overflow], s[overflow], rest_y[overflow] / divisor)
+        # alpha_y = rest_y / tail first (in [0, 1]), then times 1 - s: dividing by
+        # tail / (1 - s) would round that quotient to the subnormal grid
+        alpha_y = rest_y[overflow] / tail[overflow]
+        on_label[overflow] = np.where(hit[overflow], s[overflow],
+                                      alpha_y * (1.0 - s[overflow]))
     # the repaired tail is w alpha, w = 1 - s (the tail itself where q is kept): its sum
     # of squares w^2 |alpha|^2 is finite for any tail, where the tail's own sum of squares
     # times factor^2 is inf or 0 * inf below a tail of ~2^-500

@@ -17,16 +17,16 @@ computes, in the same order up to the last step (so float64 agrees to rounding):
   operator, so R = m sqrt((x/m)^2 + (y/m)^2) with m = max(|x|, |y|); eta* is a constant,
   so its branch (eta* = 0, eta* <= 1, eta* > 1) is chosen at export time;
 - s = clip(H, I) (eq. 16) and p~ = s e_a + (1 - s) alpha (eq. 2), where rows with s == b
-  keep the stabilised q exactly, as ``reconstruct`` does. The tail is divided by
-  tail / (1 - s) (finite for every row) instead of multiplied by (1 - s) / tail, which
-  overflows when eta* < -1 meets a subnormal tail.
+  keep the stabilised q exactly, as ``reconstruct`` does. The tail is divided by the
+  tail sum first (alpha, in [0, 1]) and then multiplied by 1 - s: (1 - s) / tail overflows
+  when eta* < -1 meets a subnormal tail, and tail / (1 - s) rounds to its grid.
 
 Strict top-1 guarantee (the float32 fix-up). In exact arithmetic s >= rho/(1+rho) + eps
 makes p~_a exceed every other entry by at least (1 + rho) eps (eq. 23). In float32 the
 1e-12 offset is below the resolution of s, so a row whose s sits at the interval's lower
 end can round to p~_a == max_{j != a} p~_j, and the tie rule would then return the smaller
 index. The graph therefore computes the runner-up r = max_{j != a} p~_j exactly (the tail
-is (c1 q_j + c0) / D with per-row c1, D > 0, a monotone map, so its maximum is the map of
+is ((c1 q_j + c0) / T) M with per-row c1, T, M > 0, a monotone map, so its maximum is the map of
 max_{j != a} q_j) and replaces s by max(s, r * (1 + 4 u)), u the unit roundoff of the dtype.
 The product is at least two ulps above r, so it rounds strictly above r whenever r is a
 normal number; when r is subnormal, s >= 1/K already exceeds it. The correction moves
@@ -142,12 +142,15 @@ def build_repair(gb: GraphBuilder, p0_a: str, p0_on_boundary: str | None, calibr
     s = gb.op("Min", gb.op("Max", interior_response(gb, g, eta), lower),
               gb.const(1.0 - EPS_NUM), hint="s")
 
-    # p~_j = (c1 q_j + c0) / D for j != a with D = tail / (1 - s), i.e. (1 - s) alpha_j;
-    # rows with s == b keep the stabilised q (D = 1). Dividing by D rather than multiplying
-    # by (1 - s) / tail keeps every intermediate finite: with eta* < -1 a row whose tail is
-    # subnormal still has 1 - s = O(1), and (1 - s) / tail would overflow to inf.
-    divisor = gb.op("Where", gb.op("Equal", s, b), one, gb.div(tail, gb.sub(one, s)),
-                    hint="divisor")
+    # p~_j = ((c1 q_j + c0) / T) * M for j != a, with T = tail and M = 1 - s, i.e. alpha_j
+    # first (in [0, 1], so finite for every row) and then (1 - s) alpha_j as eq. 2 writes
+    # it; rows with s == b keep the stabilised q (T = M = 1). Multiplying by (1 - s) / tail
+    # would overflow for a subnormal tail with eta* < -1, and dividing by tail / (1 - s)
+    # rounds that quotient to the subnormal grid (rows 1e-10 off summing to 1 at a tail of
+    # 1e-314, 0.4 % at 3e-322), as ``cord_kernels._reconstruct`` explains.
+    same = gb.op("Equal", s, b, hint="same")
+    tail_or_one = gb.op("Where", same, one, tail, hint="tail_or_one")
+    mass = gb.op("Where", same, one, gb.sub(one, s), hint="mass")
     # In float32, 1 - delta rounds to 1: c1 is 1 on every row and its product is skipped.
     # So it is when the result is cast to float32: the factor moves the tail by a relative
     # 1e-10, far below float32's rounding (6e-8), and the [N, K] product costs a pass.
@@ -157,8 +160,8 @@ def build_repair(gb: GraphBuilder, p0_a: str, p0_on_boundary: str | None, calibr
         stab, top_stab = rest, top_raw
     else:
         stab, top_stab = gb.mul(rest, c1, hint="rest_stab"), gb.mul(top_raw, c1)
-    scaled = gb.div(gb.add(stab, c0), divisor, hint="tail_scaled")
-    runner_up = gb.div(gb.add(top_stab, c0), divisor, hint="runner_up")
+    scaled = gb.mul(gb.div(gb.add(stab, c0), tail_or_one), mass, hint="tail_scaled")
+    runner_up = gb.mul(gb.div(gb.add(top_stab, c0), tail_or_one), mass, hint="runner_up")
 
     if dtype != gb.dtype:
         # Casting is monotone, so the cast runner-up is still the maximum of the cast tail.

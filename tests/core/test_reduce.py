@@ -309,6 +309,28 @@ def test_repaired_metrics_stay_exact_for_tails_below_2_to_the_minus_500(seed, k,
     assert got["accuracy"] == metrics.accuracy(repaired, y)
 
 
+@pytest.mark.parametrize("eta", [-6.0, -3.0, -1.5])
+def test_repaired_metrics_of_tails_a_few_subnormal_units_wide(eta):
+    """Tails of ~1e-322 (tens of units of the subnormal grid) with the label in the tail:
+    the label's repaired entry is (1 - s) rest_y / tail. Dividing rest_y by tail / (1 - s)
+    rounded that quotient to the grid (NLL 1e-4 off at eta = -6 before the fix); expected:
+    the single-machine transform's metrics."""
+    from cord_ops.cord import set_fitted
+
+    k = 4
+    rng = np.random.default_rng(3)
+    z, y = _tiny_tail_logits(rng, 20, k, [739.0, 739.5, 740.0, 740.0])
+    y[20:] = (np.argmax(z[20:], axis=1) + 1) % k  # every extreme row's label in its tail
+    n = z.shape[0]
+    _, rows = _pass_rows(z, y, _identity_ts_state(k), split(n, [7, n - 2]))
+    assert np.all((rows["tail"][20:] > 0.0) & (rows["tail"][20:] < 1e-320))
+    got = metrics_from_sums([repaired_metric_sums(rows, eta)])
+    cord = set_fitted(CORD(), eta, 0.5, n, k)
+    repaired = cord.transform(softmax(z), softmax(z))
+    assert got["nll"] == pytest.approx(metrics.nll(repaired, y), rel=1e-13)
+    assert got["brier"] == pytest.approx(metrics.brier(repaired, y), rel=1e-13)
+
+
 def test_reduced_cord_fit_and_metrics_of_a_shard_with_tiny_and_subnormal_tails():
     """The brief's rows through the public path: a probability row [1 - 1e-160, 1e-160, ..]
     (as logits: log of it), a tail of 2^-600 and a subnormal tail (~1e-313), in separate

@@ -148,23 +148,27 @@ def test_exact_tie_in_q_keeps_the_original_class(name, cases, run_model):
         cases.assert_parity(outputs, expected, dtype)
 
 
+@pytest.mark.parametrize("eta, gap", [(-2.0, 725.0), (-3.0, 725.0), (-6.0, 742.5)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_subnormal_tails_stay_finite(dtype, cases, run_model):
-    """Rows whose other classes all sit near exp(-725) in float64 (subnormal, not zero, so
-    no stabilisation) with eta* < -1, where s stays near 1/2: the repair is eq. 2 with
-    alpha = q / tail. The graph divides by tail / (1 - s), never forming (1 - s) / tail,
-    which overflows there."""
+def test_subnormal_tails_stay_finite(dtype, eta, gap, cases, run_model):
+    """Rows whose other classes all sit near exp(-gap) in float64 (subnormal, not zero, so
+    no stabilisation) with eta* < -1, where s stays well below 1: the repair is eq. 2 with
+    alpha = q / tail. (1 - s) / tail overflows there, and tail / (1 - s) rounds to the
+    subnormal grid: the old graph was 1e-11 off eq. 2 at eta* = -3 and a tail of 1e-314,
+    and 6e-4 off (float32 too) at eta* = -6 and a tail of 3e-322; at eta* = -2, 1 - s is
+    ~1/2 and that quotient happened to be exact."""
     k = 10
     cal, fitted_cord = cases.fitted("ts", k, "logits")
-    cord = cases.with_eta(fitted_cord, -2.0)
+    cord = cases.with_eta(fitted_cord, eta)
     rng = np.random.default_rng(8)
     logits = rng.normal(0.0, 0.1, (6, k))
-    logits[np.arange(6), rng.integers(0, k, 6)] += 725.0 / cal.beta_
+    logits[np.arange(6), rng.integers(0, k, 6)] += gap / cal.beta_
     logits = logits.astype(np.float32)
     x = logits.astype(np.float64)
     original, calibrated = softmax(x), cal.predict_proba(x)
     assert (calibrated > 0).all() and (np.sort(calibrated, axis=1)[:, -2] < 1e-307).all()
     terms = repair_terms(original, calibrated, cord.local_weight)
+    assert terms.tail.max() < (1e-313 if gap < 740 else 1e-321)
     s = response(cord.eta_, terms)
     repaired = (1.0 - s)[:, None] * (terms.rest / terms.tail[:, None])
     repaired[np.arange(6), terms.label] = s
@@ -173,6 +177,8 @@ def test_subnormal_tails_stay_finite(dtype, cases, run_model):
     assert (s < 0.9).all()
     outputs = run_model(export_onnx(cal, cord, k, dtype=dtype), logits.astype(dtype))
     cases.assert_parity(outputs, expected, dtype)
+    sums = outputs["repaired"].astype(np.float64).sum(axis=1)
+    assert np.abs(sums - 1.0).max() <= 10 * k * np.finfo(dtype).eps
 
 
 @pytest.mark.parametrize("name", ["irova", "irm"])
