@@ -14,7 +14,9 @@ Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
   a covariate-like shift towards hard inputs.
 
 For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
-probabilities), CBPE on the champion, ATC, DoC and CBPE after the EM prior correction; and
+probabilities), the champion's mean top-1 probability (``mean_conf``, CBPE without the
+reference split's isotonic map), CBPE on the champion, ATC, DoC and CBPE after the EM
+prior correction; and
 whether ``flows.monitoring.label_free.alert_reasons`` alarms at the default thresholds
 (false alarms on (i), detection on (ii) and (iii)). With ``--nannyml PYTHON`` (an interpreter with
 nannyml installed) NannyML's CBPE (accuracy, its own isotonic calibration on the
@@ -45,7 +47,7 @@ from flows.monitoring.label_free import Thresholds, alert_reasons
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-ESTIMATORS = ("cbpe_raw", "cbpe", "atc", "doc", "cbpe_prior")
+ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "atc", "doc", "cbpe_prior")
 SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence")
 #: What each alarm reason starts with (flows.monitoring.label_free.alert_reasons).
 CAUSES = {"ks": "ks drift", "chi2": "chi2 drift", "accuracy": "estimated accuracy",
@@ -102,7 +104,8 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
             rows = draw(rng, scenario, pool_y, raw_conf, size, k)
             est = profile.estimate(pool_q[rows])
             realised = float(np.mean(pool_p0[rows].argmax(axis=1) == pool_y[rows]))
-            values = {"cbpe_raw": lf.cbpe_accuracy(pool_p0[rows]), "cbpe": est.cbpe,
+            values = {"cbpe_raw": lf.cbpe_accuracy(pool_p0[rows]),
+                      "mean_conf": est.mean_confidence, "cbpe": est.cbpe,
                       "atc": est.atc, "doc": est.doc, "cbpe_prior": est.prior_corrected}
             for e in ESTIMATORS:
                 errors[scenario][e].append(abs(values[e] - realised))

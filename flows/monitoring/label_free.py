@@ -180,19 +180,20 @@ def alert_reasons(est: label_free.Estimates, profile: label_free.ReferenceProfil
                   thresholds: Thresholds) -> list[str]:
     """Why the batch is an alert, in words ([] for none).
 
-    The accuracy drop is CBPE on the reference split minus CBPE on the batch (equivalently
-    the reference accuracy minus the DoC estimate): a champion whose CBPE is off by a few
-    points everywhere does not alarm on steady traffic. The prior shift counts beyond the
+    The accuracy drop is CBPE on the reference split minus CBPE on the batch, both through
+    the reference split's isotonic map (so the reference's CBPE is its accuracy): a
+    champion whose mean confidence is off by a few points everywhere does not alarm on
+    steady traffic. The prior shift counts beyond the
     99th percentile of what EM shows on reference-like batches of this size
     (:meth:`cord_ops.label_free.ReferenceProfile.prior_noise`), so a small batch or a
     large K does not alarm on noise alone."""
     reasons = [f"{test.test} drift: p = {test.p_value:.3g} < {thresholds.alpha:g} "
                f"(statistic {test.statistic:.4g})"
                for test in est.drift if test.p_value < thresholds.alpha]
-    drop = profile.mean_confidence_ - est.cbpe
+    drop = profile.cbpe_ - est.cbpe
     if drop > thresholds.max_accuracy_drop:
         reasons.append(f"estimated accuracy fell by {drop:.4f} (CBPE {est.cbpe:.4f} on the "
-                       f"batch, {profile.mean_confidence_:.4f} on the reference split; "
+                       f"batch, {profile.cbpe_:.4f} on the reference split; "
                        f"> {thresholds.max_accuracy_drop:g})")
     allowed = thresholds.max_prior_shift + profile.prior_noise(est.n)
     if est.prior_shift > allowed:
@@ -290,9 +291,11 @@ def estimate_values(est: label_free.Estimates, cbpe_raw: float,
     values = {"batch.n": est.n, "estimate.cbpe": est.cbpe, "estimate.cbpe_raw": cbpe_raw,
               "estimate.atc": est.atc, "estimate.doc": est.doc,
               "estimate.cbpe_prior": est.prior_corrected,
-              "estimate.accuracy_drop": profile.mean_confidence_ - est.cbpe,
+              "estimate.mean_confidence": est.mean_confidence,
+              "estimate.accuracy_drop": profile.cbpe_ - est.cbpe,
               "reference.accuracy": reference_accuracy,
-              "reference.cbpe": profile.mean_confidence_,
+              "reference.cbpe": profile.cbpe_,
+              "reference.mean_confidence": profile.mean_confidence_,
               "em.iterations": est.em_iterations, "em.converged": float(est.em_converged),
               "prior.shift_tv": est.prior_shift}
     for test in est.drift:

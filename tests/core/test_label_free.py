@@ -121,6 +121,28 @@ def test_cbpe_of_calibrated_rows_meets_the_accuracy():
     assert abs(lf.cbpe_accuracy(probs) - accuracy) < 0.01  # 3.5 standard errors
 
 
+def test_cbpe_maps_each_confidence_through_the_reference_isotonic_fit():
+    """Reference top-1 confidences 0.6, 0.7, 0.8, 0.9 with correctness 1, 0, 1, 1: the pool
+    of adjacent violators makes 0.6 and 0.7 both 1/2, 0.8 and 0.9 both 1; between the
+    fitted points the map is linear, outside it is clipped. Batch confidences 0.65, 0.75,
+    0.95, 0.55 -> 1/2, 3/4, 1, 1/2."""
+    def rows(confidences):
+        c = np.asarray(confidences)
+        return np.column_stack([c, 1.0 - c])
+
+    profile = lf.ReferenceProfile().fit(rows([0.6, 0.7, 0.8, 0.9]), [0, 1, 0, 0])
+    est = profile.estimate(rows([0.65, 0.75, 0.95, 0.55]))
+    assert est.cbpe == pytest.approx((0.5 + 0.75 + 1.0 + 0.5) / 4, abs=1e-15)
+    assert est.mean_confidence == pytest.approx((0.65 + 0.75 + 0.95 + 0.55) / 4, abs=1e-15)
+    assert profile.cbpe_ == pytest.approx(0.75, abs=1e-15)  # the reference's accuracy
+    assert profile.mean_confidence_ == pytest.approx(0.75, abs=1e-15)
+    # no prior shift is estimated on these rows' own mean: the prior-corrected CBPE maps
+    # the same confidences
+    same = profile.estimate(rows([0.6, 0.7, 0.8, 0.9]))
+    assert same.prior_corrected == pytest.approx(same.cbpe, abs=1e-9)
+    assert same.cbpe == pytest.approx(0.75, abs=1e-12)
+
+
 # ---------------------------------------------------------------- properties
 @settings(max_examples=150, deadline=None)
 @given(labelled_rows())
@@ -131,7 +153,10 @@ def test_profile_on_its_own_reference_sees_no_shift(case):
     correct = probs.argmax(axis=1) == labels
     assert est.doc == pytest.approx(correct.mean(), abs=1e-12)
     assert est.atc >= correct.mean() - 1e-12  # equal but for ties at the threshold
-    assert est.cbpe == pytest.approx(probs.max(axis=1).mean(), abs=1e-12)
+    # through the reference's own isotonic map, CBPE of the reference is its accuracy
+    assert est.cbpe == pytest.approx(correct.mean(), abs=1e-12)
+    assert profile.cbpe_ == pytest.approx(correct.mean(), abs=1e-12)
+    assert est.mean_confidence == pytest.approx(probs.max(axis=1).mean(), abs=1e-12)
     assert est.em_converged and est.em_iterations <= 2
     assert est.priors == pytest.approx(probs.mean(axis=0), abs=1e-9)
     assert est.prior_shift <= 1e-9 and est.prior_corrected == pytest.approx(est.cbpe, abs=1e-9)
