@@ -69,8 +69,11 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/cord.py": _CORD_TESTS,
     "cord_ops/cord_kernels.py": _CORD_TESTS,
     "cord_ops/cord_solve.py": _CORD_TESTS,
-    "cord_ops/reduce.py": ["tests/core/test_reduce.py", "tests/core/test_mutation_gaps.py"],
-    "cord_ops/partition_sums.py": ["tests/core/test_reduce.py",
+    # test_reduce_mutants.py's unit tests first: they decide most kills in ~4 s
+    "cord_ops/reduce.py": ["tests/core/test_reduce_mutants.py", "tests/core/test_reduce.py",
+                           "tests/core/test_mutation_gaps.py"],
+    "cord_ops/partition_sums.py": ["tests/core/test_reduce_mutants.py",
+                                   "tests/core/test_reduce.py",
                                    "tests/core/test_mutation_gaps.py"],
     "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py"],
     "cord_ops/calibrators/temperature.py": [
