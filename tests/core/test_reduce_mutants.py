@@ -272,6 +272,28 @@ def test_metric_sums_count_each_kind_of_top_1_change():
     assert plain["brier"] == exact_sum(np.sum(q * q, axis=1) - 2.0 * q[np.arange(5), y] + 1.0)
 
 
+def test_metric_sums_use_the_known_reference_top_1_and_read_float32_as_float64():
+    p0 = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]])
+    q = np.array([[0.2, 0.5, 0.3], [0.1, 0.6, 0.3]], dtype=np.float32)
+    y = np.array([1, 1])
+    # no reference array in the partition: only the given top-1 classes are read
+    got = metric_sums({"labels": y, "q": q}, "q", "p0", reference_top=np.array([0, 1]))
+    assert (got["changed"], got["c_plus"], got["c_minus"], got["c_zero"]) == (1, 1, 0, 0)
+    want = metric_sums({"labels": y, "q": q.astype(np.float64), "p0": p0}, "q", "p0")
+    assert got == {key: want[key] for key in got if key != "counts" and key != "acc"} | {
+        "counts": got["counts"], "acc": got["acc"]}
+    np.testing.assert_array_equal(got["counts"], want["counts"])
+    q64 = q.astype(np.float64)
+    assert got["brier"] == exact_sum(np.sum(q64 * q64, 1) - 2.0 * q64[[0, 1], y] + 1.0)
+
+
+def test_rows_counts_the_labels():
+    from cord_ops.partition_sums import rows
+
+    assert rows({"labels": np.zeros(7, dtype=int), "scores": np.zeros((7, 3))}) == 7
+    assert type(rows({"labels": np.zeros(0, dtype=int)})) is int
+
+
 # ------------------------------------------------------------- partition_sums: TS and VS sums
 
 
@@ -850,12 +872,59 @@ def test_sample_factor_is_the_mean_hessian_with_a_tiny_ridge():
     h = _vs_reference(z, y, theta[:, 0], theta[:, 1])[2] / 60
     h[np.diag_indices_from(h)] += 1e-10 * max(1.0, float(np.max(np.diag(h))))
     np.testing.assert_allclose(got, h, rtol=1e-10, atol=1e-15)
+    big = _sample_factor({"scores": 5.0 * z, "labels": y}, theta, "logits", 1e-4)[0]
+    plain = _vs_reference(5.0 * z, y, theta[:, 0], theta[:, 1])[2] / 60
+    assert np.max(np.diag(plain)) > 2.0  # the ridge scales with the largest diagonal entry
+    np.testing.assert_allclose(np.diag(np.triu(big).T @ np.triu(big)) - np.diag(plain),
+                               1e-10 * np.max(np.diag(plain)), rtol=1e-3)
     tiny = _sample_factor({"scores": z * 1e-3, "labels": y}, theta * 1e-3, "logits", 1e-4)
     u = np.triu(tiny[0])
     h = _vs_reference(z * 1e-3, y, theta[:, 0] * 1e-3, theta[:, 1] * 1e-3)[2] / 60
     # every diagonal entry below 1: the ridge is 1e-10 itself
     assert np.max(np.diag(h)) < 1.0
     np.testing.assert_allclose(np.diag(u.T @ u), np.diag(h) + 1e-10, rtol=1e-9, atol=1e-18)
+
+
+def test_sample_factor_and_vs_start_of_probabilities_use_the_floor():
+    z, y = logit_rows(25, 200, 3)
+    p = softmax(z * 3.0)
+    p[:20, 0] = 0.0  # entries the floor lifts
+    p /= p.sum(axis=1, keepdims=True)
+    x = np.log(np.maximum(p, 1e-3))
+    theta = np.column_stack([[1.0, 0.8, 1.2], [0.0, 0.1, -0.1]])
+    c = np.triu(_sample_factor({"scores": p, "labels": y}, theta, "probs", 1e-3)[0])
+    h = _vs_reference(x, y, theta[:, 0], theta[:, 1])[2] / 200
+    np.testing.assert_allclose(c.T @ c, h, rtol=1e-8, atol=1e-9)
+    ref = make_calibrator("vs", input_kind="probs", prob_floor=1e-3).fit(p, y)
+    theta, factor = _vs_start((p, y), 3, "probs", 1e-3, 1e-6)
+    np.testing.assert_array_equal(theta, np.column_stack([ref.weights_, ref.bias_]))
+    want = _sample_factor({"scores": p, "labels": y}, theta, "probs", 1e-3)
+    np.testing.assert_array_equal(factor[0], want[0])
+
+
+def test_vs_start_refines_a_larger_sample_of_probabilities(monkeypatch):
+    import cord_ops.reduce as reduce_module
+
+    monkeypatch.setattr(reduce_module, "START_ROWS", 100)
+    z, y = logit_rows(26, 600, 3)
+    p = softmax(z * 3.0)
+    whole = make_calibrator("vs", input_kind="probs", prob_floor=1e-3).fit(p, y)
+    theta, factor = _vs_start((p, y), 3, "probs", 1e-3, 1e-8)
+    np.testing.assert_allclose(theta[:, 0], whole.weights_, atol=1e-6)
+    want = _sample_factor({"scores": p, "labels": y}, theta, "probs", 1e-3)
+    np.testing.assert_array_equal(factor[0], want[0])
+
+
+def test_vs_start_on_exactly_start_rows_is_not_refined(monkeypatch):
+    """A sample of START_ROWS rows is the in-memory fit itself, bit for bit, even with a
+    gtol the in-memory fit did not reach."""
+    import cord_ops.reduce as reduce_module
+
+    monkeypatch.setattr(reduce_module, "START_ROWS", 300)
+    z, y = logit_rows(27, 300, 4)
+    ref = make_calibrator("vs", prob_floor=1e-4).fit(z, y)
+    theta, _ = _vs_start((z, y), 4, "logits", 1e-4, 0.0)
+    np.testing.assert_array_equal(theta, np.column_stack([ref.weights_, ref.bias_]))
 
 
 def test_vs_start_on_a_small_sample_is_the_in_memory_fit():
@@ -922,6 +991,44 @@ def test_fit_vector_warns_at_max_iter_naming_passes_and_limit(sample):
     assert len(params["weights"]) == len(params["bias"]) == 3
 
 
+def test_reduced_vector_problem_sums_partitions_and_splits_theta():
+    from cord_ops.reduce import _ReducedVectorProblem
+
+    z, y = logit_rows(24, 90, 3)
+    parts = [{"scores": z[:30], "labels": y[:30]}, {"scores": z[30:], "labels": y[30:]}]
+    problem = _ReducedVectorProblem(local_reduce(parts), 90, "logits", 1e-4)
+    theta = np.column_stack([[1.0, 0.9, 1.1], [0.0, 0.2, -0.1]])
+    nll, grad, h = _vs_reference(z, y, theta[:, 0], theta[:, 1])
+    loss, g, d = problem.value_grad(theta)
+    assert loss == pytest.approx(nll / 90, rel=1e-13)
+    np.testing.assert_allclose(g, grad / 90, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(d, h / 90, rtol=1e-11, atol=1e-14)
+    copy = problem.hessian(d)
+    np.testing.assert_array_equal(copy, d)
+    assert copy is not d and problem.full is False
+    w, b = problem.split(theta)
+    np.testing.assert_array_equal(w, [1.0, 0.9, 1.1])
+    np.testing.assert_array_equal(b, [0.0, 0.2, -0.1])
+
+
+class RisingNewton:
+    """A stand-in for the Newton path's sums (NLL, gradient, Hessian): the value rises
+    everywhere off the identity start, so the line search stalls at the first step."""
+
+    def __call__(self, fn, w, b, input_kind, floor):
+        assert fn is vs_newton_sums
+        at_start = np.all(w == 1.0) and not np.any(b)
+        k = w.size
+        return [(0.0 if at_start else 1.0, np.ones((k, 2)), np.eye(2 * k))]
+
+
+def test_fit_vector_reports_the_default_max_iter():
+    with pytest.warns(Warning, match=r"^vs: optimiser stopped before convergence \(line search "
+                                     r"stalled; 1 iterations, max_iter=1000\);"):
+        params, _ = fit_vector(RisingNewton(), 10, 2)
+    assert params == {"weights": [1.0, 1.0], "bias": [0.0, 0.0]}
+
+
 def test_fit_vector_without_sample_starts_from_the_identity():
     z, y = logit_rows(15, 300, 3)
     params, _ = fit_vector(local_reduce([{"scores": z, "labels": y}]), 300, 3, gtol=1e3)
@@ -951,27 +1058,32 @@ def test_calibrator_from_sums_keeps_kind_classes_and_the_sample_start(name):
             <= 1e-9 * metrics.nll(ref.predict_proba(p), y)
 
 
-def test_ts_from_sums_with_a_sample_and_settle_stops_after_one_step():
+@pytest.mark.parametrize("kind", ["logits", "probs"])
+def test_ts_from_sums_with_a_sample_and_settle_stops_after_one_step(kind):
     """settle = 0.5: the sample's beta is within 50 % of the optimum, so the first Halley
     step (written out with numpy's moments) is returned."""
     z, y = logit_rows(17, 3000, 5)
-    parts = [{"scores": z[:1000], "labels": y[:1000]}, {"scores": z[1000:], "labels": y[1000:]}]
-    ref = make_calibrator("ts").fit(z, y).beta_
-    start = make_calibrator("ts").fit(z[:300], y[:300]).beta_
-    loose = fit_calibrator_from_sums("ts", local_reduce(parts), 3000, 5,
-                                     sample=(z[:300], y[:300]), settle=0.5)
-    zs = z - z.max(axis=1, keepdims=True)
+    scores = softmax(z) if kind == "probs" else z
+    parts = [{"scores": scores[:1000], "labels": y[:1000]},
+             {"scores": scores[1000:], "labels": y[1000:]}]
+    ref = make_calibrator("ts", input_kind=kind).fit(scores, y)
+    start = make_calibrator("ts", input_kind=kind).fit(scores[:300], y[:300]).beta_
+    loose = fit_calibrator_from_sums("ts", local_reduce(parts), 3000, 5, input_kind=kind,
+                                     sample=(scores[:300], y[:300]), settle=0.5)
+    x = np.log(np.maximum(scores, ref.prob_floor)) if kind == "probs" else scores
+    zs = x - x.max(axis=1, keepdims=True)
     q = softmax(start * zs)
     m1 = np.sum(q * zs, 1)
     c = zs - m1[:, None]
     g = np.mean(m1 - zs[np.arange(3000), y])
     g1, g2 = np.mean(np.sum(q * c * c, 1)), np.mean(np.sum(q * c**3, 1))
     step = start - 2.0 * g * g1 / (2.0 * g1 * g1 - g * g2)
-    assert abs(start - ref) > 1e-6 * ref
+    assert abs(start - ref.beta_) > 1e-6 * ref.beta_
     assert loose.beta_ == pytest.approx(step, rel=1e-12)
-    tight = fit_calibrator_from_sums("ts", local_reduce(parts), 3000, 5,
-                                     sample=(z[:300], y[:300]))
-    assert abs(tight.beta_ - ref) <= 1e-10 * ref and abs(loose.beta_ - ref) > 1e-10 * ref
+    tight = fit_calibrator_from_sums("ts", local_reduce(parts), 3000, 5, input_kind=kind,
+                                     sample=(scores[:300], y[:300]))
+    assert abs(tight.beta_ - ref.beta_) <= 1e-10 * ref.beta_
+    assert abs(loose.beta_ - ref.beta_) > 1e-10 * ref.beta_
 
 
 def test_calibrator_state_layout():
@@ -1012,6 +1124,26 @@ def test_reduced_mean_decides_on_both_sides_of_mu(eta):
     assert not near.at_most(eta, math.nextafter(mean, -1.0))
     near = _ReducedMean(local_reduce(halves), 500)
     assert not near.at_most(eta, math.nextafter(mean, -1.0)) and not near.screening
+
+
+def test_a_far_step_reads_only_the_estimate_and_a_near_one_the_exact_sum():
+    part = _part_scalars(28, 200, 4)
+    calls = []
+
+    def reduce(fn, *args):
+        calls.append(fn)
+        return local_reduce([part])(fn, *args)
+
+    mean = _response_mean(1.5, part)
+    reduced = _ReducedMean(reduce, 200)
+    assert reduced.at_least(1.5, mean - 1e-3) and not reduced.at_most(1.5, mean - 1e-3)
+    assert calls == [cord_response_estimate, cord_response_estimate]
+    calls.clear()
+    assert reduced.at_least(1.5, mean)
+    assert calls == [cord_response_estimate, cord_response_sum]
+    calls.clear()
+    assert reduced.at_most(1.5, mean)  # screening is off now: the exact sum alone
+    assert calls == [cord_response_sum]
 
 
 def test_reduced_mean_never_screens_at_eta_zero():
