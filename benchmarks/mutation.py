@@ -222,6 +222,20 @@ _C_ONLY_NONE = ("the only scalar that reaches this line is None (numbers return 
                 "numeric array, str and bool are refused above): isscalar(None) is False as "
                 "isscalar(value) is")
 
+# Reasons shared by several of cord_ops/reduce.py's equivalent survivors.
+_R_STRICT = ("alphas gets one entry per memory pair in the first loop, so the second loop's "
+             "zip has equal lengths: strict never raises")
+_R_OPTIONS = ("the options drop input_kind and prob_floor, the only constructor parameters "
+              "input_kind sets: the same defaults for either kind")
+_R_FLOOR = ("cal is read only for its prob_floor, whose default (machine epsilon) is the same "
+            "for logits and probabilities")
+_R_TS_CAL = "cal is read only for its prob_floor, which max_iter does not set"
+_R_TS_NAME = "name='ts' is solve_inverse_temperature's default"
+_R_START_K = "_vs_start never reads k (the sample's width is K)"
+_R_NEVER_EQUAL = ("a screened estimate is returned only when further than the margin (> 0) "
+                  "from mu, so it never equals mu")
+
+
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
 ACCEPTED: dict[str, str] = {
     # cord_ops/cord_solve.py: the screen is an optimisation; the exact mean decides the same
@@ -605,6 +619,32 @@ ACCEPTED: dict[str, str] = {
     'if float(lease.get("expires", 1)) <= now:':
         "a lease without an expiry is expired at any time.time() from 1 s after the epoch on; "
         "the two defaults differ only for a clock before 1970-01-01 00:00:01",
+    # cord_ops/reduce.py and cord_ops/partition_sums.py (round 10); their einsum subscripts
+    # upper-cased are ACCEPTED_RULES
+    'cord_ops/reduce.py::_two_loop::for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=True): -> for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=None):':  # noqa: E501 - a key is one source line
+        _R_STRICT,
+    'cord_ops/reduce.py::_two_loop::for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=True): -> for (s_k, y_k, rho), a in zip(memory, reversed(alphas), ):':  # noqa: E501 - a key is one source line
+        _R_STRICT,
+    'cord_ops/reduce.py::_two_loop::for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=True): -> for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=False):':  # noqa: E501 - a key is one source line
+        _R_STRICT,
+    'cord_ops/reduce.py::calibrator_state::make_calibrator(name, input_kind=input_kind).get_params().items() -> make_calibrator(name, ).get_params().items()':  # noqa: E501 - a key is one source line
+        _R_OPTIONS,
+    'cord_ops/reduce.py::fit_temperature::cal = make_calibrator("ts", input_kind=input_kind, max_iter=max_iter) -> cal = make_calibrator("ts", max_iter=max_iter)':  # noqa: E501 - a key is one source line
+        _R_FLOOR,
+    'cord_ops/reduce.py::fit_temperature::cal = make_calibrator("ts", input_kind=input_kind, max_iter=max_iter) -> cal = make_calibrator("ts", input_kind=input_kind, )':  # noqa: E501 - a key is one source line
+        _R_TS_CAL,
+    'cord_ops/reduce.py::fit_temperature::max_iter=max_iter, name="ts"))}, floor -> max_iter=max_iter, ))}, floor':  # noqa: E501 - a key is one source line
+        _R_TS_NAME,
+    'cord_ops/reduce.py::fit_vector::cal = make_calibrator("vs", input_kind=input_kind) -> cal = make_calibrator("vs", )':  # noqa: E501 - a key is one source line
+        _R_FLOOR,
+    'cord_ops/reduce.py::fit_vector::theta, factor = _vs_start(sample, k, input_kind, floor, gtol) -> theta, factor = _vs_start(sample, None, input_kind, floor, gtol)':  # noqa: E501 - a key is one source line
+        _R_START_K,
+    'cord_ops/reduce.py::_ReducedMean.at_least::return self.exact(eta) >= mu if estimate is None else estimate > mu -> return self.exact(eta) >= mu if estimate is None else estimate >= mu':  # noqa: E501 - a key is one source line
+        _R_NEVER_EQUAL,
+    'cord_ops/partition_sums.py::_row_metric_sums::bins = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1) -> bins = np.clip(np.searchsorted(edges, conf, ) - 1, 0, n_bins - 1)':  # noqa: E501 - a key is one source line
+        _M_SIDE,
+    'cord_ops/partition_sums.py::_row_metric_sums::"acc": np.bincount(bins, weights=correct.astype(np.float64), -> "acc": np.bincount(bins, weights=correct.astype(None),':  # noqa: E501 - a key is one source line
+        _M_DTYPE,
 }
 
 def _without_node_names(line: str) -> str:
@@ -613,12 +653,21 @@ def _without_node_names(line: str) -> str:
     return re.sub(r",\s*(,|\))", r"\1", line).replace("(, ", "(")
 
 
-#: Classes of survivors equivalent by construction, as (module prefix, rule, why).
+def _einsum_upper(line: str) -> str:
+    """A source line with its einsum subscripts upper-cased (mutmut's string mutation)."""
+    return re.sub(r'einsum\("([^"]*)"', lambda m: f'einsum("{m.group(1).upper()}"', line)
+
+
+#: Classes of survivors equivalent by construction, as (module prefix or prefixes, rule,
+#: why).
 ACCEPTED_RULES = [
     ("onnx_export/",
      lambda old, new: old != new and _without_node_names(old) == _without_node_names(new),
      "changes only a node's name hint: GraphBuilder.fresh turns any hint (None: the op "
      "type) into a unique tensor name, and no output's name comes from a hint"),
+    (("cord_ops/reduce.py", "cord_ops/partition_sums.py"),
+     lambda old, new: old != new and _einsum_upper(old) == new,
+     "einsum subscripts are letters: upper case names the same axes"),
 ]
 
 

@@ -255,6 +255,13 @@ def test_row_metric_sums_with_other_bin_counts():
                            fraction_sum(conf[4:])]
 
 
+def test_a_confidence_rounded_above_one_counts_in_the_top_bin():
+    conf = np.array([1.0, math.nextafter(1.0, 2.0), 0.5])
+    got = _row_metric_sums(conf, np.ones(3, bool), np.full(3, 0.5), np.full(3, 0.5), 4)
+    np.testing.assert_array_equal(got["counts"], [0, 1, 0, 2])
+    assert len(got["conf"]) == 4 and got["conf"][3] == fraction_sum(conf[:2])
+
+
 def test_metric_sums_count_each_kind_of_top_1_change():
     """Rows: kept correct, kept wrong, wrong -> right (+), right -> wrong (-), wrong ->
     other wrong (0)."""
@@ -400,6 +407,20 @@ def test_cord_partition_pass_rows_are_the_single_machine_terms(kind):
                                atol=1e-12)
 
 
+def test_cord_partition_pass_reads_float32_scores_as_float64():
+    z, y = logit_rows(30, 60, 4)
+    z32 = z.astype(np.float32)
+    state = make_calibrator("vs").fit(z, y).to_dict()
+    got = cord_partition_pass({"scores": z32, "labels": y}, state, "logits", 0.5, 0,
+                              metrics=True, temperature=True)
+    want = cord_partition_pass({"scores": z32.astype(np.float64), "labels": y}, state,
+                               "logits", 0.5, 0, metrics=True, temperature=True)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert got[key].dtype == want[key].dtype, key
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
 def test_cord_partition_pass_without_options_keeps_only_the_scalars_and_names_rows():
     z, y = logit_rows(7, 20, 3)
     state = make_calibrator("ts").fit(z, y).to_dict()
@@ -456,17 +477,20 @@ def metrics_from(sums):
 
 
 def test_repaired_label_entries_of_kept_and_overflowing_rows():
-    """Hand-made rows: kept (s == b: q's entry, factor 1), moved (factor (1 - s) / tail)
-    and a subnormal tail whose factor overflows (the entry divides by tail / (1 - s))."""
+    """Hand-made rows: kept (s == b: q's entry, factor 1, its own tail in the sum of
+    squares: 0.3 here, not 1 - s), moved (factor (1 - s) / tail) and a subnormal tail whose
+    factor overflows (the entry divides by tail / (1 - s), without a warning)."""
     part = {"g": np.array([0.6, 0.3, 0.3]), "lower": np.array([0.1, 0.1, 0.1]),
-            "b": np.array([0.6, 0.5, 0.5]), "tail": np.array([0.4, 0.5, 1e-320]),
+            "b": np.array([0.6, 0.5, 0.5]), "tail": np.array([0.3, 0.5, 1e-320]),
             "rest_y": np.array([0.1, 0.2, 4e-321]), "hit": np.array([False, False, False]),
             "alpha_sq": np.array([0.5, 0.6, 0.7]), "labels": np.array([1, 1, 1])}
     eta = 0.0  # s = g: row 0 kept (0.6 == b), rows 1 and 2 moved to 0.3
-    got = repaired_metric_sums(part, eta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = repaired_metric_sums(part, eta)
     on_label = np.array([0.1, 0.2 * (0.7 / 0.5), 4e-321 / (1e-320 / 0.7)])
     assert got["nll"] == exact_sum(-np.log(np.clip(on_label, PROB_FLOOR, 1 - PROB_FLOOR)))
-    sum_sq = np.array([0.36 + 0.4**2 * 0.5, 0.09 + 0.7**2 * 0.6, 0.09 + 0.7**2 * 0.7])
+    sum_sq = np.array([0.36 + 0.3**2 * 0.5, 0.09 + 0.7**2 * 0.6, 0.09 + 0.7**2 * 0.7])
     assert got["brier"] == exact_sum(sum_sq - 2.0 * on_label + 1.0)
     np.testing.assert_array_equal(got["counts"], np.bincount([4, 8, 4], minlength=15))
     hit = {**part, "hit": np.array([True, True, True])}
@@ -611,6 +635,36 @@ def test_halley_denominator_must_be_positive():
     assert reduce.calls[1][1] == math.sqrt(0.5 * BETA_BOUNDS[1])
 
 
+def test_halley_with_a_zero_denominator_takes_the_midpoint():
+    """g = 1/2, g' = 1/2, g'' = 1 at the start: 2 g'^2 - g g'' = 0 exactly."""
+
+    class Zero(SlopeSums):
+        def __call__(self, fn, beta, input_kind, floor, labels=False):
+            out = super().__call__(fn, beta, input_kind, floor, labels)
+            if beta == 3.0:
+                return [(units(0.5), units(0.5), units(1.0), *out[0][3:])]
+            return out
+
+    reduce = Zero(2.0)
+    _halley(reduce, 1, "logits", 1e-4, 3.0, 100, None)
+    assert reduce.calls[1][1] == math.sqrt(BETA_BOUNDS[0] * 3.0)
+
+
+class Creep(SlopeSums):
+    """g = 1, g' = 1 / (3e-12 beta), g'' = 0 everywhere: every Halley step moves beta down
+    by 3e-12 relative, just over BETA_RTOL, inside the bracket: it never converges."""
+
+    def __call__(self, fn, beta, input_kind, floor, labels=False):
+        self.calls.append((fn, beta, input_kind, floor, labels))
+        out = (units(1.0), units(1.0 / (3e-12 * beta)), 0)
+        return [out + (0,)] if labels else [out]
+
+
+def test_fit_temperature_stops_at_its_default_max_iter():
+    with pytest.warns(Warning, match=r"\(100 Halley steps, max_iter=100\)"):
+        fit_temperature(Creep(1.0), 1, start=2.0)
+
+
 def test_halley_stops_at_max_iter_with_the_warning():
     reduce = SlopeSums(2.0)
     with pytest.warns(Warning, match=r"^ts: optimiser stopped before convergence \(2 Halley "
@@ -642,7 +696,8 @@ def test_fit_temperature_without_start_asks_for_the_labels_once():
     assert [c[4] for c in reduce.calls] == [True] + [False] * (len(reduce.calls) - 1)
     assert all(c[0] is ts_moment_sums and c[2:4] == ("logits", 1e-5) for c in reduce.calls)
     reduce = SlopeSums(2.0)
-    with pytest.warns(Warning, match=r"max_iter=2\b"):
+    with pytest.warns(Warning, match=r"^ts: optimiser stopped before convergence \(2 "
+                                     r"Newton/bisection steps, max_iter=2\);"):
         fit_temperature(reduce, 1, max_iter=2)
 
 
@@ -859,6 +914,109 @@ def test_preconditioned_stops_on_a_decrease_at_float64_resolution(loss, drop, ex
     got = _preconditioned(reduce, 1, np.zeros((2, 2)), cho_factor(np.eye(4)), "logits", 1e-4,
                           2, 1e-12)
     assert got[1:] == expected
+
+
+class Dip:
+    """A stand-in with value ``start`` at theta0 = 0, ``value(theta)`` elsewhere and the
+    constant gradient ``grad`` (sums of n rows), recording every theta it is asked at."""
+
+    def __init__(self, grad, value, start=0.0, n=1):
+        self.grad, self.value, self.start, self.n, self.thetas = grad, value, start, n, []
+
+    def __call__(self, fn, w, b, input_kind, floor):
+        theta = np.column_stack([w, b])
+        self.thetas.append(theta)
+        f = self.start if not np.any(theta) else self.value(theta)
+        return [(f * self.n, np.asarray(self.grad, dtype=np.float64).reshape(-1, 2) * self.n)]
+
+
+def test_preconditioned_falls_back_to_the_gradient_when_the_slope_underflows():
+    """A preconditioner of 1e-308 (cho_factor of 1e308 I) and a gradient of 1e-10: the
+    L-BFGS slope -g H g underflows to -0.0, not a descent direction, so the step is -g
+    with the slope -|g|^2 (the Armijo test at t = 1 accepts a decrease of 1e-10)."""
+    g = np.array([[1e-10, 2e-10]])
+    reduce = Dip(g, lambda theta: -1e-10)
+    got = _preconditioned(reduce, 1, np.zeros((1, 2)), cho_factor(1e308 * np.eye(2)),
+                          "logits", 1e-4, 1, 1e-12)
+    np.testing.assert_array_equal(got[0], -g)
+    assert got[1:] == (1, False, "max_iter reached")
+    # a rise of 1e-30 is refused at every t: the fallback's slope is negative
+    reduce = Dip(g, lambda theta: 1e-30)
+    got = _preconditioned(reduce, 1, np.zeros((1, 2)), cho_factor(1e308 * np.eye(2)),
+                          "logits", 1e-4, 5, 1e-12)
+    assert got[1:] == (1, False, "line search stalled") and len(reduce.thetas) == 41
+    # the fallback's slope is -|g|^2, not -sum(g / g): a dip of 1e-10 passes Armijo at t = 1
+    np.testing.assert_array_equal(reduce.thetas[1], -g)
+
+
+def test_preconditioned_armijo_test_is_inclusive_and_scales_with_t():
+    g = np.array([[1.0, 0.0]])
+    # slope -1 at t = 1: a decrease of exactly 1e-4 is enough
+    reduce = Dip(g, lambda theta: -1e-4)
+    got = _preconditioned(reduce, 1, np.zeros((1, 2)), cho_factor(np.eye(2)), "logits", 1e-4,
+                          1, 1e-12)
+    np.testing.assert_array_equal(got[0], -g)
+    assert len(reduce.thetas) == 2
+    # refused at t = 1 (a rise), accepted at t = 1/2 (needs 0.5e-4, gets 1e-4)
+    reduce = Dip(g, lambda theta: 1.0 if theta[0, 0] < -0.75 else -1e-4)
+    got = _preconditioned(reduce, 1, np.zeros((1, 2)), cho_factor(np.eye(2)), "logits", 1e-4,
+                          1, 1e-12)
+    np.testing.assert_array_equal(got[0], -0.5 * g)
+    assert len(reduce.thetas) == 3
+
+
+def test_preconditioned_divides_the_value_by_n():
+    """Sums of 10 rows: a mean decrease of 5e-5 at slope -1 fails Armijo at t = 1 (needs
+    1e-4) and passes at t = 1/2, where a value 10 times too large would pass at t = 1.
+    The second step finds no decrease and stalls."""
+    g = np.array([[1.0, 0.0]])
+    reduce = Dip(g, lambda theta: 1.0 - 5e-5, start=1.0, n=10)
+    got = _preconditioned(reduce, 10, np.zeros((1, 2)), cho_factor(np.eye(2)), "logits", 1e-4,
+                          3, 1e-12)
+    np.testing.assert_array_equal(got[0], -0.5 * g)
+    assert got[1:] == (2, False, "line search stalled")
+
+
+def test_preconditioned_flatness_is_inclusive():
+    """A decrease of exactly rtol (2^-40 at a loss of 1) is flat."""
+    g = np.array([[1e-9, 0.0]])
+    reduce = Dip(g, lambda theta: 1.0 - 2.0**-40, start=1.0)
+    got = _preconditioned(reduce, 1, np.zeros((1, 2)), cho_factor(np.eye(2)), "logits", 1e-4,
+                          5, 1e-12, rtol=2.0**-40)
+    assert got[1:] == (1, True, "objective decrease at float64 resolution")
+
+
+class Script:
+    """A stand-in returning the given (value, gradient) per call, recording thetas."""
+
+    def __init__(self, *answers):
+        self.answers, self.thetas = list(answers), []
+
+    def __call__(self, fn, w, b, input_kind, floor):
+        self.thetas.append(np.column_stack([w, b]))
+        value, grad = self.answers[len(self.thetas) - 1]
+        return [(value, np.asarray(grad, dtype=np.float64).reshape(-1, 2))]
+
+
+def test_preconditioned_at_max_iter_a_gradient_of_exactly_gtol_has_converged():
+    reduce = Script((0.0, [1.0, 1.0]), (-1.0, [0.25, 0.0]))
+    got = _preconditioned(reduce, 1, np.zeros((1, 2)), cho_factor(np.eye(2)), "logits", 1e-4,
+                          1, 0.25)
+    assert got[1:] == (1, True, "gradient below gtol")
+
+
+def test_preconditioned_keeps_a_pair_only_with_enough_curvature():
+    """Step s = (-1, 0), then y = g1 - g0 = (-1e-13, 1000): y.s = 1e-13 is below
+    1e-12 |s| |y| = 1e-9, so the pair is dropped and the next step is -g1 again (kept,
+    rho = 1e13 would send it elsewhere)."""
+    g0, g1 = np.array([1.0, 0.0]), np.array([1.0 - 1e-13, 1000.0])
+    reduce = Script((0.0, g0), (-1.0, g1), (-1e9, [0.0, 0.0]))
+    got = _preconditioned(reduce, 1, np.zeros((1, 2)), cho_factor(np.eye(2)), "logits", 1e-4,
+                          5, 1e-12)
+    theta1 = np.zeros(2) - g0
+    np.testing.assert_array_equal(reduce.thetas[1].ravel(), theta1)
+    np.testing.assert_array_equal(got[0].ravel(), theta1 - g1)
+    assert got[1:] == (2, True, "gradient below gtol")
 
 
 def test_sample_factor_is_the_mean_hessian_with_a_tiny_ridge():
@@ -1086,6 +1244,23 @@ def test_ts_from_sums_with_a_sample_and_settle_stops_after_one_step(kind):
     assert abs(loose.beta_ - ref.beta_) > 1e-10 * ref.beta_
 
 
+def test_vs_from_sums_with_a_sample_takes_gradient_passes_only():
+    """The sample's warm start replaces the Newton passes (NLL, gradient and Hessian sums)
+    by L-BFGS value-and-gradient passes, fewer of them."""
+    z, y = logit_rows(29, 2000, 4)
+    parts = [{"scores": z[:1000], "labels": y[:1000]}, {"scores": z[1000:], "labels": y[1000:]}]
+    used = {True: [], False: []}
+    for warm in (True, False):
+        def reduce(fn, *args, warm=warm):
+            used[warm].append(fn)
+            return local_reduce(parts)(fn, *args)
+
+        fit_calibrator_from_sums("vs", reduce, 2000, 4, sample=(z[:500], y[:500]) if warm
+                                 else None)
+    assert set(used[True]) == {vs_value_grad_sums}
+    assert set(used[False]) == {vs_newton_sums}
+
+
 def test_calibrator_state_layout():
     state = calibrator_state("ts", {"beta": 2.0}, 3, "probs", np.float32(0.5))
     assert state == {"name": "ts", "version": 2, "input_kind": "probs", "prob_floor": 0.5,
@@ -1096,6 +1271,26 @@ def test_calibrator_state_layout():
     assert type(state["prob_floor"]) is float
     assert calibrator_state("vs", {}, 2, "logits", 1e-4, classes=("a", "b"))["classes"] == ["a",
                                                                                            "b"]
+
+
+def test_metrics_from_sums_of_hand_made_partitions():
+    """Two partitions, three bins: ECE = sum over filled bins of |acc - conf| / n."""
+    first = {"n": 2, "counts": np.array([1, 1, 0]), "acc": np.array([0, 1, 0]),
+             "conf": [units(0.25), units(0.75), 0], "nll": units(1.5), "brier": units(0.5),
+             "changed": 1, "c_plus": 1, "c_minus": 0, "c_zero": 0}
+    second = {"n": 2, "counts": np.array([0, 1, 1]), "acc": np.array([0, 0, 1]),
+              "conf": [0, units(0.5), units(1.0)], "nll": units(0.5), "brier": units(0.25),
+              "changed": 2, "c_plus": 0, "c_minus": 1, "c_zero": 1}
+    assert metrics_from(first)["tpcr"] == 0.5
+    from cord_ops.reduce import metrics_from_sums
+
+    got = metrics_from_sums([first, second])
+    assert got == {"n": 4, "ece": (0.25 + 0.25 + 0.0) / 4, "nll": 0.5, "brier": 0.1875,
+                   "accuracy": 0.5, "tpcr": 0.75,
+                   "changes": {"c_plus": 1, "c_minus": 1, "c_zero": 1}}
+    plain = metrics_from_sums([{k: v for k, v in first.items()
+                                if k not in ("changed", "c_plus", "c_minus", "c_zero")}])
+    assert sorted(plain) == ["accuracy", "brier", "ece", "n", "nll"]
 
 
 # ----------------------------------------------------------------- reduce: CORD from sums
