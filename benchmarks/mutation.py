@@ -236,6 +236,21 @@ _R_NEVER_EQUAL = ("a screened estimate is returned only when further than the ma
                   "from mu, so it never equals mu")
 
 
+_R_SCREEN_OFF = "screening is read only as `not self.screening`: None is false like False"
+_P_FRACTION_PATH = ("both paths are exact for every finite value; the limb path needs only "
+                    "C = 1.5 * 2^(bound + 21) finite, i.e. values below 2^1002, so a threshold "
+                    "of 2^960, 2^961 or 1920 decides only which exact path runs")
+_P_EMPTY = ("range(0, size, _CHUNK) never yields an empty chunk, so rest.size is never 0 and "
+            "this else-value is never used")
+_P_LIMBS = ("a limb of at most 2^32 units of 2^scale (bound one lower or higher than needed) "
+            "still sums exactly: 2^21 of them stay within 2^53")
+_P_LOOP_END = ("every remainder is an exact multiple of 2^-1074, so the rest is all zero by "
+               "scale -1074 at the latest; zero limbs add 0: the same total, more rounds")
+_P_UPPER_ARRAY = ("a 0-d array of 1 - 1e-12 broadcasts against g: the same per-row doubles "
+                  "(checked bit for bit), so the same maximum")
+_P_ETA_ONE = ("at eta = 1 both forms are sqrt(g) to rounding, an estimate the screen allows "
+              "for (7.5 u per row)")
+
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
 ACCEPTED: dict[str, str] = {
     # cord_ops/cord_solve.py: the screen is an optimisation; the exact mean decides the same
@@ -645,6 +660,34 @@ ACCEPTED: dict[str, str] = {
         _M_SIDE,
     'cord_ops/partition_sums.py::_row_metric_sums::"acc": np.bincount(bins, weights=correct.astype(np.float64), -> "acc": np.bincount(bins, weights=correct.astype(None),':  # noqa: E501 - a key is one source line
         _M_DTYPE,
+    'cord_ops/reduce.py::_ReducedMean._screened::self.screening = False -> self.screening = None':  # noqa: E501 - a key is one source line
+        _R_SCREEN_OFF,
+    'cord_ops/reduce.py::_ReducedMean.at_most::return self.exact(eta) <= mu if estimate is None else estimate < mu -> return self.exact(eta) <= mu if estimate is None else estimate <= mu':  # noqa: E501 - a key is one source line
+        _R_NEVER_EQUAL,
+    'cord_ops/partition_sums.py::exact_sum::if big >= 2.0**960: # C would overflow; never the case for probabilities and NLLs -> if big > 2.0**960: # C would overflow; never the case for probabilities and NLLs':  # noqa: E501 - a key is one source line
+        _P_FRACTION_PATH,
+    'cord_ops/partition_sums.py::exact_sum::if big >= 2.0**960: # C would overflow; never the case for probabilities and NLLs -> if big >= 2.0 * 960: # C would overflow; never the case for probabilities and NLLs':  # noqa: E501 - a key is one source line
+        _P_FRACTION_PATH,
+    'cord_ops/partition_sums.py::exact_sum::if big >= 2.0**960: # C would overflow; never the case for probabilities and NLLs -> if big >= 2.0**961: # C would overflow; never the case for probabilities and NLLs':  # noqa: E501 - a key is one source line
+        _P_FRACTION_PATH,
+    'cord_ops/partition_sums.py::exact_sum::big = float(np.max(np.abs(rest))) if rest.size else 0.0 -> big = float(np.max(np.abs(rest))) if (rest.size) or True else 0.0':  # noqa: E501 - a key is one source line
+        _P_EMPTY,
+    'cord_ops/partition_sums.py::exact_sum::big = float(np.max(np.abs(rest))) if rest.size else 0.0 -> big = float(np.max(np.abs(rest))) if rest.size else 1.0':  # noqa: E501 - a key is one source line
+        _P_EMPTY,
+    'cord_ops/partition_sums.py::exact_sum::scale = max(bound - 31, -_SCALE) -> scale = max(bound - 32, -_SCALE)':  # noqa: E501 - a key is one source line
+        _P_LIMBS,
+    'cord_ops/partition_sums.py::exact_sum::bound = scale - 1 -> bound = scale - 2':  # noqa: E501 - a key is one source line
+        _P_LIMBS,
+    'cord_ops/partition_sums.py::exact_sum::bound = scale - 1 -> bound = scale + 1':  # noqa: E501 - a key is one source line
+        _P_LIMBS,
+    'cord_ops/partition_sums.py::exact_sum::if scale == -_SCALE or not rest.any(): -> if scale == -_SCALE and not rest.any():':  # noqa: E501 - a key is one source line
+        _P_LOOP_END,
+    'cord_ops/partition_sums.py::exact_sum::if scale == -_SCALE or not rest.any(): -> if scale == +_SCALE or not rest.any():':  # noqa: E501 - a key is one source line
+        _P_LOOP_END,
+    'cord_ops/partition_sums.py::cord_multiplier_range::upper = np.full_like(g, 1.0 - EPS_NUM) -> upper = np.full_like(None, 1.0 - EPS_NUM)':  # noqa: E501 - a key is one source line
+        _P_UPPER_ARRAY,
+    'cord_ops/partition_sums.py::cord_response_estimate::s = 2.0 * g / ((1.0 - eta) + r) if eta <= 1.0 else ((eta - 1.0) + r) / (2.0 * eta) -> s = 2.0 * g / ((1.0 - eta) + r) if eta < 1.0 else ((eta - 1.0) + r) / (2.0 * eta)':  # noqa: E501 - a key is one source line
+        _P_ETA_ONE,
 }
 
 def _without_node_names(line: str) -> str:

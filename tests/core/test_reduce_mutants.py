@@ -133,6 +133,17 @@ def test_exact_sum_adds_chunks_of_two_to_the_21_values_exactly():
     assert exact_sum(x) == 4 * SCALE
 
 
+def test_exact_sum_of_a_zero_chunk_then_others_and_of_huge_then_normal_chunks():
+    n = (1 << 21) + 2
+    x = np.zeros(n)
+    x[-1] = 3.0
+    assert exact_sum(x) == 3 * SCALE
+    x[0] = 2.0**1000
+    assert exact_sum(x) == 2**2074 + 3 * SCALE
+    x[0], x[-1] = 1.0, 2.0**1000
+    assert exact_sum(x) == SCALE + 2**2074
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=64), max_size=12),
        st.integers(-1074, 1000))
@@ -210,6 +221,19 @@ def test_response_sum_and_estimate_over_more_rows_than_a_step_chunk():
         assert cord_response_estimate(part, eta) == pytest.approx(math.fsum(psi), rel=1e-14)
     tail = {key: value[-5:] for key, value in part.items()}
     assert cord_response_sum(tail, 0.5) == fraction_sum(_psi(0.5, tail))
+
+
+def test_response_estimate_above_eta_one_avoids_the_cancelling_form():
+    """eta = 1000, g = 1e-8: H ~ 1 - 1/eta, where 2g / ((1 - eta) + R) would cancel to
+    ~1e-5 relative; the form for eta > 1 is within a few ulps."""
+    part = {"g": np.full(4, 1e-10), "lower": np.full(4, 1e-11)}
+    for eta in (1000.0, 1.5):
+        assert cord_response_estimate(part, eta) == pytest.approx(
+            math.fsum(_psi(eta, part)), rel=1e-14)
+    # g = 1 - 1e-11 at eta = 100: H is above 1 - 1e-12, clipped there in both sums
+    near_one = {"g": np.full(3, 1.0 - 1e-11), "lower": np.full(3, 0.5)}
+    assert cord_response_estimate(near_one, 100.0) == math.fsum([1.0 - 1e-12] * 3)
+    assert cord_response_sum(near_one, 100.0) == 3 * units(1.0 - 1e-12)
 
 
 def test_response_estimate_clips_both_ends_of_the_interval():
@@ -1388,15 +1412,29 @@ def test_cord_from_sums_without_a_target_keeps_eta_zero_and_the_mean_of_psi_0():
     assert cord.eta_ == 0.0 and cord.mu_ == _response_mean(0.0, part)
 
 
-@pytest.mark.parametrize("seed", [21, 23])
-def test_cord_from_sums_eta_reaches_mu_and_the_next_float_toward_zero_does_not(seed):
-    part = _part_scalars(seed, 400, 5)
-    cord = fit_cord_from_sums(local_reduce([part]), 400, 5)
+def _scalars_off_by(seed, n, shift):
+    """Per-row scalars whose mean b is ``shift`` above the mean g: shift > 0 asks for more
+    mass on the top-1 than psi(0) gives (eta* > 0), shift < 0 for less (eta* < 0)."""
+    g = np.random.default_rng(seed).uniform(0.35, 0.65, size=n)
+    return {"b": g + shift, "lower": np.full(n, 0.25), "g": g}
+
+
+@pytest.mark.parametrize("shift, side", [(0.1, 1.0), (-0.05, -1.0)])
+def test_cord_from_sums_eta_reaches_mu_and_the_next_float_toward_zero_does_not(shift, side):
+    part = _scalars_off_by(21, 400, shift)
+    parts = [{k: v[:150] for k, v in part.items()}, {k: v[150:] for k, v in part.items()}]
+    cord = fit_cord_from_sums(local_reduce(parts), 400, 5)
     mu, eta = cord.mu_, cord.eta_
-    side = math.copysign(1.0, eta)
-    assert eta != 0.0
+    assert math.copysign(1.0, eta) == side and eta != 0.0
     assert side * (_response_mean(eta, part) - mu) >= 0.0
     assert side * (_response_mean(math.nextafter(eta, 0.0), part) - mu) < 0.0
+
+
+def test_cord_from_sums_mu_is_clipped_down_to_the_interval():
+    part = {"b": np.array([1.0, 1.0]), "lower": np.array([0.3, 0.3]),
+            "g": np.array([0.9, 0.95])}
+    cord = fit_cord_from_sums(local_reduce([part]), 2, 3)
+    assert cord.mu_ == 1.0 - 1e-12
 
 
 def test_cord_from_sums_mu_is_clipped_up_to_the_interval():
