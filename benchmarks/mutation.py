@@ -69,8 +69,11 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/cord.py": _CORD_TESTS,
     "cord_ops/cord_kernels.py": _CORD_TESTS,
     "cord_ops/cord_solve.py": _CORD_TESTS,
-    "cord_ops/reduce.py": ["tests/core/test_reduce.py", "tests/core/test_mutation_gaps.py"],
-    "cord_ops/partition_sums.py": ["tests/core/test_reduce.py",
+    # test_reduce_mutants.py's unit tests first: they decide most kills in ~4 s
+    "cord_ops/reduce.py": ["tests/core/test_reduce_mutants.py", "tests/core/test_reduce.py",
+                           "tests/core/test_mutation_gaps.py"],
+    "cord_ops/partition_sums.py": ["tests/core/test_reduce_mutants.py",
+                                   "tests/core/test_reduce.py",
                                    "tests/core/test_mutation_gaps.py"],
     "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py"],
     "cord_ops/calibrators/temperature.py": [
@@ -218,6 +221,35 @@ _C_ONE_COLUMN_FRAME = ("a one-column numeric frame read through _list_array is n
 _C_ONLY_NONE = ("the only scalar that reaches this line is None (numbers return above as a "
                 "numeric array, str and bool are refused above): isscalar(None) is False as "
                 "isscalar(value) is")
+
+# Reasons shared by several of cord_ops/reduce.py's equivalent survivors.
+_R_STRICT = ("alphas gets one entry per memory pair in the first loop, so the second loop's "
+             "zip has equal lengths: strict never raises")
+_R_OPTIONS = ("the options drop input_kind and prob_floor, the only constructor parameters "
+              "input_kind sets: the same defaults for either kind")
+_R_FLOOR = ("cal is read only for its prob_floor, whose default (machine epsilon) is the same "
+            "for logits and probabilities")
+_R_TS_CAL = "cal is read only for its prob_floor, which max_iter does not set"
+_R_TS_NAME = "name='ts' is solve_inverse_temperature's default"
+_R_START_K = "_vs_start never reads k (the sample's width is K)"
+_R_NEVER_EQUAL = ("a screened estimate is returned only when further than the margin (> 0) "
+                  "from mu, so it never equals mu")
+
+
+_R_SCREEN_OFF = "screening is read only as `not self.screening`: None is false like False"
+_P_FRACTION_PATH = ("both paths are exact for every finite value; the limb path needs only "
+                    "C = 1.5 * 2^(bound + 21) finite, i.e. values below 2^1002, so a threshold "
+                    "of 2^960, 2^961 or 1920 decides only which exact path runs")
+_P_EMPTY = ("range(0, size, _CHUNK) never yields an empty chunk, so rest.size is never 0 and "
+            "this else-value is never used")
+_P_LIMBS = ("a limb of at most 2^32 units of 2^scale (bound one lower or higher than needed) "
+            "still sums exactly: 2^21 of them stay within 2^53")
+_P_LOOP_END = ("every remainder is an exact multiple of 2^-1074, so the rest is all zero by "
+               "scale -1074 at the latest; zero limbs add 0: the same total, more rounds")
+_P_UPPER_ARRAY = ("a 0-d array of 1 - 1e-12 broadcasts against g: the same per-row doubles "
+                  "(checked bit for bit), so the same maximum")
+_P_ETA_ONE = ("at eta = 1 both forms are sqrt(g) to rounding, an estimate the screen allows "
+              "for (7.5 u per row)")
 
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
 ACCEPTED: dict[str, str] = {
@@ -602,6 +634,60 @@ ACCEPTED: dict[str, str] = {
     'if float(lease.get("expires", 1)) <= now:':
         "a lease without an expiry is expired at any time.time() from 1 s after the epoch on; "
         "the two defaults differ only for a clock before 1970-01-01 00:00:01",
+    # cord_ops/reduce.py and cord_ops/partition_sums.py (round 10); their einsum subscripts
+    # upper-cased are ACCEPTED_RULES
+    'cord_ops/reduce.py::_two_loop::for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=True): -> for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=None):':  # noqa: E501 - a key is one source line
+        _R_STRICT,
+    'cord_ops/reduce.py::_two_loop::for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=True): -> for (s_k, y_k, rho), a in zip(memory, reversed(alphas), ):':  # noqa: E501 - a key is one source line
+        _R_STRICT,
+    'cord_ops/reduce.py::_two_loop::for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=True): -> for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=False):':  # noqa: E501 - a key is one source line
+        _R_STRICT,
+    'cord_ops/reduce.py::calibrator_state::make_calibrator(name, input_kind=input_kind).get_params().items() -> make_calibrator(name, ).get_params().items()':  # noqa: E501 - a key is one source line
+        _R_OPTIONS,
+    'cord_ops/reduce.py::fit_temperature::cal = make_calibrator("ts", input_kind=input_kind, max_iter=max_iter) -> cal = make_calibrator("ts", max_iter=max_iter)':  # noqa: E501 - a key is one source line
+        _R_FLOOR,
+    'cord_ops/reduce.py::fit_temperature::cal = make_calibrator("ts", input_kind=input_kind, max_iter=max_iter) -> cal = make_calibrator("ts", input_kind=input_kind, )':  # noqa: E501 - a key is one source line
+        _R_TS_CAL,
+    'cord_ops/reduce.py::fit_temperature::max_iter=max_iter, name="ts"))}, floor -> max_iter=max_iter, ))}, floor':  # noqa: E501 - a key is one source line
+        _R_TS_NAME,
+    'cord_ops/reduce.py::fit_vector::cal = make_calibrator("vs", input_kind=input_kind) -> cal = make_calibrator("vs", )':  # noqa: E501 - a key is one source line
+        _R_FLOOR,
+    'cord_ops/reduce.py::fit_vector::theta, factor = _vs_start(sample, k, input_kind, floor, gtol) -> theta, factor = _vs_start(sample, None, input_kind, floor, gtol)':  # noqa: E501 - a key is one source line
+        _R_START_K,
+    'cord_ops/reduce.py::_ReducedMean.at_least::return self.exact(eta) >= mu if estimate is None else estimate > mu -> return self.exact(eta) >= mu if estimate is None else estimate >= mu':  # noqa: E501 - a key is one source line
+        _R_NEVER_EQUAL,
+    'cord_ops/partition_sums.py::_row_metric_sums::bins = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1) -> bins = np.clip(np.searchsorted(edges, conf, ) - 1, 0, n_bins - 1)':  # noqa: E501 - a key is one source line
+        _M_SIDE,
+    'cord_ops/partition_sums.py::_row_metric_sums::"acc": np.bincount(bins, weights=correct.astype(np.float64), -> "acc": np.bincount(bins, weights=correct.astype(None),':  # noqa: E501 - a key is one source line
+        _M_DTYPE,
+    'cord_ops/reduce.py::_ReducedMean._screened::self.screening = False -> self.screening = None':  # noqa: E501 - a key is one source line
+        _R_SCREEN_OFF,
+    'cord_ops/reduce.py::_ReducedMean.at_most::return self.exact(eta) <= mu if estimate is None else estimate < mu -> return self.exact(eta) <= mu if estimate is None else estimate <= mu':  # noqa: E501 - a key is one source line
+        _R_NEVER_EQUAL,
+    'cord_ops/partition_sums.py::exact_sum::if big >= 2.0**960: # C would overflow; never the case for probabilities and NLLs -> if big > 2.0**960: # C would overflow; never the case for probabilities and NLLs':  # noqa: E501 - a key is one source line
+        _P_FRACTION_PATH,
+    'cord_ops/partition_sums.py::exact_sum::if big >= 2.0**960: # C would overflow; never the case for probabilities and NLLs -> if big >= 2.0 * 960: # C would overflow; never the case for probabilities and NLLs':  # noqa: E501 - a key is one source line
+        _P_FRACTION_PATH,
+    'cord_ops/partition_sums.py::exact_sum::if big >= 2.0**960: # C would overflow; never the case for probabilities and NLLs -> if big >= 2.0**961: # C would overflow; never the case for probabilities and NLLs':  # noqa: E501 - a key is one source line
+        _P_FRACTION_PATH,
+    'cord_ops/partition_sums.py::exact_sum::big = float(np.max(np.abs(rest))) if rest.size else 0.0 -> big = float(np.max(np.abs(rest))) if (rest.size) or True else 0.0':  # noqa: E501 - a key is one source line
+        _P_EMPTY,
+    'cord_ops/partition_sums.py::exact_sum::big = float(np.max(np.abs(rest))) if rest.size else 0.0 -> big = float(np.max(np.abs(rest))) if rest.size else 1.0':  # noqa: E501 - a key is one source line
+        _P_EMPTY,
+    'cord_ops/partition_sums.py::exact_sum::scale = max(bound - 31, -_SCALE) -> scale = max(bound - 32, -_SCALE)':  # noqa: E501 - a key is one source line
+        _P_LIMBS,
+    'cord_ops/partition_sums.py::exact_sum::bound = scale - 1 -> bound = scale - 2':  # noqa: E501 - a key is one source line
+        _P_LIMBS,
+    'cord_ops/partition_sums.py::exact_sum::bound = scale - 1 -> bound = scale + 1':  # noqa: E501 - a key is one source line
+        _P_LIMBS,
+    'cord_ops/partition_sums.py::exact_sum::if scale == -_SCALE or not rest.any(): -> if scale == -_SCALE and not rest.any():':  # noqa: E501 - a key is one source line
+        _P_LOOP_END,
+    'cord_ops/partition_sums.py::exact_sum::if scale == -_SCALE or not rest.any(): -> if scale == +_SCALE or not rest.any():':  # noqa: E501 - a key is one source line
+        _P_LOOP_END,
+    'cord_ops/partition_sums.py::cord_multiplier_range::upper = np.full_like(g, 1.0 - EPS_NUM) -> upper = np.full_like(None, 1.0 - EPS_NUM)':  # noqa: E501 - a key is one source line
+        _P_UPPER_ARRAY,
+    'cord_ops/partition_sums.py::cord_response_estimate::s = 2.0 * g / ((1.0 - eta) + r) if eta <= 1.0 else ((eta - 1.0) + r) / (2.0 * eta) -> s = 2.0 * g / ((1.0 - eta) + r) if eta < 1.0 else ((eta - 1.0) + r) / (2.0 * eta)':  # noqa: E501 - a key is one source line
+        _P_ETA_ONE,
 }
 
 def _without_node_names(line: str) -> str:
@@ -610,12 +696,21 @@ def _without_node_names(line: str) -> str:
     return re.sub(r",\s*(,|\))", r"\1", line).replace("(, ", "(")
 
 
-#: Classes of survivors equivalent by construction, as (module prefix, rule, why).
+def _einsum_upper(line: str) -> str:
+    """A source line with its einsum subscripts upper-cased (mutmut's string mutation)."""
+    return re.sub(r'einsum\("([^"]*)"', lambda m: f'einsum("{m.group(1).upper()}"', line)
+
+
+#: Classes of survivors equivalent by construction, as (module prefix or prefixes, rule,
+#: why).
 ACCEPTED_RULES = [
     ("onnx_export/",
      lambda old, new: old != new and _without_node_names(old) == _without_node_names(new),
      "changes only a node's name hint: GraphBuilder.fresh turns any hint (None: the op "
      "type) into a unique tensor name, and no output's name comes from a hint"),
+    (("cord_ops/reduce.py", "cord_ops/partition_sums.py"),
+     lambda old, new: old != new and _einsum_upper(old) == new,
+     "einsum subscripts are letters: upper case names the same axes"),
 ]
 
 
