@@ -508,7 +508,7 @@ def metrics_from(sums):
 def test_repaired_label_entries_of_kept_and_overflowing_rows():
     """Hand-made rows: kept (s == b: q's entry, factor 1, its own tail in the sum of
     squares: 0.3 here, not 1 - s), moved (factor (1 - s) / tail) and a subnormal tail whose
-    factor overflows (the entry divides by tail / (1 - s), without a warning)."""
+    factor overflows (the entry is rest_y / tail times 1 - s, without a warning)."""
     part = {"g": np.array([0.6, 0.3, 0.3]), "lower": np.array([0.1, 0.1, 0.1]),
             "b": np.array([0.6, 0.5, 0.5]), "tail": np.array([0.3, 0.5, 1e-320]),
             "rest_y": np.array([0.1, 0.2, 4e-321]), "hit": np.array([False, False, False]),
@@ -517,7 +517,7 @@ def test_repaired_label_entries_of_kept_and_overflowing_rows():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         got = repaired_metric_sums(part, eta)
-    on_label = np.array([0.1, 0.2 * (0.7 / 0.5), 4e-321 / (1e-320 / 0.7)])
+    on_label = np.array([0.1, 0.2 * (0.7 / 0.5), (4e-321 / 1e-320) * 0.7])
     assert got["nll"] == exact_sum(-np.log(np.clip(on_label, PROB_FLOOR, 1 - PROB_FLOOR)))
     sum_sq = np.array([0.36 + 0.3**2 * 0.5, 0.09 + 0.7**2 * 0.6, 0.09 + 0.7**2 * 0.7])
     assert got["brier"] == exact_sum(sum_sq - 2.0 * on_label + 1.0)
