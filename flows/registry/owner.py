@@ -119,7 +119,7 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
-def process_stamp(pid: int) -> str | None:
+def process_stamp(pid: int, proc: str | os.PathLike = "/proc") -> str | None:
     """Which process ``pid`` is: a string that names this one start of it on this host and
     that no change of the wall clock alters; None when there is no such live process.
 
@@ -128,14 +128,14 @@ def process_stamp(pid: int) -> str | None:
     since boot, so an NTP step or slew across a second boundary moves every process's
     start time by a second, and a live server or run owner would compare as dead. On
     Linux the stamp is the boot id and the start in clock ticks since boot (field 22 of
-    ``/proc/<pid>/stat``, fixed for the life of the process); elsewhere it is psutil's
-    start time.
+    ``/proc/<pid>/stat``, fixed for the life of the process); where ``proc`` (the procfs
+    root) cannot be read it is psutil's start time.
     """
     if process_start_time(pid) is None:  # gone, or a zombie
         return None
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = (Path(proc) / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+        stat = (Path(proc) / str(pid) / "stat").read_text()
     except OSError:
         started = process_start_time(pid)
         return None if started is None else f"epoch:{started!r}"

@@ -117,6 +117,50 @@ def test_the_start_stamp_is_the_boot_and_the_start_tick_of_that_one_process():
     assert [owner.process_stamp(c.pid) for c in children] == [None, None]
 
 
+def test_the_stamp_reads_past_a_command_name_with_parentheses_and_spaces():
+    # /proc/<pid>/stat's field 2 is "(comm)", and comm may hold ") " itself
+    child = subprocess.Popen([sys.executable, "-c", "open('/proc/self/comm', 'w').write("
+                              "'x) 1 2 (3'); print('ready', flush=True); import time; "
+                              "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert psutil.Process(child.pid).name() == "x) 1 2 (3"
+        ticks = int(owner.process_stamp(child.pid).rsplit(":", 1)[1])
+        process = psutil.Process(child.pid)
+        since_boot = process.create_time() - psutil.boot_time()
+        assert abs(ticks / os.sysconf("SC_CLK_TCK") - since_boot) < 0.05
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+def test_a_zombie_has_no_stamp_and_without_procfs_the_stamp_is_the_start_time(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # exited, not reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert owner.process_stamp(child.pid) is None
+    child.wait()
+    # no readable procfs (another OS, a locked-down container): psutil's start time
+    started = psutil.Process().create_time()
+    assert owner.process_stamp(os.getpid(), proc=tmp_path) == f"epoch:{started!r}"
+    assert owner.process_stamp(child.pid, proc=tmp_path) is None
+
+
+def test_same_process_without_a_stamp_compares_that_pid_to_10_ms_by_default():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = psutil.Process(child.pid).create_time()
+        assert owner.same_process(child.pid, None, started)
+        assert owner.same_process(child.pid, None, started + 0.005)
+        assert not owner.same_process(child.pid, None, started + 0.5)
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_wall_clock_step_does_not_make_a_live_process_look_dead():
     """psutil's start time moves with the boot time the wall clock gives: a second's step
     made the managed server and run owners compare as dead (CI, stop 35). The stamp decides
