@@ -143,9 +143,15 @@ def test_a_zombie_has_no_stamp_and_without_procfs_the_stamp_is_the_start_time(tm
         time.sleep(0.01)
     assert owner.process_stamp(child.pid) is None
     child.wait()
-    # no readable procfs (another OS, a locked-down container): psutil's start time
-    started = psutil.Process().create_time()
-    assert owner.process_stamp(os.getpid(), proc=tmp_path) == f"epoch:{started!r}"
+    # no readable procfs (another OS, a locked-down container): psutil's start time of
+    # that process (a child, so not this process's own)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = psutil.Process(other.pid).create_time()
+        assert owner.process_stamp(other.pid, proc=tmp_path) == f"epoch:{started!r}"
+    finally:
+        other.kill()
+        other.wait()
     assert owner.process_stamp(child.pid, proc=tmp_path) is None
 
 
