@@ -38,6 +38,16 @@ def exited() -> owner.Owner:
     return owner.Owner(HERE, child.pid, started)
 
 
+def _zombie() -> subprocess.Popen:
+    """A child that has exited and is not reaped yet (a zombie)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return child
+
+
 def _remote(beat: float | None = None) -> dict:
     record = owner.Owner(ELSEWHERE, 12345, NOW - 1000.0).record()
     if beat is None:
@@ -136,11 +146,7 @@ def test_the_stamp_reads_past_a_command_name_with_parentheses_and_spaces():
 
 
 def test_a_zombie_has_no_stamp_and_without_procfs_the_stamp_is_the_start_time(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 30
-    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # exited, not reaped
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    child = _zombie()
     assert owner.process_stamp(child.pid) is None
     child.wait()
     # no readable procfs (another OS, a locked-down container): psutil's start time of
@@ -246,11 +252,7 @@ def test_a_run_without_heartbeat_is_judged_by_its_start_time_in_milliseconds():
 
 def test_process_start_time_of_live_gone_and_zombie_processes():
     assert abs(owner.process_start_time(os.getpid()) - psutil.Process().create_time()) < 1e-6
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 30
-    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # exited, not reaped
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    child = _zombie()
     assert owner.process_start_time(child.pid) is None
     owner.reap(child.pid)
     assert not psutil.pid_exists(child.pid) or owner.process_start_time(child.pid) is None
