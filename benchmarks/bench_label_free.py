@@ -16,14 +16,22 @@ Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
 For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
 probabilities), the champion's mean top-1 probability (``mean_conf``, CBPE without the
 reference split's isotonic map), CBPE on the champion, ATC, DoC and CBPE after the EM
-prior correction; and
+prior correction; ``oracle``, which is no estimator but the floor of
+label-shift estimation: the accuracy of a batch whose label shares are known exactly and
+whose per-class accuracy is the pool's (sum over classes of batch share x pool accuracy of
+the class), so what is left is the batch's own sampling noise; and
 whether ``flows.monitoring.label_free.alert_reasons`` alarms at the default thresholds
 (false alarms on (i), detection on (ii) and (iii)). With ``--nannyml PYTHON`` (an interpreter with
 nannyml installed) NannyML's CBPE (accuracy, its own isotonic calibration on the
 reference split's raw probabilities) runs on the same batches.
 
+Models: the shared CIFAR logits, the test corpus (``tests/corpus.py``: scikit-learn's
+bundled data sets, pools of at most 360 rows) and, with ``--large``, the corpus's model
+families on two generated 20,000-row data sets (``corpus.LARGE_SOURCES``, pools of 6,000
+rows), where batches of 2,000 rows fit as on CIFAR.
+
 Usage: python benchmarks/bench_label_free.py [--repeats 40] [--batch 2000] [--no-corpus]
-       [--files cifar10_resnet56 ...] [--nannyml /path/to/python]
+       [--large] [--files cifar10_resnet56 ...] [--nannyml /path/to/python]
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from flows.monitoring.label_free import Thresholds, alert_reasons
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "atc", "doc", "cbpe_prior")
+ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "atc", "doc", "cbpe_prior", "oracle")
 SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence")
 #: What each alarm reason starts with (flows.monitoring.label_free.alert_reasons).
 CAUSES = {"ks": "ks drift", "chi2": "chi2 drift", "accuracy": "estimated accuracy",
@@ -94,6 +102,9 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     pool_p0, pool_q = outputs(cal, cord, scores[pool_i], kind)
     pool_y = labels[pool_i]
     raw_conf = pool_p0.max(axis=1)
+    pool_correct = pool_p0.argmax(axis=1) == pool_y
+    present = np.unique(pool_y)
+    class_accuracy = np.array([pool_correct[pool_y == c].mean() for c in present])
     size = min(batch, len(pool_i))
     thresholds = Thresholds()
     errors = {s: {e: [] for e in ESTIMATORS} for s in SCENARIOS}
@@ -103,10 +114,12 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
         for _ in range(repeats):
             rows = draw(rng, scenario, pool_y, raw_conf, size, k)
             est = profile.estimate(pool_q[rows])
-            realised = float(np.mean(pool_p0[rows].argmax(axis=1) == pool_y[rows]))
+            realised = float(np.mean(pool_correct[rows]))
+            shares = np.array([np.mean(pool_y[rows] == c) for c in present])
             values = {"cbpe_raw": lf.cbpe_accuracy(pool_p0[rows]),
                       "mean_conf": est.mean_confidence, "cbpe": est.cbpe,
-                      "atc": est.atc, "doc": est.doc, "cbpe_prior": est.prior_corrected}
+                      "atc": est.atc, "doc": est.doc, "cbpe_prior": est.prior_corrected,
+                      "oracle": float(shares @ class_accuracy)}
             for e in ESTIMATORS:
                 errors[scenario][e].append(abs(values[e] - realised))
             reasons = alert_reasons(est, profile, thresholds)
@@ -136,11 +149,11 @@ def cifar_models(files):
                 "logits"
 
 
-def corpus_models():
+def corpus_models(large: bool = False):
     sys.path.insert(0, str(ROOT))
     from tests import corpus
 
-    for e in corpus.entries(dtype="float64"):
+    for e in corpus.entries(dtype="float64", large=large):
         scores = np.concatenate([e.cal_scores, e.eval_scores]).astype(np.float64)
         labels = np.concatenate([e.cal_labels, e.eval_labels])
         if len(labels) >= 500:  # a pool of at least 150 rows
@@ -217,6 +230,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=2000)
     parser.add_argument("--files", nargs="*")
     parser.add_argument("--no-corpus", action="store_true")
+    parser.add_argument("--large", action="store_true",
+                        help="also the 20,000-row generated tabular outputs")
     parser.add_argument("--calibrator", default="vs",
                         help="the champion's calibrator (recalibrate's --calibrator) [vs]")
     parser.add_argument("--nannyml", help="python interpreter with nannyml installed")
@@ -239,6 +254,11 @@ def main(argv=None) -> int:
     if not args.no_corpus:
         for name, scores, labels, kind in corpus_models():
             groups.setdefault("corpus", []).append(
+                run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
+                         args.calibrator))
+    if args.large:
+        for name, scores, labels, kind in corpus_models(large=True):
+            groups.setdefault("tabular 20k", []).append(
                 run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
                          args.calibrator))
     nannyml = run_nannyml(args.nannyml, jobs) if args.nannyml else {}

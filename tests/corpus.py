@@ -121,6 +121,17 @@ SOURCES = (
     Source("imbalanced12", "gb", True), Source("imbalanced12", "knn", False),
 )
 
+#: Larger generated data (20,000 rows) through the same model families, for benchmarks
+#: that need evaluation splits of thousands of rows (``bench_label_free.py``); no test
+#: builds them (3-fold fits on 13,000 rows take a while). SVC is left out: its Platt
+#: cross-validation on that many rows costs minutes.
+LARGE_SOURCES = (
+    *(Source("binary20k", m, m not in ("rf", "knn"))
+      for m in ("logreg", "rf", "knn", "gnb", "gb", "mlp")),
+    *(Source("imbalanced12-20k", m, m not in ("rf", "knn"))
+      for m in ("logreg", "rf", "knn", "gnb", "gb", "mlp")),
+)
+
 KINDS = ("logits", "probs")
 DTYPES = ("float32", "float64")
 
@@ -128,12 +139,18 @@ DTYPES = ("float32", "float64")
 def _dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
     from sklearn import datasets
 
-    if name == "imbalanced12":
+    if name in ("imbalanced12", "imbalanced12-20k"):
         x, y = datasets.make_classification(
-            n_samples=1800, n_features=20, n_informative=12, n_redundant=2,
+            n_samples=1800 if name == "imbalanced12" else 20000, n_features=20,
+            n_informative=12, n_redundant=2,
             n_classes=12, n_clusters_per_class=1, class_sep=1.0, flip_y=0.03,
             weights=list(np.geomspace(1.0, 1 / 25, 12) / np.geomspace(1.0, 1 / 25, 12).sum()),
             random_state=SEED)
+        return x, y.astype(np.int64)
+    if name == "binary20k":
+        x, y = datasets.make_classification(
+            n_samples=20000, n_features=20, n_informative=6, n_redundant=4, n_classes=2,
+            class_sep=0.7, flip_y=0.05, weights=[0.75, 0.25], random_state=SEED)
         return x, y.astype(np.int64)
     loader = {"breast_cancer": datasets.load_breast_cancer, "iris": datasets.load_iris,
               "wine": datasets.load_wine, "digits": datasets.load_digits}[name]
@@ -290,11 +307,12 @@ def _forms(source: Source):
 
 
 @functools.cache
-def build(include_one_column: bool = False) -> tuple[Entry, ...]:
-    """Every corpus entry (cached per process). One-column binary forms only on request:
-    calibrators and graphs take two or more columns."""
+def build(include_one_column: bool = False, sources: tuple[Source, ...] = SOURCES,
+          ) -> tuple[Entry, ...]:
+    """Every corpus entry of ``sources`` (cached per process). One-column binary forms only
+    on request: calibrators and graphs take two or more columns."""
     out = []
-    for source in SOURCES:
+    for source in sources:
         for kind, columns, scores, y in _forms(source):
             if columns == 1 and not include_one_column:
                 continue
@@ -318,9 +336,10 @@ def _two_columns(one: np.ndarray, kind: str) -> np.ndarray:
 
 
 def entries(*, kind: str | None = None, dtype: str | None = None,
-            pathology: str | None = None, include_one_column: bool = False) -> list[Entry]:
-    """The entries matching every given filter."""
-    return [e for e in build(include_one_column)
+            pathology: str | None = None, include_one_column: bool = False,
+            large: bool = False) -> list[Entry]:
+    """The entries matching every given filter (of ``LARGE_SOURCES`` when ``large``)."""
+    return [e for e in build(include_one_column, LARGE_SOURCES if large else SOURCES)
             if (kind is None or e.kind == kind) and (dtype is None or e.dtype == dtype)
             and (pathology is None or pathology in e.pathologies)]
 
