@@ -223,7 +223,9 @@ def load_version(client, tracking_uri: str, name: str, version: str,
             graph = load_model(path)
             meta = model_metadata(graph)
             contract = InputContract.from_metadata(meta)
-            session = open_session(graph, provider=provider)
+            # Two versions share the cores in a rollout; spinning intra-op threads of one
+            # take the CPU the other's working threads need.
+            session = open_session(graph, provider=provider, spin=False)
         except (ValueError, RuntimeError) as exc:
             raise VersionRejected(f"v{version}: cannot load its graph ({exc})") from exc
         state = _logged_state(client, mv.run_id, folder / "state")
