@@ -186,7 +186,7 @@ def summary(result) -> list[str]:
         lines.append(f"{r.path} ({r.n} rows, run {r.run_id}):")
         lines.append(f"  estimated accuracy: CBPE {est.cbpe:.4f} (raw classifier "
                      f"{r.cbpe_raw:.4f}), ATC {est.atc:.4f}, DoC {est.doc:.4f}, "
-                     f"prior-corrected {est.prior_corrected:.4f}")
+                     f"prior-corrected {est.prior_corrected:.4f} ({est.prior_method})")
         lines.append("  drift: " + ", ".join(f"{t.test} p={t.p_value:.3g} "
                                              f"(statistic {t.statistic:.4g})" for t in est.drift)
                      + f"; EM priors moved {est.prior_shift:.4f} (TV)")

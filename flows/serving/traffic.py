@@ -138,7 +138,8 @@ class TrafficMonitor:
                           "cbpe_prior": est.prior_corrected},
             "reference": {"accuracy": profile.accuracy_, "rows": profile.n_},
             "priors": {"estimated": est.priors.tolist(), "shift_tv": est.prior_shift,
-                       "em_converged": est.em_converged},
+                       "em_converged": est.em_converged,
+                       "cbpe_prior_route": est.prior_method},
             "drift": {t.test: {"statistic": t.statistic, "p_value": t.p_value}
                       for t in est.drift}})
         return body

@@ -97,6 +97,61 @@ def test_prior_corrected_accuracy_reads_the_kept_top1():
         pytest.approx(1 / 3, abs=1e-15)
 
 
+def test_reweighted_accuracy_hand_checked():
+    # weights (2, 2/3) on counts (100, 300): shares 1/2, 1/2 of accuracies 0.9 and 0.5
+    assert lf.reweighted_accuracy([100, 300], [0.9, 0.5], [0.25, 0.75], [0.5, 0.5]) == \
+        pytest.approx(0.7, abs=1e-15)
+    # a class the target gives no weight drops out; no class left: 0
+    assert lf.reweighted_accuracy([100, 300], [0.9, 0.5], [0.25, 0.75], [1.0, 0.0]) == \
+        pytest.approx(0.9, abs=1e-15)
+    assert lf.reweighted_accuracy([0, 300], [0.0, 0.5], [0.25, 0.75], [1.0, 0.0]) == 0.0
+    # a class of source prior 0 (no probability anywhere) keeps its labelled rows
+    assert lf.reweighted_accuracy([100, 100], [0.9, 0.5], [1.0, 0.0], [1.0, 0.0]) == \
+        pytest.approx(0.7, abs=1e-15)
+
+
+def _binary_rows(rng, n, prior1):
+    """Exact posteriors of two unit Gaussians at -1 and +1 under equal priors."""
+    y = (rng.random(n) < prior1).astype(int)
+    p1 = 1.0 / (1.0 + np.exp(-2.0 * rng.normal(np.where(y == 1, 1.0, -1.0), 1.0)))
+    return np.column_stack([1.0 - p1, p1]), y
+
+
+def test_prior_corrected_reweights_the_reference_under_a_binary_label_shift():
+    """Priors moving from 50:50 to 97:3 put the corrected confidence of every kept class-1
+    decision below the reference's range, where the isotonic map is clipped: the
+    confidence route misses by several points, the reweighted reference accuracy by less
+    than one."""
+    reweighted, confidence = [], []
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        profile = lf.ReferenceProfile().fit(*_binary_rows(rng, 4000, 0.5))
+        probs, labels = _binary_rows(rng, 4000, 0.03)
+        est = profile.estimate(probs)
+        realised = float(np.mean(probs.argmax(axis=1) == labels))
+        assert est.prior_method == "reweighted"
+        assert est.prior_corrected == est.prior_reweighted
+        reweighted.append(abs(est.prior_reweighted - realised))
+        confidence.append(abs(est.prior_confidence - realised))
+    assert np.mean(reweighted) < 0.01
+    assert np.mean(confidence) > 2 * np.mean(reweighted)
+
+
+def test_prior_corrected_needs_min_class_rows_per_class_for_the_reweighted_route():
+    rng = np.random.default_rng(7)
+    probs, labels = _binary_rows(rng, 4000, 0.5)
+    order = np.argsort(labels, kind="stable")
+    zeros = order[:lf.MIN_CLASS_ROWS]
+    ones = order[-lf.MIN_CLASS_ROWS:]
+    batch = _binary_rows(rng, 500, 0.2)[0]
+    enough = lf.ReferenceProfile().fit(probs[np.r_[zeros, ones]], labels[np.r_[zeros, ones]])
+    assert enough.estimate(batch).prior_method == "reweighted"
+    short = np.r_[zeros, ones[1:]]
+    fewer = lf.ReferenceProfile().fit(probs[short], labels[short]).estimate(batch)
+    assert fewer.prior_method == "confidence"
+    assert fewer.prior_corrected == fewer.prior_confidence
+
+
 def test_drift_tests_hand_checked():
     # 2 x 2 table [[10, 10], [20, 0]]: expected [[15, 5], [15, 5]], chi2 = 2 (25/15 + 25/5)
     test = lf.chi2_predicted([10, 10], [20, 0])
@@ -160,6 +215,8 @@ def test_profile_on_its_own_reference_sees_no_shift(case):
     assert est.em_converged and est.em_iterations <= 2
     assert est.priors == pytest.approx(probs.mean(axis=0), abs=1e-9)
     assert est.prior_shift <= 1e-9 and est.prior_corrected == pytest.approx(est.cbpe, abs=1e-9)
+    assert est.prior_reweighted == pytest.approx(correct.mean(), abs=1e-9)
+    assert est.prior_confidence == pytest.approx(est.cbpe, abs=1e-9)
     assert [d.test for d in est.drift] == ["ks", "chi2"]
     assert all(d.statistic == pytest.approx(0, abs=1e-9) and d.p_value == pytest.approx(1)
                for d in est.drift)

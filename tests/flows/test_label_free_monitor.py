@@ -85,6 +85,12 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
     assert logged.metrics["batch.n"] == len(shifted_rows)
     assert logged.metrics["drift.chi2.p_value"] < 0.01
     assert logged.metrics["estimate.cbpe"] == shifted.estimates.cbpe
+    # both routes of the prior correction are logged; the digits reference has fewer than
+    # MIN_CLASS_ROWS rows per class, so the confidence route is the one used
+    assert logged.metrics["estimate.cbpe_prior_reweighted"] == \
+        shifted.estimates.prior_reweighted
+    assert logged.metrics["estimate.cbpe_prior"] == \
+        logged.metrics["estimate.cbpe_prior_confidence"] == shifted.estimates.prior_confidence
     assert logged.params["threshold.alpha"] == "0.01"
     assert {f"prior.estimated.{k}" for k in range(10)} <= set(logged.metrics)
     # the prior-shift candidate: logged label-free, its top-1 the classifier's on every row

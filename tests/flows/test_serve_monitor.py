@@ -51,6 +51,8 @@ def test_serve_monitors_its_traffic_and_flushes_a_label_free_run(
         loud = client.get(f"{url}/monitor").json()
         assert loud["rows"] == 300 and loud["alert"]
         assert sum(loud["priors"]["estimated"][:3]) > 0.9
+        # fewer than MIN_CLASS_ROWS reference rows per digit: the confidence route
+        assert loud["priors"]["cbpe_prior_route"] == "confidence"
         assert loud["drift"]["chi2"]["p_value"] < 0.01
         gauges = client.get(f"{url}/metrics").text
         assert "cord_serve_monitor_alert 1.0" in gauges
