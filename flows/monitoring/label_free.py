@@ -43,6 +43,9 @@ ALERT_TAG = "monitor.alert"
 ALERTS_TAG = "monitor.alerts"
 LABELS_TAG = "monitor.labels"
 LABELS_RUN_TAG = "monitor.labels_run"
+#: Run tag: which route of the prior-corrected CBPE ``estimate.cbpe_prior`` took
+#: (``reweighted`` or ``confidence``; ``cord_ops.label_free``).
+PRIOR_ROUTE_TAG = "estimate.cbpe_prior_route"
 #: Run tag: whether a prior-shift candidate's state was logged (``monitor/prior_shift.json``).
 PRIOR_SHIFT_TAG = "monitor.prior_shift_candidate"
 #: Run tag written when labels meet a run with a prior-shift candidate: the gate's NLL
@@ -324,7 +327,7 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
               "data.sha256": batch.sha256, SCORES_DIGEST_TAG: batch.scores_sha256,
               "data.shape": f"{batch.n}x{batch.scores.shape[1]}",
               ALERT_TAG: str(bool(reasons)).lower(), ALERTS_TAG: "; ".join(reasons) or "none",
-              LABELS_TAG: "pending",
+              LABELS_TAG: "pending", PRIOR_ROUTE_TAG: est.prior_method,
               PRIOR_SHIFT_TAG: "logged (label-free, not registered)" if candidate else "none",
               "drift.ks.test": "scipy.stats.ks_2samp on the top-1 confidence",
               "drift.chi2.test": "scipy.stats.chi2_contingency on predicted-class counts"})
@@ -332,6 +335,7 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
     try:
         tracking.log_values(client, run_id, metrics=report_values, params=thresholds.as_params())
         summary = {"estimates": {k: report_values[f"estimate.{k}"] for k in ESTIMATES},
+                   "cbpe_prior_route": est.prior_method,
                    "priors": {"estimated": est.priors.tolist(),
                               "reference": np.asarray(reference_priors).tolist()},
                    "predicted_counts": est.predicted_counts.tolist(),

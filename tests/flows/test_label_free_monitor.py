@@ -91,6 +91,7 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
         shifted.estimates.prior_reweighted
     assert logged.metrics["estimate.cbpe_prior"] == \
         logged.metrics["estimate.cbpe_prior_confidence"] == shifted.estimates.prior_confidence
+    assert logged.tags[label_free.PRIOR_ROUTE_TAG] == "confidence"
     assert logged.params["threshold.alpha"] == "0.01"
     assert {f"prior.estimated.{k}" for k in range(10)} <= set(logged.metrics)
     # the prior-shift candidate: logged label-free, its top-1 the classifier's on every row
