@@ -16,7 +16,10 @@ Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
 For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
 probabilities), the champion's mean top-1 probability (``mean_conf``, CBPE without the
 reference split's isotonic map), CBPE on the champion, ATC, DoC and CBPE after the EM
-prior correction; ``oracle``, which is no estimator but the floor of
+prior correction; ``ref_floor``, the floor of every label-shift estimate whose per-class
+accuracies come from the labelled reference split (the batch's exact label shares times
+the reference's per-class accuracy: what is left is the difference between the reference's
+and the pool's rows of each class); ``oracle``, which is no estimator but the floor of
 label-shift estimation: the accuracy of a batch whose label shares are known exactly and
 whose per-class accuracy is the pool's (sum over classes of batch share x pool accuracy of
 the class), so what is left is the batch's own sampling noise; and
@@ -55,7 +58,8 @@ from flows.monitoring.label_free import Thresholds, alert_reasons
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "atc", "doc", "cbpe_prior", "oracle")
+ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "atc", "doc", "cbpe_prior", "ref_floor",
+              "oracle")
 SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence")
 #: What each alarm reason starts with (flows.monitoring.label_free.alert_reasons).
 CAUSES = {"ks": "ks drift", "chi2": "chi2 drift", "accuracy": "estimated accuracy",
@@ -105,6 +109,7 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     pool_correct = pool_p0.argmax(axis=1) == pool_y
     present = np.unique(pool_y)
     class_accuracy = np.array([pool_correct[pool_y == c].mean() for c in present])
+    reference_accuracy = profile.class_accuracy_[present]
     size = min(batch, len(pool_i))
     thresholds = Thresholds()
     errors = {s: {e: [] for e in ESTIMATORS} for s in SCENARIOS}
@@ -119,6 +124,7 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
             values = {"cbpe_raw": lf.cbpe_accuracy(pool_p0[rows]),
                       "mean_conf": est.mean_confidence, "cbpe": est.cbpe,
                       "atc": est.atc, "doc": est.doc, "cbpe_prior": est.prior_corrected,
+                      "ref_floor": float(shares @ reference_accuracy),
                       "oracle": float(shares @ class_accuracy)}
             for e in ESTIMATORS:
                 errors[scenario][e].append(abs(values[e] - realised))
