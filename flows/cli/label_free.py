@@ -184,9 +184,12 @@ def summary(result) -> list[str]:
     for r in result.reports:
         est = r.estimates
         lines.append(f"{r.path} ({r.n} rows, run {r.run_id}):")
+        route = est.prior_method if est.prior_method != "cbpe" else (
+            f"CBPE: label shift does not explain the batch, gap {est.label_shift_gap:.4f} > "
+            f"{est.label_shift_tolerance:.4f}")
         lines.append(f"  estimated accuracy: CBPE {est.cbpe:.4f} (raw classifier "
                      f"{r.cbpe_raw:.4f}), ATC {est.atc:.4f}, DoC {est.doc:.4f}, "
-                     f"prior-corrected {est.prior_corrected:.4f} ({est.prior_method})")
+                     f"prior-corrected {est.prior_corrected:.4f} ({route})")
         lines.append("  drift: " + ", ".join(f"{t.test} p={t.p_value:.3g} "
                                              f"(statistic {t.statistic:.4g})" for t in est.drift)
                      + f"; EM priors moved {est.prior_shift:.4f} (TV)")

@@ -44,7 +44,8 @@ ALERTS_TAG = "monitor.alerts"
 LABELS_TAG = "monitor.labels"
 LABELS_RUN_TAG = "monitor.labels_run"
 #: Run tag: which route of the prior-corrected CBPE ``estimate.cbpe_prior`` took
-#: (``reweighted`` or ``confidence``; ``cord_ops.label_free``).
+#: (``reweighted``, ``confidence``, or ``cbpe`` where label shift does not explain the
+#: batch; ``cord_ops.label_free``).
 PRIOR_ROUTE_TAG = "estimate.cbpe_prior_route"
 #: Run tag: whether a prior-shift candidate's state was logged (``monitor/prior_shift.json``).
 PRIOR_SHIFT_TAG = "monitor.prior_shift_candidate"
@@ -296,6 +297,8 @@ def estimate_values(est: label_free.Estimates, cbpe_raw: float,
               "estimate.cbpe_prior": est.prior_corrected,
               "estimate.cbpe_prior_reweighted": est.prior_reweighted,
               "estimate.cbpe_prior_confidence": est.prior_confidence,
+              "estimate.label_shift_gap": est.label_shift_gap,
+              "estimate.label_shift_tolerance": est.label_shift_tolerance,
               "estimate.mean_confidence": est.mean_confidence,
               "estimate.accuracy_drop": profile.cbpe_ - est.cbpe,
               "reference.accuracy": reference_accuracy,

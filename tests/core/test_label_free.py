@@ -137,6 +137,25 @@ def test_prior_corrected_reweights_the_reference_under_a_binary_label_shift():
     assert np.mean(confidence) > 2 * np.mean(reweighted)
 
 
+def test_label_shift_rejected_on_a_batch_of_hard_inputs_and_kept_under_label_shift():
+    """A batch of the rows the classifier is least sure of is no label shift of the
+    reference: its CBPE is far below what the reference's classes at the EM shares give,
+    so the prior-corrected estimate is CBPE. The same reference under a pure label shift
+    (priors 80:20) keeps the reweighted route."""
+    rng = np.random.default_rng(11)
+    profile = lf.ReferenceProfile().fit(*_binary_rows(rng, 4000, 0.5))
+    probs, labels = _binary_rows(rng, 20000, 0.5)
+    hard = np.flatnonzero(probs.max(axis=1) < 0.75)[:2000]
+    est = profile.estimate(probs[hard])
+    realised = float(np.mean(probs[hard].argmax(axis=1) == labels[hard]))
+    assert est.label_shift_gap > est.label_shift_tolerance
+    assert est.prior_method == "cbpe" and est.prior_corrected == est.cbpe
+    assert abs(est.cbpe - realised) < 0.05 < abs(est.prior_reweighted - realised)
+    shifted = profile.estimate(_binary_rows(rng, 2000, 0.2)[0])
+    assert shifted.label_shift_gap <= shifted.label_shift_tolerance
+    assert shifted.prior_method == "reweighted"
+
+
 def test_prior_corrected_needs_min_class_rows_per_class_for_the_reweighted_route():
     rng = np.random.default_rng(7)
     probs, labels = _binary_rows(rng, 4000, 0.5)
@@ -217,6 +236,7 @@ def test_profile_on_its_own_reference_sees_no_shift(case):
     assert est.prior_shift <= 1e-9 and est.prior_corrected == pytest.approx(est.cbpe, abs=1e-9)
     assert est.prior_reweighted == pytest.approx(correct.mean(), abs=1e-9)
     assert est.prior_confidence == pytest.approx(est.cbpe, abs=1e-9)
+    assert est.label_shift_gap <= 1e-9 < est.label_shift_tolerance
     assert [d.test for d in est.drift] == ["ks", "chi2"]
     assert all(d.statistic == pytest.approx(0, abs=1e-9) and d.p_value == pytest.approx(1)
                for d in est.drift)

@@ -92,6 +92,8 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
     assert logged.metrics["estimate.cbpe_prior"] == \
         logged.metrics["estimate.cbpe_prior_confidence"] == shifted.estimates.prior_confidence
     assert logged.tags[label_free.PRIOR_ROUTE_TAG] == "confidence"
+    assert logged.metrics["estimate.label_shift_gap"] == shifted.estimates.label_shift_gap \
+        <= logged.metrics["estimate.label_shift_tolerance"]
     assert logged.params["threshold.alpha"] == "0.01"
     assert {f"prior.estimated.{k}" for k in range(10)} <= set(logged.metrics)
     # the prior-shift candidate: logged label-free, its top-1 the classifier's on every row
