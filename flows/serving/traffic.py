@@ -139,7 +139,9 @@ class TrafficMonitor:
             "reference": {"accuracy": profile.accuracy_, "rows": profile.n_},
             "priors": {"estimated": est.priors.tolist(), "shift_tv": est.prior_shift,
                        "em_converged": est.em_converged,
-                       "cbpe_prior_route": est.prior_method},
+                       "cbpe_prior_route": est.prior_method,
+                       "label_shift_gap": est.label_shift_gap,
+                       "label_shift_tolerance": est.label_shift_tolerance},
             "drift": {t.test: {"statistic": t.statistic, "p_value": t.p_value}
                       for t in est.drift}})
         return body

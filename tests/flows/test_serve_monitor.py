@@ -53,6 +53,7 @@ def test_serve_monitors_its_traffic_and_flushes_a_label_free_run(
         assert sum(loud["priors"]["estimated"][:3]) > 0.9
         # fewer than MIN_CLASS_ROWS reference rows per digit: the confidence route
         assert loud["priors"]["cbpe_prior_route"] == "confidence"
+        assert loud["priors"]["label_shift_gap"] <= loud["priors"]["label_shift_tolerance"]
         assert loud["drift"]["chi2"]["p_value"] < 0.01
         gauges = client.get(f"{url}/metrics").text
         assert "cord_serve_monitor_alert 1.0" in gauges
