@@ -194,8 +194,10 @@ def summary(result) -> list[str]:
                                              f"(statistic {t.statistic:.4g})" for t in est.drift)
                      + f"; EM priors moved {est.prior_shift:.4f} (TV)")
         if r.candidate_version is not None:
+            premise = ("; label shift does not explain this batch, so the reweighting's "
+                       "premise fails" if est.prior_method == "cbpe" else "")
             lines.append(f"  prior-shift candidate: registered as v{r.candidate_version} "
-                         "(label-free; @champion unchanged)")
+                         f"(label-free; @champion unchanged{premise})")
         if r.realised is not None:
             lines.append(f"  labels: realised accuracy {r.realised['realised.accuracy']:.4f}, "
                          f"CBPE error {r.realised['error.cbpe']:+.4f}")

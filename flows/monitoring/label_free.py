@@ -242,7 +242,9 @@ def prior_shift_candidate(scored: Scored, profile: label_free.ReferenceProfile,
     """The state of the champion moved to the batch's EM priors and CORD-repaired against
     the original classifier (:class:`cord_ops.prior_shift.PriorShiftRepair`), as JSON, with
     the number of rows whose top-1 it kept (all of them, by construction; counted on the
-    batch so the record says so). Label-free: no label has checked it."""
+    batch so the record says so) and whether label shift explains the batch (the
+    reweighting's premise; ``cord_ops.label_free``, label shift rejected). Label-free: no
+    label has checked it."""
     from cord_ops.prior_shift import PriorShiftRepair
     from cord_ops.validation import top1
 
@@ -253,7 +255,9 @@ def prior_shift_candidate(scored: Scored, profile: label_free.ReferenceProfile,
     return {"label_free": True, "source_priors": profile.priors_.tolist(),
             "target_priors": repair.priors_.tolist(), "weights": repair.weights_.tolist(),
             "cord": repair.cord_.to_dict(), "rows": int(len(moved)), "top1_kept": kept,
-            "mean_top1_probability": float(moved.max(axis=1).mean())}
+            "mean_top1_probability": float(moved.max(axis=1).mean()),
+            "label_shift": {"gap": est.label_shift_gap, "tolerance": est.label_shift_tolerance,
+                            "explains_batch": est.prior_method != "cbpe"}}
 
 
 # ---------------------------------------------------------------- records

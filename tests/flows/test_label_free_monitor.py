@@ -102,6 +102,9 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
         candidate = json.loads(Path(client.download_artifacts(
             shifted.run_id, "monitor/prior_shift.json", tmp)).read_text())
     assert candidate["label_free"] is True
+    assert candidate["label_shift"] == {"gap": shifted.estimates.label_shift_gap,
+                                        "tolerance": shifted.estimates.label_shift_tolerance,
+                                        "explains_batch": True}
     assert candidate["rows"] == candidate["top1_kept"] == len(shifted_rows)
     assert candidate["target_priors"] == pytest.approx(list(shifted.estimates.priors))
     quiet = client.get_run(steady.run_id).data
