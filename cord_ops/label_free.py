@@ -336,10 +336,9 @@ class ReferenceProfile(BaseEstimator):
         self.priors_ = p.mean(axis=0)
         self.label_counts_ = np.bincount(y, minlength=k)
         self.label_priors_ = self.label_counts_ / n
-        self.class_accuracy_ = np.divide(np.bincount(y, weights=correct, minlength=k),
-                                         self.label_counts_,
-                                         out=np.zeros(k), where=self.label_counts_ > 0)
         has_rows = self.label_counts_ > 0
+        self.class_accuracy_ = np.divide(np.bincount(y, weights=correct, minlength=k),
+                                         self.label_counts_, out=np.zeros(k), where=has_rows)
         self.class_cbpe_ = np.divide(np.bincount(y, weights=mapped, minlength=k),
                                      self.label_counts_, out=np.zeros(k), where=has_rows)
         self.class_cbpe_var_ = np.divide(
@@ -381,9 +380,8 @@ class ReferenceProfile(BaseEstimator):
         cbpe = float(mapped.mean())
         by_confidence = float(self.confidence_map_.predict(
             prior_corrected_confidence(p, self.priors_, em.priors)).mean())
-        by_reweighting = reweighted_accuracy(self.label_counts_, self.class_accuracy_,
-                                             self.priors_, em.priors)
         shares = label_shares(self.label_counts_, self.priors_, em.priors)
+        by_reweighting = float(shares @ self.class_accuracy_)  # reweighted_accuracy
         known = shares.sum() > 0 and bool(
             np.all(self.label_counts_[shares >= SHARE_FLOOR] >= MIN_CLASS_ROWS))
         gap = abs(cbpe - float(shares @ self.class_cbpe_))
