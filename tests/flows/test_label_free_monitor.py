@@ -198,6 +198,9 @@ def test_binary_votes_in_one_score_column(store, tmp_path):
     (report,) = result.reports
     assert report.n == len(e.eval_labels) and not report.alert  # its own reference split
     assert report.estimates.priors.sum() == pytest.approx(1.0)
+    # exact 0/1 votes and float32 rows: on its own reference the label shift is not rejected
+    assert report.estimates.label_shift_gap <= 1e-9 < report.estimates.label_shift_tolerance
+    assert report.estimates.prior_method == "reweighted"
     # the batch is the reference split itself: DoC returns its accuracy exactly
     accuracy = float(np.mean(e.eval_probs.argmax(1) == e.eval_labels))
     assert report.estimates.doc == pytest.approx(accuracy, abs=1e-6)
