@@ -156,6 +156,20 @@ def test_label_shift_rejected_on_a_batch_of_hard_inputs_and_kept_under_label_shi
     assert shifted.prior_method == "reweighted"
 
 
+def test_label_shift_tolerance_hand_checked():
+    # confidences 0.6 (one right, one wrong) and 0.9 (both right): the map is 0.5 and 1.0;
+    # true class 0 holds one row mapped 0.5, class 1 rows mapped 0.5, 1, 1
+    probs = np.array([[0.6, 0.4], [0.6, 0.4], [0.1, 0.9], [0.1, 0.9]])
+    profile = lf.ReferenceProfile().fit(probs, [1, 0, 1, 1])
+    assert profile.class_cbpe_ == pytest.approx([0.5, 5 / 6], abs=1e-15)
+    assert profile.class_cbpe_var_ == pytest.approx([0.0, 1 / 18], abs=1e-15)
+    est = profile.estimate(probs)
+    # se^2 = var(0.5, 0.5, 1, 1) / 4 + (3/4)^2 (1/18) / 3 = 1/64 + 1/96
+    assert est.label_shift_tolerance == pytest.approx(
+        lf.LABEL_SHIFT_FLOOR + lf.LABEL_SHIFT_Z * math.sqrt(1 / 64 + 1 / 96), rel=1e-6)
+    assert est.label_shift_gap == pytest.approx(0.0, abs=1e-9)
+
+
 def test_prior_corrected_needs_min_class_rows_per_class_for_the_reweighted_route():
     rng = np.random.default_rng(7)
     probs, labels = _binary_rows(rng, 4000, 0.5)
