@@ -162,6 +162,7 @@ FLOORS = (
     ("cord_ops",),
     ("onnx_export",),
     ("flows", "errors", "files"),
+    ("redact",),         # credentials out of URIs, before anything prints or stores one
     ("registry",),
     ("runtime", "shards"),
     ("promotion",),

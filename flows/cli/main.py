@@ -35,6 +35,7 @@ from flows.cli import label_free as label_free_cli
 from flows.cli import parser as cli_parser
 from flows.errors import CordOpsError
 from flows.preflight import checks as inputs
+from flows.redact import PASSWORD_ENV, USERNAME_ENV, credentials_to_environment, redact
 from flows.registry import owner, tracking
 from flows.runtime import managed_server as server
 from flows.runtime import warm
@@ -48,7 +49,7 @@ STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "ale
 
 
 def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    print(f"error: {redact(message)}", file=sys.stderr, flush=True)
     return 1
 
 
@@ -504,6 +505,9 @@ def cmd_schedule(args) -> int:
             print(f"deployed to work pool '{args.work_pool}': {', '.join(ids)}")
             api = f"PREFECT_API_URL={managed.api_url} " if managed is not None else ""
             print(f"next: {api}prefect worker start --pool {args.work_pool}")
+            if os.environ.get(PASSWORD_ENV):
+                print(f"      with {USERNAME_ENV} and {PASSWORD_ENV} set in the worker's "
+                      "environment (the deployments keep the tracking URI without them)")
         else:
             if managed is not None:
                 print(f"serving until Ctrl-C or SIGTERM; the Prefect server keeps running "
@@ -690,6 +694,16 @@ def describe_error(exc: BaseException, tracking_uri: str) -> str:
     return message
 
 
+def _without_credentials(uri: str) -> str:
+    """The tracking URI without its ``user:password@``, which goes to MLflow's environment
+    variables for this process and those it starts (:mod:`flows.redact`); the same for
+    ``MLFLOW_TRACKING_URI``, which flow-run processes inherit."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        os.environ["MLFLOW_TRACKING_URI"] = credentials_to_environment(
+            os.environ["MLFLOW_TRACKING_URI"])
+    return credentials_to_environment(uri)
+
+
 def run(args: argparse.Namespace, forward: bool = False, watch: bool = False) -> int:
     """Validate, then run ``args.func``; every failure becomes the last line ``error: ...``.
     With ``forward``, a flow command whose inputs passed goes to the managed server's warm
@@ -699,6 +713,7 @@ def run(args: argparse.Namespace, forward: bool = False, watch: bool = False) ->
     args.tracking_uri_given = args.tracking_uri
     args.tracking_uri = args.tracking_uri or tracking.tracking_uri()
     try:
+        args.tracking_uri = _without_credentials(args.tracking_uri)
         validate = getattr(args, "validate", None)
         if validate is not None:
             validate(args)

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from cord_ops import data, label_free, metrics
+from flows.redact import redact
 
 KIND = "monitor-label-free"
 EXPERIMENT_SUFFIX = "-monitoring"
@@ -356,7 +357,7 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
                 path.write_text(json.dumps(candidate, indent=1))
                 client.log_artifact(run_id, str(path), "monitor")
     except BaseException as exc:
-        client.set_tag(run_id, "cord.error", f"{type(exc).__name__}: {exc}"[:5000])
+        client.set_tag(run_id, "cord.error", redact(f"{type(exc).__name__}: {exc}")[:5000])
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_terminated(run_id, "FINISHED")

@@ -10,6 +10,7 @@ from pathlib import Path
 from prefect import get_run_logger
 
 from flows.errors import CordOpsError
+from flows.redact import redact
 from flows.registry import journal
 from flows.registry import versions as registry
 from flows.registry.retries import is_store_outage
@@ -36,7 +37,7 @@ class RecalibrationError(CordOpsError, RuntimeError):
         if journal is not None:
             message += (f"; the store could not record this failure, so it was journaled to "
                         f"{journal} and the next command against this store records it")
-        super().__init__(message)
+        super().__init__(redact(message))  # it becomes the Prefect run's stored state message
 
 
 #: Steps that talk to the tracking store: their errors name the tracking URI.

@@ -34,6 +34,7 @@ import numpy as np
 from cord_ops import metrics
 from cord_ops.validation import top1
 from flows.monitoring import label_free
+from flows.redact import redact
 from flows.registry import versions as registry
 from flows.runtime import checkpoints
 
@@ -207,7 +208,8 @@ def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: 
     except BaseException as exc:
         if created is not None:
             registry.withdraw_version(client, model_name, created, None)
-        client.set_tag(run_id, registry.ERROR_TAG, f"{type(exc).__name__}: {exc}"[:5000])
+        client.set_tag(run_id, registry.ERROR_TAG,
+                       redact(f"{type(exc).__name__}: {exc}")[:5000])
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_tag(monitor_run_id, VERSION_TAG, created)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from flows.errors import CordOpsError
+from flows.redact import redact
 
 STORE_DIR = "mlruns"
 DB_NAME = "mlflow.db"
@@ -102,8 +103,9 @@ def log_values(mlflow_client, run_id: str, metrics: Mapping[str, float] | None =
                params: Mapping[str, object] | None = None, tags: Mapping[str, str] | None = None,
                step: int = 0, steps: Mapping[int, Mapping[str, float]] | None = None,
                finite_only: bool = False) -> None:
-    """Log metrics (at ``step``, plus per-step curves ``steps``), params (as ``str``) and
-    tags of one run in a single ``log_batch`` call, all with one timestamp.
+    """Log metrics (at ``step``, plus per-step curves ``steps``), params and tags (as
+    ``str``, credentials in URIs redacted: :func:`flows.redact.redact`) of one run in a
+    single ``log_batch`` call, all with one timestamp.
 
     ``finite_only`` skips NaN and infinite metrics (and None) at ``step``: where a value is
     undefined by construction (eta* of minimal repair) a missing metric reads more honestly
@@ -119,8 +121,8 @@ def log_values(mlflow_client, run_id: str, metrics: Mapping[str, float] | None =
     for at, values in (steps or {}).items():
         entries += [Metric(k, float(v), now, at) for k, v in values.items()]
     mlflow_client.log_batch(run_id, metrics=entries,
-                            params=[Param(k, str(v)) for k, v in (params or {}).items()],
-                            tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+                            params=[Param(k, redact(v)) for k, v in (params or {}).items()],
+                            tags=[RunTag(k, redact(v)) for k, v in (tags or {}).items()])
 
 
 def log_model(mlflow_client, run_id: str, name: str, save: Callable[[str, object], None],
@@ -141,7 +143,8 @@ def log_model(mlflow_client, run_id: str, name: str, save: Callable[[str, object
     run = mlflow_client.get_run(run_id)
     logged = mlflow_client.create_logged_model(
         experiment_id or run.info.experiment_id, name=name, source_run_id=run_id,
-        params=dict(run.data.params), tags=context_registry.resolve_tags())
+        params=dict(run.data.params),
+        tags={k: redact(v) for k, v in context_registry.resolve_tags().items()})
     mlflow_client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
     linked = [Metric(key, value, int(time.time() * 1000), 0, run_id=run_id,
                      model_id=logged.model_id) for key, value in run.data.metrics.items()]

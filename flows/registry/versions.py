@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from flows.redact import redact
 from flows.registry import owner
 
 CHAMPION = "champion"
@@ -330,6 +331,6 @@ def record_failure(client, entry: dict) -> None:
     run = _run_or_none(client, entry["run_id"])
     if run is None:
         return
-    client.set_tag(entry["run_id"], ERROR_TAG, str(entry["error"])[:5000])
+    client.set_tag(entry["run_id"], ERROR_TAG, redact(entry["error"])[:5000])
     client.set_terminated(entry["run_id"], entry.get("status", "FAILED"))
 

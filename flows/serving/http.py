@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from flows.errors import CordOpsError
+from flows.redact import redact
 from flows.serving.contract import (
     REASONS,
     InputContract,
@@ -704,7 +705,7 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
                                 lifespan="on")
         server = uvicorn.Server(config)
         RegistryFollower._log(f"{name}@{alias} on http://{host}:{port} (tracking "
-                              f"{tracking_uri}, polling every {poll_interval:g} s)")
+                              f"{redact(tracking_uri)}, polling every {poll_interval:g} s)")
         # uvicorn shuts down on SIGTERM/SIGINT and then re-raises the signal to the handler
         # in place before it ran; this one only records it, so the stop ends in a return.
         stops: list[int] = []
