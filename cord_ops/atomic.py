@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import tempfile
 import time
 from collections.abc import Iterator
@@ -66,27 +67,38 @@ def sweep_stale(folder) -> list[Path]:
     return removed
 
 
+def _create_temporary(target: Path) -> Path:
+    """A new empty file ``.<name>.<pid>.<random>.tmp`` beside ``target``, made with mode
+    0666 under the umask (``tempfile.mkstemp`` would make it 0600 whatever the umask)."""
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"{target.parent}: no free temporary name for {target.name}")
+
+
 @contextmanager
 def atomic_path(path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path``.
 
     The temporary file lives in the destination folder (so ``os.replace`` is a rename on
-    one file system), is flushed to disk before the rename, gets ordinary 0644
-    permissions, and is removed if the body raises. Leftovers of killed writers in that
-    folder are swept first.
+    one file system), is flushed to disk before the rename, and is removed if the body
+    raises. It is created as ``open()`` creates a file, 0666 less the process's umask (the
+    ``cord-ops`` command sets an owner-only one unless told otherwise: docs/security.md),
+    so the file and the folders made for it are as private as the user asked. Leftovers
+    of killed writers in that folder are swept first.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(target.parent)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.",
-                                suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
+    tmp = _create_temporary(target)
     try:
         yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)

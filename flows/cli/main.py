@@ -44,6 +44,8 @@ SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
 #: Exit status of ``server status`` when no managed server runs (as ``systemctl status``).
 NOT_RUNNING = 3
+#: The umask (octal) for what cord-ops creates, when not owner-only (:func:`private_umask`).
+UMASK_ENV = "CORD_OPS_UMASK"
 #: Packages whose exceptions mean the tracking store failed (their errors name the URI).
 STORE_PACKAGES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "alembic")
 
@@ -694,6 +696,28 @@ def describe_error(exc: BaseException, tracking_uri: str) -> str:
     return message
 
 
+def private_umask() -> int:
+    """Set this process's umask for everything the command and the processes it starts
+    create (the store, the Prefect database, state files, logs, outputs): ``CORD_OPS_UMASK``
+    (octal) when set, e.g. 0007 for a store a group shares; else the user's umask with
+    every group and other permission removed, so files are 0600 and folders 0700 by
+    default and never more open than the umask allows. Returns the umask set."""
+    given = os.environ.get(UMASK_ENV, "").strip()
+    if not given:
+        current = os.umask(0o077)
+        os.umask(current | 0o077)
+        return current | 0o077
+    try:
+        value = int(given, 8)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 0o777:
+        raise inputs.InputError(f"{UMASK_ENV}={given!r}: expected an octal umask such as 0077 "
+                                "(owner only, the default) or 0007 (owner and group)")
+    os.umask(value)
+    return value
+
+
 def _without_credentials(uri: str) -> str:
     """The tracking URI without its ``user:password@``, which goes to MLflow's environment
     variables for this process and those it starts (:mod:`flows.redact`); the same for
@@ -760,6 +784,10 @@ def main(argv: list[str] | None = None, started: float | None = None,
         os.environ.setdefault(key, value)
     owns = argv_given is None if owns_process is None else owns_process
     if owns:
+        try:
+            private_umask()
+        except inputs.InputError as exc:
+            return _error(str(exc))
         owner.mark_command(keep=not forward)
     return run(args, forward=forward, watch=owns)
 
