@@ -354,7 +354,7 @@ def validate_predict(args) -> None:
         inputs.new_folder(args.output, "--output")
     else:
         inputs.data_file(args.input, "--input")
-        inputs.writable_output(args.output, "--output", args.input)
+        inputs.writable_output(args.output, "--output", args.input, overwrite=args.overwrite)
     inputs.model_reference(args.tracking_uri, args.model)
     if args.batch_size is not None and args.batch_size < 1:
         raise inputs.InputError(f"--batch-size: expected a positive integer, got "

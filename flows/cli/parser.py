@@ -120,6 +120,9 @@ def add_predict(sub) -> None:
     p.add_argument("--output", required=True, type=Path,
                    help="output .npz or .parquet (written atomically); for a folder or glob "
                         "input, a new folder mirroring the input's layout")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output file (refused without it; a batch "
+                        "output folder is always new)")
     p.add_argument("--dask-address", help="scheduler of an existing Dask cluster "
                                           "(default: start a local one)")
     p.add_argument("--dask-workers", type=int,

@@ -224,8 +224,10 @@ def fraction_in_unit_interval(value: float, option: str = "--fraction") -> float
     return value
 
 
-def writable_output(path: Path, option: str, *inputs: Path | None) -> Path:
-    """An output path whose folder exists and that is not one of the inputs."""
+def writable_output(path: Path, option: str, *inputs: Path | None,
+                    overwrite: bool = False) -> Path:
+    """An output path whose folder exists, that is not one of the inputs, and that does
+    not exist unless ``overwrite`` (``--overwrite``) says to replace it."""
     folder = path.resolve().parent
     if not folder.is_dir():
         raise InputError(f"{path}: folder {folder} does not exist (given as {option})")
@@ -234,6 +236,9 @@ def writable_output(path: Path, option: str, *inputs: Path | None) -> Path:
     for source in inputs:
         if source is not None and source.exists() and path.exists() and path.samefile(source):
             raise InputError(f"{path}: is also the input; choose another {option}")
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise InputError(f"{path}: already exists; pass --overwrite to replace it, or choose "
+                         f"another {option}")
     return path
 
 
