@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cord_ops import read_budget
 from cord_ops.atomic import atomic_path
 from cord_ops.names import INPUT_KINDS
 from cord_ops.validation import check_labels, stored_scores
@@ -151,7 +152,9 @@ def load_npz(path, *, input_kind: str = "auto") -> Dataset:
     n x K, labels as int64; the arrays are read-only.
 
     Raises FileNotFoundError for a missing file, TypeError for non-numeric arrays and
-    ValueError for everything else, each message starting with the path.
+    ValueError for everything else, each message starting with the path; an archive
+    that would decompress beyond the read budget, or whose .npy header declares more
+    than the file holds, is refused before any array is read (:mod:`cord_ops.read_budget`).
     """
     _check_input_kind(input_kind, ("auto", *INPUT_KINDS))
     where = str(path)
@@ -164,6 +167,7 @@ def load_npz(path, *, input_kind: str = "auto") -> Dataset:
     if not raw.startswith(b"\x93NUMPY") and not zipfile.is_zipfile(io.BytesIO(raw)):
         raise ValueError(f"{where}: not an .npz archive (numpy.savez's zip of .npy arrays); "
                          "expected 'logits' or 'probs' and 'labels'")
+    read_budget.check_npz(raw, where)
     try:
         archive = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
@@ -315,13 +319,15 @@ def _check_numeric(arrow_type, where: str, name: str) -> None:
 
 
 def read_parquet_table(path, columns=None):
-    """The pyarrow Table of a Parquet file; a missing or unreadable file raises naming it."""
+    """The pyarrow Table of a Parquet file; a missing or unreadable file, or one that
+    decompresses beyond the read budget (:mod:`cord_ops.read_budget`), raises naming it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     where = str(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"{where}: no such file")
+    read_budget.check_parquet(path, where)
     try:
         return pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as exc:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cord_ops import data
+from cord_ops import data, read_budget
 from cord_ops.validation import PROBABILITY_SUM_ATOL, narrowed, stored_scores
 
 WRITTEN = ("repaired", "calibrated", "label", "confidence")
@@ -40,6 +40,7 @@ def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
     which would run without error and return garbage.
     """
     path = Path(path)
+    read_budget.check_npz(path)
     try:
         archive = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:

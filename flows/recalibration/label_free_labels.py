@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from prefect import flow
 
-from cord_ops import data
+from cord_ops import data, read_budget
 from flows.monitoring import label_free
 from flows.recalibration.label_free_monitor import settle
 from flows.registry import tracking
@@ -34,16 +34,12 @@ def _read_columns(path: Path, names: tuple[str, ...], required: tuple[str, ...])
     """The 1-D arrays ``names`` of an .npz or Parquet file (ValueError naming the file
     when one of ``required`` is missing or unreadable)."""
     if data.is_parquet(path):
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except Exception as exc:  # pyarrow's errors vary; the message says what is wrong
-            raise ValueError(f"{path}: not a readable Parquet file ({exc})") from None
+        table = data.read_parquet_table(path)
         found = {n: table.column(n).to_numpy(zero_copy_only=False)
                  for n in names if n in table.column_names}
         kind = "column"
     else:
+        read_budget.check_npz(path)
         try:
             archive = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
