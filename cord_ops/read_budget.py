@@ -3,7 +3,7 @@ from the file's own headers before any array is allocated.
 
 A compressed file can claim far more memory than it takes on disk: a 342 KB .npz of
 zeros inflates to 720 MB, a 131 KB Parquet file to 1 GB, and a crafted .npy header
-declaring shape (10^8, 3 x 10^5) makes numpy allocate 224 GiB before it reads a byte.
+declaring shape (10^8, 300) makes numpy allocate 224 GiB before it reads a byte.
 So before a file is read:
 
 - .npz: every member's decompressed size comes from the zip directory and every
@@ -63,8 +63,8 @@ def limit_for(file_size: int) -> int:
 
 
 def human(n: int) -> str:
-    """``n`` bytes as KiB/MiB/GiB with three significant digits."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    """``n`` bytes as KiB/MiB/GiB/TiB with three significant digits."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n} bytes"
@@ -74,26 +74,25 @@ def _over_budget(where: str, total: int, file_size: int) -> ValueError:
     return ValueError(
         f"{where}: decompresses to {human(total)} from {human(file_size)} on disk, over the "
         f"read budget of {human(limit_for(file_size))} (the larger of {BUDGET_ENV}, default "
-        f"{DEFAULT_BUDGET_MB}, and {EXPANSION} x the file's size); if the file is yours, "
-        f"raise {BUDGET_ENV}")
+        f"{DEFAULT_BUDGET_MB} MiB, and {EXPANSION} x the file's size); raise {BUDGET_ENV} "
+        "if the file is yours")
 
 
 def _declared_bytes(shape, dtype: np.dtype) -> int:
     return math.prod(int(n) for n in shape) * int(dtype.itemsize)
 
 
-def _npy_header(handle, where: str, name: str):
-    """(shape, dtype, header length) of the .npy stream ``handle``, or a ValueError naming
-    the array."""
+def _npy_header(handle):
+    """(shape, dtype, header length) of the .npy stream ``handle``, or None when it has no
+    readable header (the reader then reports the array as corrupt, naming it)."""
     try:
         version = np.lib.format.read_magic(handle)
         if version == (1, 0):
             shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
         else:
             shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{where}: array '{name}' has an unreadable .npy header "
-                         f"({exc})") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError):
+        return None
     return shape, dtype, handle.tell()
 
 
@@ -128,10 +127,12 @@ def check_npz(source, where: str | None = None) -> None:
     with handle:
         if handle.read(len(_NPY_MAGIC)) == _NPY_MAGIC:
             handle.seek(0)
-            shape, dtype, header = _npy_header(handle, where, "(the .npy array)")
-            _check_array(where, "(the .npy array)", shape, dtype, file_size - header)
-            if _declared_bytes(shape, dtype) > limit:
-                raise _over_budget(where, _declared_bytes(shape, dtype), file_size)
+            found = _npy_header(handle)
+            if found is not None:
+                shape, dtype, header = found
+                _check_array(where, "(the .npy array)", shape, dtype, file_size - header)
+                if _declared_bytes(shape, dtype) > limit:
+                    raise _over_budget(where, _declared_bytes(shape, dtype), file_size)
             return
         handle.seek(0)
         try:
@@ -146,13 +147,15 @@ def check_npz(source, where: str | None = None) -> None:
             for info in members:
                 if not info.filename.endswith(".npy"):
                     continue
-                name = info.filename[:-len(".npy")]
                 try:
                     with archive.open(info) as member:
-                        shape, dtype, header = _npy_header(member, where, name)
-                except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as exc:
-                    raise ValueError(f"{where}: array '{name}' is corrupt ({exc})") from None
-                _check_array(where, name, shape, dtype, info.file_size - header)
+                        found = _npy_header(member)
+                except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError):
+                    found = None
+                if found is not None:
+                    shape, dtype, header = found
+                    _check_array(where, info.filename[:-len(".npy")], shape, dtype,
+                                 info.file_size - header)
 
 
 def parquet_bytes(metadata) -> int:
