@@ -36,7 +36,7 @@ HTTP_SCHEMES = ("http", "https")
 #: ``urllib.parse.urlsplit`` reads it), so one holding a raw ``@`` is covered whole. A
 #: user name alone is not a secret (tokens go in ``MLFLOW_TRACKING_TOKEN``).
 _USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@?#'\"]*):"
-                       r"(?P<password>[^\s/?#'\"]*)@")
+                       r"(?P<password>[^\s/?#]*)@")
 #: Query parameters (and fragments) whose value is a secret: names that hold token,
 #: secret, password, signature, credential, key or auth (``X-Amz-Signature``,
 #: ``access_token``, ``api_key``, Azure SAS ``sig``...).
