@@ -34,9 +34,16 @@ def test_demo_registers_and_predict_serves_the_champion(tmp_path, cli_env, cord_
     (tmp_path / "mlruns").mkdir()
     shutil.copyfile(mlflow_template_db, tmp_path / "mlruns" / "mlflow.db")  # skip migrations
 
-    demo = subprocess.run([*cord_ops_command, "demo"], cwd=tmp_path, env=env,
+    template = (tmp_path / "mlruns" / "mlflow.db", tmp_path / "mlruns")  # made by the test
+    # under the usual umask 022: what cord-ops creates is owner-only all the same
+    demo = subprocess.run([*cord_ops_command, "demo"], cwd=tmp_path, env=env, umask=0o022,
                           capture_output=True, text=True, timeout=300)
     assert demo.returncode == 0, demo.stderr[-3000:]
+    created = [p for p in (tmp_path / "mlruns").rglob("*") if p not in template]
+    assert any(p.name == "evaluation.npz" for p in created)  # the pinned reference split
+    assert any(p.suffix == ".onnx" for p in created)
+    assert [(str(p), oct(p.stat().st_mode)) for p in created
+            if p.stat().st_mode & 0o077] == []
     for row in ("uncal", "base", "cord", "eta* = ", "cord-ops-demo@champion", "cord-ops ui"):
         assert row in demo.stdout
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
@@ -48,8 +55,9 @@ def test_demo_registers_and_predict_serves_the_champion(tmp_path, cli_env, cord_
     predict = subprocess.run(
         [*cord_ops_command, "predict", "--model", "models:/cord-ops-demo@champion",
          "--input", str(batch.path), "--output", "out.npz", "--batch-size", "100"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, env=env, umask=0o022, capture_output=True, text=True, timeout=300)
     assert predict.returncode == 0, predict.stderr[-3000:]
+    assert (tmp_path / "out.npz").stat().st_mode & 0o777 == 0o600
     with np.load(tmp_path / "out.npz", allow_pickle=False) as out:
         repaired, label = out["repaired"], out["label"]
     assert repaired.shape == (batch.n, batch.n_classes)

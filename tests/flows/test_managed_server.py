@@ -52,7 +52,8 @@ def test_server_start_status_stop(tmp_path, cord_ops_command):
     assert cli(cord_ops_command, ["server", "status"], work, env).returncode == 3
     # two starts at once: one server, both report it
     starts = [subprocess.Popen([*cord_ops_command, "server", "start"], cwd=work, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               umask=0o022)
               for _ in range(2)]
     outputs = [p.communicate(timeout=240)[0] for p in starts]
     assert [p.returncode for p in starts] == [0, 0], outputs
@@ -66,6 +67,10 @@ def test_server_start_status_stop(tmp_path, cord_ops_command):
     assert listening and {a.ip for a in listening} == {"127.0.0.1"}, listening
     assert {a.port for a in listening} == {record["port"]}
     assert (work / "mlruns" / "prefect" / "home" / "prefect.db").exists()  # next to the store
+    # the Prefect database, state files and logs: owner-only under the usual umask 022
+    state = [work / "mlruns", *(work / "mlruns").rglob("*")]
+    assert {"prefect.db", "server.json", "runner.json", "server.log"} <= {p.name for p in state}
+    assert [(str(p), oct(p.stat().st_mode)) for p in state if p.stat().st_mode & 0o077] == []
 
     status = cli(cord_ops_command, ["server", "status"], work, env)
     assert status.returncode == 0 and f"pid {record['pid']}" in status.stdout
