@@ -155,9 +155,38 @@ def log_model(mlflow_client, run_id: str, name: str, save: Callable[[str, object
     with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp:
         path = os.path.join(tmp, name)
         save(path, mlflow_model)
+        honour_umask(path)
         mlflow_client.log_model_artifacts(logged.model_id, path)
     logged = mlflow_client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
     return mlflow_model.get_model_info(logged)
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` can only be read by
+    setting it, which would open a window for other threads' files)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o077  # unknown: take away what an owner-only umask would
+
+
+def honour_umask(folder: str | os.PathLike) -> None:
+    """Take the umask's bits off every file and folder below ``folder``. Files a flavour
+    copies from elsewhere (MLflow copies a model's code file with its mode, 0644 from a
+    checkout) would otherwise reach the store more open than the umask allows, since the
+    local artifact store copies modes too."""
+    mask = current_umask()
+    paths = [str(folder)]
+    for root, folders, files in os.walk(folder):
+        paths += [os.path.join(root, name) for name in folders + files]
+    for path in paths:
+        mode = os.lstat(path).st_mode
+        if not os.path.islink(path) and mode & mask:
+            os.chmod(path, mode & 0o7777 & ~mask)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,9 @@
 the process's umask (never a forced 0644), and the ``cord-ops`` command sets an owner-only
 umask for itself and what it starts unless CORD_OPS_UMASK says otherwise. The real runs'
 files are checked in test_cli.py (the store, artifacts and reference split) and
-test_managed_server.py (the Prefect database, state files and logs)."""
+test_managed_server.py (the Prefect database, state files and logs); files MLflow copies
+into a model keep their source's mode, so the model folder loses the umask's bits before
+it is uploaded."""
 
 from __future__ import annotations
 
@@ -69,3 +71,19 @@ def test_a_bad_umask_setting_is_refused_in_one_line():
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: {UMASK_ENV}='rw-r-----': expected an octal umask such as 0077 (owner only, "
         "the default) or 0007 (owner and group)")
+
+
+def test_copied_model_files_lose_what_the_umask_takes_away(tmp_path, umask):
+    from flows.registry.tracking import current_umask, honour_umask
+
+    model = tmp_path / "model"
+    (model / "code").mkdir(parents=True)
+    copied = model / "code" / "pyfunc_code.py"
+    copied.write_text("# copied with its mode, as MLflow copies a model's code file\n")
+    for path, mode in ((copied, 0o644), (model / "code", 0o755), (model, 0o755)):
+        path.chmod(mode)
+    umask(0o077)
+    assert current_umask() == 0o077
+    honour_umask(model)
+    assert [oct(p.stat().st_mode & 0o777) for p in (copied, model / "code", model)] == [
+        "0o600", "0o700", "0o700"]
