@@ -160,3 +160,51 @@ def test_a_parquet_file_that_inflates_past_the_budget_is_refused(tmp_path, monke
     # by default: the 131 KB file that reads as 1 GB is over the budget
     monkeypatch.delenv(read_budget.BUDGET_ENV)
     assert read_budget.limit_for(131 * 1024) < 10**9
+
+
+def test_a_lone_npy_and_a_version_2_header_are_checked_too(tmp_path, monkeypatch):
+    monkeypatch.delenv(read_budget.BUDGET_ENV, raising=False)
+    lone = tmp_path / "lone.npy"
+    lone.write_bytes(_npy_header((100_000_000, 300)) + bytes(800))
+    with pytest.raises(ValueError) as caught:
+        read_budget.check_npz(lone)
+    assert str(caught.value) == (
+        f"{lone}: array '(the .npy array)' declares shape (100000000, 300) of float64 "
+        "(224 GiB) but holds 800 bytes; the file is truncated or crafted, and is not read")
+    honest = tmp_path / "honest.npy"
+    np.save(honest, np.zeros((64, 8)))
+    monkeypatch.setenv(read_budget.BUDGET_ENV, "0.001")
+    read_budget.check_npz(honest)  # holds what it declares: never over its own size
+    small = tmp_path / "small.npz"
+    _zeros_npz(small, 4096, 256)
+    with pytest.raises(ValueError, match=r"^bytes in memory: decompresses to 8.03 MiB"):
+        read_budget.check_npz(small.read_bytes(), "bytes in memory")
+
+    monkeypatch.delenv(read_budget.BUDGET_ENV)
+    header = io.BytesIO()  # format 2.0 (a header over 64 KiB, e.g. many fields)
+    np.lib.format.write_array_header_2_0(header, {"descr": "<f4", "fortran_order": False,
+                                                   "shape": (10**9, 10)})
+    version2 = tmp_path / "v2.npz"
+    with zipfile.ZipFile(version2, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("probs.npy", header.getvalue() + bytes(40))
+    with pytest.raises(ValueError, match=rf"^{version2}: array 'probs' declares shape "
+                                         r"\(1000000000, 10\) of float32 \(37.3 GiB\) but "
+                                         r"holds 40 bytes"):
+        read_budget.check_npz(version2)
+
+
+def test_parquet_reading_cost_is_values_times_their_width(tmp_path, monkeypatch):
+    path = tmp_path / "zeros.parquet"
+    _zeros_parquet(path, 1 << 19)
+    assert read_budget.parquet_bytes(pq.read_metadata(path)) == 3 * 8 * (1 << 19)  # 12 MiB
+    monkeypatch.setenv(read_budget.BUDGET_ENV, "12")  # exactly what it needs: read
+    read_budget.check_parquet(path)
+    monkeypatch.setenv(read_budget.BUDGET_ENV, "11.99")
+    with pytest.raises(ValueError, match=rf"^{path}: decompresses to 12 MiB from "):
+        read_budget.check_parquet(path)
+    # fixed-width binary values: their declared length, one byte each here
+    ids = tmp_path / "ids.parquet"
+    codes = pa.DictionaryArray.from_arrays(pa.array(np.zeros(100_000, np.int8)),
+                                           pa.array([b"x"], pa.binary(1)))
+    pq.write_table(pa.table({"code": codes}), ids)
+    assert read_budget.parquet_bytes(pq.read_metadata(ids)) == 100_000
