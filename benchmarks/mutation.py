@@ -100,7 +100,10 @@ MODULES: dict[str, list[str]] = {
         "tests/flows/test_registry.py::test_withdraw_restores_the_alias_and_deletes_the_version"],
     "cord_ops/label_free.py": ["tests/core/test_label_free.py"],
     # issue 42 items 7 and 4: the read budget and the redaction of credentials
-    "cord_ops/read_budget.py": ["tests/core/test_read_budget.py", "tests/core/test_data.py"],
+    "cord_ops/read_budget.py": [
+        "tests/core/test_read_budget.py",
+        # a second of CRC over 720 MB per mutant; the smaller archives reach the same lines
+        "--deselect=tests/core/test_read_budget.py::test_a_small_npz_that_inflates_to_720_mb_is_refused_by_default"],  # noqa: E501
     "flows/redact.py": ["tests/flows/test_redact.py"],
     "flows/registry/owner.py": ["tests/flows/test_owner.py"],
     "flows/registry/journal.py": ["tests/flows/test_journal.py"],
