@@ -718,14 +718,15 @@ def private_umask() -> int:
     return value
 
 
-def _without_credentials(uri: str) -> str:
-    """The tracking URI without its ``user:password@``, which goes to MLflow's environment
-    variables for this process and those it starts (:mod:`flows.redact`); the same for
-    ``MLFLOW_TRACKING_URI``, which flow-run processes inherit."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        os.environ["MLFLOW_TRACKING_URI"] = credentials_to_environment(
-            os.environ["MLFLOW_TRACKING_URI"])
-    return credentials_to_environment(uri)
+def _without_credentials(args) -> str:
+    """The command's tracking URI without its ``user:password@``, which goes to MLflow's
+    environment variables for this process and those it starts (:mod:`flows.redact`);
+    taken from ``MLFLOW_TRACKING_URI``, that variable, which flow-run processes inherit,
+    is rewritten the same way."""
+    uri = credentials_to_environment(args.tracking_uri)
+    if args.tracking_uri_given is None and os.environ.get("MLFLOW_TRACKING_URI"):
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+    return uri
 
 
 def run(args: argparse.Namespace, forward: bool = False, watch: bool = False) -> int:
@@ -737,7 +738,7 @@ def run(args: argparse.Namespace, forward: bool = False, watch: bool = False) ->
     args.tracking_uri_given = args.tracking_uri
     args.tracking_uri = args.tracking_uri or tracking.tracking_uri()
     try:
-        args.tracking_uri = _without_credentials(args.tracking_uri)
+        args.tracking_uri = _without_credentials(args)
         validate = getattr(args, "validate", None)
         if validate is not None:
             validate(args)
@@ -769,7 +770,8 @@ def main(argv: list[str] | None = None, started: float | None = None,
     start in the process that received it, and no forwarding from the runner itself.
     ``owns_process`` (default: when ``argv`` is None, i.e. the console script): this
     process exists for the command, so it marks what it starts and starts the watchdog
-    that kills those processes when it ends (:func:`flows.registry.owner.watch_command`)."""
+    that kills those processes when it ends (:func:`flows.registry.owner.watch_command`),
+    and sets the owner-only umask for all it creates (:func:`private_umask`)."""
     started = time.perf_counter() if started is None else started
     argv_given = argv
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -6,6 +6,7 @@ in test_secrets.py."""
 
 from __future__ import annotations
 
+import os
 import string
 from urllib.parse import quote
 
@@ -94,6 +95,15 @@ def test_error_lines_never_show_the_password(tmp_path, monkeypatch, capsys):
     assert status == 1
     assert "S3cretPass-Alice" not in err and "other-Secret-9" not in err
     assert f"http://{store}" in err.strip().splitlines()[-1]
+
+    # from the environment: the variable flow-run processes inherit loses it too
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://carol:Env-Secret-7@{store}")
+    status = main(["monitor", "--data", str(batch), "--model-name", "m"])
+    err = capsys.readouterr().err
+    assert status == 1 and "Env-Secret-7" not in err
+    assert f"http://{store}" in err.strip().splitlines()[-1]
+    assert os.environ["MLFLOW_TRACKING_URI"] == f"http://{store}"
+    assert (os.environ[USERNAME_ENV], os.environ[PASSWORD_ENV]) == ("carol", "Env-Secret-7")
 
     status = main(["--tracking-uri", "postgresql://bob:hunter2secret@127.0.0.1/mlflow",
                    "monitor", "--data", str(batch)])
