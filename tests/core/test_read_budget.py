@@ -205,6 +205,53 @@ def test_parquet_reading_cost_is_values_times_their_width(tmp_path, monkeypatch)
     # fixed-width binary values: their declared length, one byte each here
     ids = tmp_path / "ids.parquet"
     codes = pa.DictionaryArray.from_arrays(pa.array(np.zeros(100_000, np.int8)),
-                                           pa.array([b"x"], pa.binary(1)))
+                                           pa.array([b"xyz"], pa.binary(3)))
     pq.write_table(pa.table({"code": codes}), ids)
-    assert read_budget.parquet_bytes(pq.read_metadata(ids)) == 100_000
+    assert read_budget.parquet_bytes(pq.read_metadata(ids)) == 300_000
+
+
+def test_the_npz_budget_boundary_and_the_whole_refusal(tmp_path, monkeypatch):
+    small = tmp_path / "small.npz"
+    _zeros_npz(small, 4096, 256)
+    with zipfile.ZipFile(small) as archive:
+        total = sum(i.file_size for i in archive.infolist())
+    monkeypatch.setenv(read_budget.BUDGET_ENV, str(total / 2**20))  # exactly what it needs
+    read_budget.check_npz(small)
+    monkeypatch.setenv(read_budget.BUDGET_ENV, str((total - 1) / 2**20))
+    with pytest.raises(ValueError) as caught:
+        read_budget.check_npz(small)
+    size = read_budget.human(small.stat().st_size)
+    assert str(caught.value) == (
+        f"{small}: decompresses to 8.03 MiB from {size} on disk, over the read budget of "
+        f"8.03 MiB (the larger of {read_budget.BUDGET_ENV}, default 512 MiB, and 16 x the "
+        f"file's size); raise {read_budget.BUDGET_ENV} if the file is yours")
+    for given in ("0", "-1", "inf", "nan"):
+        monkeypatch.setenv(read_budget.BUDGET_ENV, given)
+        with pytest.raises(ValueError, match=rf"^{read_budget.BUDGET_ENV}='{given}': expected "
+                                             "a positive number of MiB$"):
+            read_budget.budget_bytes()
+
+
+@pytest.mark.parametrize("n, shown", [(1023, "1023 bytes"), (1024, "1 KiB"),
+                                      (1536, "1.5 KiB"), (2**20 - 1, "1.02e+03 KiB"),
+                                      (2**20, "1 MiB"), (2**30, "1 GiB"), (3 * 2**40, "3 TiB")])
+def test_sizes_are_shown_in_binary_units(n, shown):
+    assert read_budget.human(n) == shown
+
+
+def test_other_members_are_skipped_and_a_broken_one_is_left_to_the_reader(tmp_path):
+    mixed = tmp_path / "mixed.npz"  # a non-array member before the crafted one
+    with zipfile.ZipFile(mixed, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("README.txt", "made by hand")
+        archive.writestr("logits.npy", _npy_header((100_000_000, 300)) + bytes(800))
+    with pytest.raises(ValueError, match=rf"^{mixed}: array 'logits' declares shape"):
+        read_budget.check_npz(mixed)
+    broken = tmp_path / "broken.npz"
+    np.savez(broken, logits=np.zeros((4, 3)), labels=np.zeros(4, np.int64))
+    raw = bytearray(broken.read_bytes())
+    second = raw.index(b"PK\x03\x04", 4)
+    raw[second:second + 4] = b"PK\x00\x00"  # the labels' local header no longer opens
+    broken.write_bytes(bytes(raw))
+    read_budget.check_npz(broken)  # nothing to judge: the reader names what is wrong
+    with pytest.raises(ValueError, match=rf"^{broken}: array 'labels' is corrupt "):
+        data.load_npz(broken)
