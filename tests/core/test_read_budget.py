@@ -204,10 +204,11 @@ def test_parquet_reading_cost_is_values_times_their_width(tmp_path, monkeypatch)
         read_budget.check_parquet(path)
     # fixed-width binary values: their declared length, one byte each here
     ids = tmp_path / "ids.parquet"
-    codes = pa.DictionaryArray.from_arrays(pa.array(np.zeros(100_000, np.int8)),
-                                           pa.array([b"xyz"], pa.binary(3)))
-    pq.write_table(pa.table({"code": codes}), ids)
-    assert read_budget.parquet_bytes(pq.read_metadata(ids)) == 300_000
+    zeros = pa.array(np.zeros(100_000, np.int8))
+    pq.write_table(pa.table({
+        "code": pa.DictionaryArray.from_arrays(zeros, pa.array([b"xyz"], pa.binary(3))),
+        "flag": pa.DictionaryArray.from_arrays(zeros, pa.array([b"y"], pa.binary(1)))}), ids)
+    assert read_budget.parquet_bytes(pq.read_metadata(ids)) == 300_000 + 100_000
 
 
 def test_the_npz_budget_boundary_and_the_whole_refusal(tmp_path, monkeypatch):
