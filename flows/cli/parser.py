@@ -36,6 +36,7 @@ def build_parser(handlers: Mapping[str, Mapping[str, object]]) -> argparse.Argum
         prog="cord-ops",
         description="Prediction-preserving recalibration (CORD) with Prefect, MLflow and ONNX.")
     add_common(parser, top=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (add_recalibrate, add_monitor, add_schedule, add_predict, add_demo, add_ui,
                 add_server, add_serve):
@@ -48,6 +49,16 @@ def build_parser(handlers: Mapping[str, Mapping[str, object]]) -> argparse.Argum
     for command in sub.choices.values():
         add_common(command, top=False)
     return parser
+
+
+def installed_version() -> str:
+    """The version of the installed ``cord-ops`` distribution (wheel or editable install)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cord-ops")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed; pip install . names it)"
 
 
 def add_recalibrate(sub) -> None:
