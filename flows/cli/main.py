@@ -32,8 +32,10 @@ import traceback
 from pathlib import Path
 
 from flows.cli import label_free as label_free_cli
+from flows.cli import operator as operator_cli
 from flows.cli import parser as cli_parser
-from flows.errors import CordOpsError
+from flows.cli import rollout as rollout_cli
+from flows.errors import CordOpsError, in_words
 from flows.preflight import checks as inputs
 from flows.redact import PASSWORD_ENV, USERNAME_ENV, credentials_to_environment, redact
 from flows.registry import owner, tracking
@@ -365,31 +367,9 @@ def validate_predict(args) -> None:
 
 
 def validate_model_command(args) -> None:
-    """status / promote / rollback: the model must be registered in an existing store;
-    ``promote --version V``: V must exist (one registry lookup, before Prefect or onnx is
-    imported, so a wrong number costs a second, not the whole stack's start-up)."""
+    """A command on a registered model: it must be registered in an existing store (the
+    operator commands check more: :func:`flows.cli.operator.validate`)."""
     inputs.registered_model(args.tracking_uri, args.model_name)
-    if getattr(args, "command", None) == "promote" or (
-            getattr(args, "command", None) == "rollout" and args.action == "start"
-            and args.version is not None):
-        _check_version_exists(args.tracking_uri, args.model_name, str(args.version))
-
-
-def _check_version_exists(uri: str, name: str, version: str) -> None:
-    from mlflow.exceptions import MlflowException
-
-    from flows.registry import versions as registry
-
-    client = tracking.client(uri)
-    try:
-        client.get_model_version(name, version)
-        return
-    except MlflowException as exc:
-        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-            raise
-    held = sorted(int(v.version) for v in registry.model_versions(client, name))
-    raise inputs.InputError(f"--version {version}: model '{name}' has no version {version} in "
-                            f"{uri} (versions: {', '.join(map(str, held)) or 'none'})")
 
 
 def validate_ui(args) -> None:
@@ -660,8 +640,8 @@ HANDLERS = {
     "ui": {"func": cmd_ui, "validate": validate_ui},
     "server": {"func": cmd_server},
     "serve": {"func": cmd_serve, "validate": validate_serve},
-    **{name: {"validate": validate_model_command}
-       for name in ("status", "promote", "rollback", "rollout")},
+    **{name: {"validate": operator_cli.validate} for name in ("status", "promote", "rollback")},
+    "rollout": {"validate": rollout_cli.validate},
     **{name: {"prefect": True} for name in ("reproduce", "bench")},
 }
 
@@ -685,8 +665,9 @@ def _store_involved(exc: BaseException) -> bool:
 
 def describe_error(exc: BaseException, tracking_uri: str) -> str:
     """One line for ``exc``: its own message for the errors cord-ops raises on purpose,
-    ``Type: message`` otherwise, the tracking URI added when the store is involved."""
-    message = str(exc) if isinstance(exc, CordOpsError) else f"{type(exc).__name__}: {exc}"
+    the fault in words otherwise (:func:`flows.errors.in_words`: no class name, a file
+    error names its file), the tracking URI added when the store is involved."""
+    message = str(exc) if isinstance(exc, CordOpsError) else in_words(exc)
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     message = lines[0] if lines else type(exc).__name__
     if len(lines) > 1:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prefect import get_run_logger
 
-from flows.errors import CordOpsError
+from flows.errors import CordOpsError, in_words
 from flows.redact import redact
 from flows.registry import journal
 from flows.registry import versions as registry
@@ -19,7 +19,7 @@ from flows.registry.retries import is_store_outage
 class RecalibrationError(CordOpsError, RuntimeError):
     """A recalibration failed; ``step`` is the task that raised.
 
-    The message is one line: the step, the error's type and first line, the tracking URI
+    The message is one line: the step, the error's first line in words, the tracking URI
     when the store was involved, and where the failure was journaled when the store could
     not record it (``journal``).
     """
@@ -28,10 +28,10 @@ class RecalibrationError(CordOpsError, RuntimeError):
                  journal: str | None = None):
         self.step = step
         self.journal = journal
-        text = str(cause).strip()
+        text = in_words(cause)
         first = text.splitlines()[0] if text else ""
         first = first if len(first) <= 300 else first[:297] + "..."
-        message = f"recalibration failed in step '{step}': {type(cause).__name__}: {first}"
+        message = f"recalibration failed in step '{step}': {first}"
         if tracking_uri is not None:
             message += f" (tracking URI {tracking_uri})"
         if journal is not None:

@@ -1,6 +1,6 @@
 """The errors cord-ops raises for an operator share one base, and the command line tells
-them from faults by that base alone: its own message for one of them, ``Type: message``
-for anything else."""
+them from faults by that base alone: its own message for one of them, the fault in words
+(never its class name; a file error names its file) for anything else."""
 
 from __future__ import annotations
 
@@ -42,7 +42,20 @@ def test_operator_errors_print_their_own_line(error, builtin):
     assert type(error).__name__ not in describe_error(error, URI)
 
 
-def test_any_other_exception_is_named_by_its_type():
-    assert describe_error(ValueError("expected 10 columns"), URI) == \
-        "ValueError: expected 10 columns"
-    assert describe_error(KeyError("x"), URI) == "KeyError: 'x'"
+def test_any_other_exception_is_said_in_words_without_its_class_name(tmp_path):
+    assert describe_error(ValueError("expected 10 columns"), URI) == "expected 10 columns"
+    assert describe_error(KeyError("x"), URI) == "missing key 'x'"
+    assert describe_error(MemoryError(), URI) == "out of memory"
+    assert describe_error(RuntimeError(), URI) == \
+        "failed without a message (--verbose shows the traceback)"
+    # A file error names the file, whichever way it was raised.
+    try:
+        open(tmp_path / "absent.npz", "rb")
+    except OSError as exc:
+        missing = exc
+    assert describe_error(missing, URI) == f"{tmp_path / 'absent.npz'}: No such file or directory"
+    moved = OSError(18, "Invalid cross-device link", "/a/x.npz", None, "/b/x.npz")
+    assert describe_error(moved, URI) == "/a/x.npz -> /b/x.npz: Invalid cross-device link"
+    for error in (ValueError("v"), KeyError("k"), missing, moved, MemoryError("m")):
+        assert type(error).__name__ not in describe_error(error, URI)
+        assert "Error" not in describe_error(error, URI)
