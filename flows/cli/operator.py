@@ -7,6 +7,79 @@ from __future__ import annotations
 import argparse
 
 
+def validate(args) -> None:
+    """status / promote / rollback (and, through :func:`check_move`, rollout start): what
+    the store's cheap reads can tell (:mod:`flows.registry.store_reads`: read-only sqlite
+    for an embedded store) is checked before MLflow, Prefect or onnx is imported, so a
+    wrong version, the current champion or a version the guards of
+    :mod:`flows.promotion.guards` refuse costs a second, not the stack's start-up."""
+    from flows.preflight import checks as inputs
+
+    inputs.registered_model(args.tracking_uri, args.model_name)
+    if args.command == "promote":
+        state = model_state(args.tracking_uri, args.model_name)
+        check_move(args.tracking_uri, args.model_name, state, str(args.version), args,
+                   "promote")
+    elif args.command == "rollback":
+        _check_rollback(args, model_state(args.tracking_uri, args.model_name))
+
+
+def model_state(uri: str, name: str) -> dict:
+    """:func:`flows.registry.store_reads.model_state` of a registered model, its read
+    errors as one line."""
+    import sqlite3
+
+    from flows.preflight import checks as inputs
+    from flows.registry import store_reads
+
+    try:
+        state = store_reads.model_state(uri, name)
+    except sqlite3.DatabaseError as exc:
+        raise inputs.InputError(f"{uri}: cannot read the MLflow store ({exc})") from exc
+    if state is None:  # removed since registered_model looked
+        raise inputs.InputError(f"model '{name}' is not registered in {uri}")
+    return state
+
+
+def check_move(uri: str, name: str, state: dict, version: str, args, verb: str) -> None:
+    """A move of ``@champion`` to ``version`` (``verb``: promote, roll out), from the
+    model's ``state``: the version exists, does not hold the alias already, and passes
+    the guards with the overrides ``args`` gives."""
+    from flows.preflight import checks as inputs
+    from flows.promotion import guards
+    from flows.registry.versions import CHAMPION
+
+    held = state["versions"]
+    if version not in held:
+        raise inputs.InputError(f"--version {version}: model '{name}' has no version {version} "
+                                f"in {uri} (versions: {', '.join(held) or 'none'})")
+    if state["aliases"].get(CHAMPION) == version:
+        raise inputs.InputError(f"v{version} already holds @{CHAMPION} of '{name}': nothing "
+                                f"to {verb}")
+    problem = guards.refusal(version, held[version], allow_harm=args.allow_harm,
+                             allow_label_free=args.allow_label_free)
+    if problem is not None:
+        raise inputs.InputError(f"cannot {verb} v{version}: {problem}")
+
+
+def _check_rollback(args, state: dict) -> None:
+    from flows.preflight import checks as inputs
+    from flows.promotion import guards
+    from flows.promotion.champion import HISTORY_TAG, parse_history, rollback_target
+    from flows.registry.versions import CHAMPION
+
+    name = args.model_name
+    target = rollback_target(parse_history(state["tags"].get(HISTORY_TAG)),
+                             state["aliases"].get(CHAMPION), state["versions"].__contains__)
+    if target is None:
+        raise inputs.InputError(f"{name}: no earlier champion recorded to roll back to (use "
+                                f"`cord-ops promote --model-name {name} --version N`)")
+    problem = guards.refusal(target, state["versions"][target], allow_harm=args.allow_harm,
+                             allow_label_free=args.allow_label_free)
+    if problem is not None:
+        raise inputs.InputError(f"cannot roll back to v{target}: {problem}")
+
+
 def store_client(args):
     """(client, uri) of the store ``--tracking-uri`` or the environment names, checked
     (and created) first; every registry-side subcommand (here and :mod:`flows.cli.rollout`)
@@ -31,15 +104,26 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _move_notes(move) -> None:
+    """What a hand move relied on and what it should make the operator look at."""
+    if move.overrides:
+        print(f"override: {', '.join('--' + o for o in move.overrides)} (recorded in the "
+              "champion history)")
+    if move.warning:
+        print(f"warning:  {move.warning}")
+
+
 def cmd_promote(args) -> int:
     from flows.promotion import operations as champion_ops
 
     client, uri = store_client(args)
-    previous = champion_ops.promote(client, uri, args.model_name, str(args.version), args.reason,
-                                    args.lock_timeout, allow_label_free=args.allow_label_free)
-    before = "none" if previous is None else f"v{previous}"
+    move = champion_ops.promote(client, uri, args.model_name, str(args.version), args.reason,
+                                args.lock_timeout, allow_label_free=args.allow_label_free,
+                                allow_harm=args.allow_harm)
+    before = "none" if move.previous is None else f"v{move.previous}"
     print(f"{args.model_name}@champion: {before} -> v{args.version} ({args.reason}); "
           f"undo with `cord-ops rollback --model-name {args.model_name}`")
+    _move_notes(move)
     return 0
 
 
@@ -47,11 +131,12 @@ def cmd_rollback(args) -> int:
     from flows.promotion import operations as champion_ops
 
     client, uri = store_client(args)
-    current, target = champion_ops.rollback(client, uri, args.model_name, args.reason,
-                                            args.lock_timeout,
-                                            allow_label_free=args.allow_label_free)
+    move = champion_ops.rollback(client, uri, args.model_name, args.reason, args.lock_timeout,
+                                 allow_label_free=args.allow_label_free,
+                                 allow_harm=args.allow_harm)
     why = f": {args.reason}" if args.reason else ""
-    print(f"{args.model_name}@champion: v{current} -> v{target} (rollback{why})")
+    print(f"{args.model_name}@champion: v{move.previous} -> v{move.version} (rollback{why})")
+    _move_notes(move)
     return 0
 
 
@@ -70,6 +155,7 @@ def add_cli(sub) -> None:
     p.add_argument("--allow-label-free", action="store_true",
                    help="promote a label-free prior-shift candidate that no labels have "
                         "judged yet (refused without this)")
+    add_allow_harm(p, "promote")
     add_lock_timeout(p)
     p.set_defaults(func=cmd_promote)
 
@@ -80,8 +166,17 @@ def add_cli(sub) -> None:
     p.add_argument("--allow-label-free", action="store_true",
                    help="roll back to a label-free prior-shift candidate that no labels "
                         "have judged yet (refused without this)")
+    add_allow_harm(p, "roll back to")
     add_lock_timeout(p)
     p.set_defaults(func=cmd_rollback)
+
+
+def add_allow_harm(parser, verb: str) -> None:
+    """``--allow-harm``, the same override on every command that moves ``@champion``."""
+    parser.add_argument("--allow-harm", action="store_true",
+                        help=f"{verb} a version the gate found worse than the uncalibrated "
+                             "model (refused without this; the champion history records "
+                             "the override)")
 
 
 def add_lock_timeout(parser) -> None:

@@ -12,6 +12,7 @@ from flows.promotion.rollout_steps import (
     DEFAULT_MIN_SECONDS,
     MODES,
     Budget,
+    Plan,
 )
 
 
@@ -28,22 +29,17 @@ def _steps(text: str) -> tuple[float, ...]:
 def cmd_rollout(args) -> int:
     from flows.cli.operator import store_client
     from flows.promotion import rollout
-    from flows.promotion.rollout_steps import Plan
 
     if args.action == "start":
-        missing = [flag for flag, value in (("--version", args.version),
-                                            ("--reason", args.reason)) if value is None]
-        if missing:
-            raise ValueError(f"rollout start: {' and '.join(missing)} required")
-        # Every option is checked before the store is touched.
         plan = Plan.build(args.mode, args.steps, args.min_requests, args.min_seconds)
         budget = Budget(args.max_error_rate, args.max_p99_ratio, args.max_confidence_shift)
-        budget.check()
         client, uri = store_client(args)
         record = rollout.start(client, uri, args.model_name, str(args.version), plan, budget,
                                args.reason, args.allow_harm, args.lock_timeout,
                                allow_label_free=args.allow_label_free)
         print(rollout.format_record(record))
+        if record.get("warning"):
+            print(f"warning:  {record['warning']}; its promotion at the end will say so again")
         print(f"every `cord-ops serve --model-name {args.model_name}` follows it; watch with "
               f"`cord-ops rollout status --model-name {args.model_name}`, stop with "
               f"`cord-ops rollout abort --model-name {args.model_name}`")
@@ -56,6 +52,45 @@ def cmd_rollout(args) -> int:
     print(f"{args.model_name}: rollout {record['id']} of v{record['version']} aborted; "
           f"@champion stays v{record['champion']}")
     return 0
+
+
+def check_start(args) -> None:
+    """``rollout start``'s own options, before the store is read: the version and the
+    reason are required, the plan and the budget must hold (a ValueError naming the
+    option)."""
+    missing = [flag for flag, value in (("--version", args.version),
+                                        ("--reason", args.reason)) if value is None]
+    if missing:
+        raise ValueError(f"rollout start: {' and '.join(missing)} required")
+    if not args.reason.strip():
+        raise ValueError("--reason: say why this version should be rolled out")
+    Plan.build(args.mode, args.steps, args.min_requests, args.min_seconds)
+    Budget(args.max_error_rate, args.max_p99_ratio, args.max_confidence_shift).check()
+
+
+def validate(args) -> None:
+    """``rollout``: the model is registered; ``start``: its options
+    (:func:`check_start`), then, from the store's cheap reads, a champion to roll out
+    against and a version that may take its place (:func:`flows.cli.operator.check_move`),
+    all before MLflow or onnx is imported."""
+    from flows.cli import operator
+    from flows.preflight import checks as inputs
+    from flows.registry.versions import CHAMPION
+
+    inputs.registered_model(args.tracking_uri, args.model_name)
+    if args.action != "start":
+        return
+    try:
+        check_start(args)
+    except ValueError as exc:
+        raise inputs.InputError(str(exc)) from None
+    state = operator.model_state(args.tracking_uri, args.model_name)
+    if CHAMPION not in state["aliases"]:
+        raise inputs.InputError(
+            f"{args.model_name} has no @{CHAMPION} to roll out against (use `cord-ops promote "
+            f"--model-name {args.model_name} --version {args.version} --reason TEXT`)")
+    operator.check_move(args.tracking_uri, args.model_name, state, str(args.version), args,
+                        "roll out")
 
 
 def add_cli(sub) -> None:
@@ -101,7 +136,8 @@ def add_cli(sub) -> None:
                         "history); abort: why")
     p.add_argument("--allow-harm", action="store_true",
                    help="start: roll out a version the gate found worse than the "
-                        "uncalibrated model (the operator's explicit override)")
+                        "uncalibrated model (the operator's explicit override; its "
+                        "promotion at the end applies it and the history records it)")
     p.add_argument("--allow-label-free", action="store_true",
                    help="start: roll out a label-free prior-shift candidate that no labels "
                         "have judged yet; its promotion at the end applies the same "

@@ -72,7 +72,11 @@ def read_history(client, name: str) -> list[dict]:
     ``rollback``; ``version`` the new holder, ``from`` the previous one, ``by``, ``at``,
     ``reason``). Rows are never edited or removed, except the oldest beyond
     :data:`HISTORY_LIMIT` (the tag's size)."""
-    raw = client.get_registered_model(name).tags.get(HISTORY_TAG)
+    return parse_history(client.get_registered_model(name).tags.get(HISTORY_TAG))
+
+
+def parse_history(raw: str | None) -> list[dict]:
+    """The rows of a :data:`HISTORY_TAG` value (:func:`read_history`), [] when unreadable."""
     try:
         history = json.loads(raw) if raw else []
     except json.JSONDecodeError:
@@ -124,6 +128,16 @@ def champion_timeline(history: list[dict], holder: str | None) -> list[str]:
     if holder not in timeline:
         return [holder]
     return timeline[:len(timeline) - timeline[::-1].index(holder)]
+
+
+def rollback_target(history: list[dict], holder: str | None, exists) -> str | None:
+    """The version a rollback returns ``@champion`` to: the last champion before
+    ``holder`` in the timeline (:func:`champion_timeline`) that still ``exists``
+    (a predicate on a version string; versions deleted since are skipped), else None."""
+    for candidate in reversed(champion_timeline(history, holder)[:-1]):
+        if candidate != holder and exists(candidate):
+            return candidate
+    return None
 
 
 # ---------------------------------------------------------------- scoring from the registry

@@ -35,14 +35,16 @@ import numpy as np
 
 from cord_ops import metrics
 from cord_ops.validation import top1
-from flows.errors import CordOpsError
+from flows.errors import CordOpsError, in_words
+from flows.promotion import guards
 from flows.promotion.champion import (
     HEALTH_TAG,
-    champion_timeline,
     push_history,
     read_history,
     record_health,
+    rollback_target,
 )
+from flows.promotion.rules import DEFAULT_NLL_TOLERANCE
 from flows.registry import reference
 from flows.registry import versions as registry
 from onnx_export import parity
@@ -196,12 +198,13 @@ def format_status(report: Status) -> str:
 
 
 # ---------------------------------------------------------------- checks
-def check_promotable(client, name: str, version: str, allow_label_free: bool = False) -> float:
+def check_promotable(client, name: str, version: str, allow_label_free: bool = False,
+                     allow_harm: bool = False) -> float:
     """The checks an alias move needs; returns the version's NLL on its reference split.
 
-    A label-free prior-shift candidate (``cord.label_free=true``) that no labels have
-    judged yet (no ``cord.label_free.verdict``) is refused unless ``allow_label_free``:
-    nothing but an assumption (label shift) says it is better. Raises
+    First the guards of :mod:`flows.promotion.guards` on the version's tags: a label-free
+    candidate no labels have judged needs ``allow_label_free``, a version the gate found
+    worse than the uncalibrated model needs ``allow_harm``. Raises
     :class:`PromotionRefused` naming the first failed check.
     """
     from mlflow.exceptions import MlflowException
@@ -211,17 +214,10 @@ def check_promotable(client, name: str, version: str, allow_label_free: bool = F
     except MlflowException:
         raise PromotionRefused(f"{name} has no version {version}") from None
     tags = mv.tags
-    if tags.get(registry.LABEL_FREE_TAG) == "true" and \
-            not tags.get(registry.LABEL_FREE_VERDICT_TAG) and not allow_label_free:
-        raise PromotionRefused(
-            f"v{version} is a label-free prior-shift candidate of v"
-            f"{tags.get(registry.LABEL_FREE_SOURCE_TAG, '?')} that no labels have judged "
-            "yet (docs/label-free.md); monitor its batch with labels first, or pass "
-            "--allow-label-free to promote it anyway")
-    state = tags.get(registry.REGISTRATION_TAG)
-    if state != registry.COMPLETE:
-        raise PromotionRefused(f"v{version} has not finished registration "
-                               f"({registry.REGISTRATION_TAG}={state})")
+    problem = guards.refusal(version, tags, allow_harm=allow_harm,
+                             allow_label_free=allow_label_free)
+    if problem is not None:
+        raise PromotionRefused(problem)
     if not mv.run_id:
         raise PromotionRefused(f"v{version} has no run to check")
     run = client.get_run(mv.run_id)
@@ -263,7 +259,7 @@ def check_promotable(client, name: str, version: str, allow_label_free: bool = F
         nll = metrics.nll(repaired, split.labels)
     except Exception as exc:
         raise PromotionRefused(f"v{version} cannot be run from the registry "
-                               f"({type(exc).__name__}: {exc})"[:1000]) from None
+                               f"({in_words(exc)})"[:1000]) from None
     if repaired.shape != split.scores.shape or not np.array_equal(top1(repaired),
                                                                   top1(split.scores)):
         raise PromotionRefused(f"v{version} changes top-1 decisions on its reference split")
@@ -272,6 +268,35 @@ def check_promotable(client, name: str, version: str, allow_label_free: bool = F
         raise PromotionRefused(f"v{version} gives NLL {nll:.6g} on its reference split, its "
                                f"run logged {expected}: the artifact is not what was gated")
     return nll
+
+
+def champion_comparison(client, name: str, version: str, champion: str | None) -> str | None:
+    """A warning when ``version`` is worse than ``champion``, the version whose
+    ``@champion`` it would take, on ``version``'s own reference split (the split its gate
+    compared them on), else None. Both graphs run from the registry; a champion that
+    cannot be run on that split (another K or input kind, a broken artifact) is named."""
+    if champion is None or str(champion) == str(version):
+        return None
+    run_id = client.get_model_version(name, version).run_id
+    try:
+        split = reference.load_reference_split(client, run_id)
+    except reference.ReferenceUnavailable:
+        return None  # check_promotable refuses such a version before anything moves
+    scores = {}
+    for held in (str(version), str(champion)):
+        try:
+            outputs = registry.run_registered_model(client, f"models:/{name}/{held}",
+                                                     split.scores)
+            scores[held] = metrics.nll(np.asarray(outputs["repaired"], dtype=np.float64),
+                                       split.labels)
+        except Exception as exc:  # the comparison informs; the move's own checks decide
+            return (f"v{champion}, the champion it replaces, could not be compared on "
+                    f"v{version}'s reference split ({exc})"[:500])
+    candidate, held = scores[str(version)], scores[str(champion)]
+    if candidate <= held + DEFAULT_NLL_TOLERANCE * abs(held):  # the gate's "no worse"
+        return None
+    return (f"v{version} is worse than v{champion}, the champion it replaces: NLL "
+            f"{candidate:.6g} vs {held:.6g} on v{version}'s reference split")
 
 
 # ---------------------------------------------------------------- alias moves
@@ -286,14 +311,43 @@ def move_champion(client, name: str, version: str, reason: str, how: str) -> Non
     record_health(client, name, version, None)
 
 
-def promote(client, uri: str, name: str, version: str, reason: str,
-            lock_timeout: float | None = None, allow_label_free: bool = False) -> str | None:
-    """Move ``@champion`` of ``name`` to ``version``; returns the previous champion.
+@dataclass(frozen=True)
+class Move:
+    """A hand move of ``@champion``: from, to, the overrides it relied on
+    (:func:`flows.promotion.guards.overrides`) and the warning of
+    :func:`champion_comparison` (None when the new holder is no worse)."""
 
-    The operator's override of the gate: a version the gate rejected (worse than the
-    uncalibrated model, say) may be promoted, with a reason; a label-free candidate not
-    yet judged by labels only with ``allow_label_free`` (:func:`check_promotable`). Raises
-    :class:`PromotionRefused` when a check fails or ``reason`` is empty.
+    previous: str | None
+    version: str
+    overrides: list[str]
+    warning: str | None
+
+
+def history_row(version: str, previous: str | None, how: str, reason: str,
+                used: list[str], warning: str | None, by: str | None = None,
+                **extra) -> dict:
+    """One row of the champion history (:func:`flows.promotion.champion.read_history`),
+    with the overrides the move used and its warning when there are any."""
+    row = {"version": version, "from": previous, "how": how, "by": by or who(), "at": now(),
+           "reason": reason[:300], **extra}
+    if used:
+        row["overrides"] = used
+    if warning:
+        row["warning"] = warning[:300]
+    return row
+
+
+def promote(client, uri: str, name: str, version: str, reason: str,
+            lock_timeout: float | None = None, allow_label_free: bool = False,
+            allow_harm: bool = False) -> Move:
+    """Move ``@champion`` of ``name`` to ``version``.
+
+    The operator's override of the gate: a version the gate rejected may be promoted, with
+    a reason; one worse than the uncalibrated model only with ``allow_harm``, a label-free
+    candidate not yet judged by labels only with ``allow_label_free``
+    (:func:`check_promotable`); the history row names the overrides used and says when
+    the version is worse than the champion it replaces. Raises :class:`PromotionRefused`
+    when a check fails or ``reason`` is empty.
     """
     version = str(version)
     if not reason or not reason.strip():
@@ -303,51 +357,53 @@ def promote(client, uri: str, name: str, version: str, reason: str,
         previous = None if holder is None else str(holder.version)
         if previous == version:
             raise PromotionRefused(f"v{version} already holds @{registry.CHAMPION}")
-        check_promotable(client, name, version, allow_label_free)
+        check_promotable(client, name, version, allow_label_free, allow_harm)
+        tags = client.get_model_version(name, version).tags
+        used = guards.overrides(tags, allow_harm=allow_harm, allow_label_free=allow_label_free)
+        warning = champion_comparison(client, name, version, previous)
         # Before the alias: see push_history.
-        push_history(client, name, {"version": version, "from": previous,
-                                         "how": "promote", "by": who(), "at": now(),
-                                         "reason": reason[:300]})
+        push_history(client, name, history_row(version, previous, "promote", reason, used,
+                                                warning))
         move_champion(client, name, version, reason, "promote")
-    return previous
+    return Move(previous, version, used, warning)
 
 
 def rollback(client, uri: str, name: str, reason: str | None = None,
-             lock_timeout: float | None = None,
-             allow_label_free: bool = False) -> tuple[str | None, str]:
+             lock_timeout: float | None = None, allow_label_free: bool = False,
+             allow_harm: bool = False) -> Move:
     """Return ``@champion`` of ``name`` to the champion before the current one in the
-    history (:func:`flows.promotion.champion.champion_timeline`); returns (from, to). The move is
+    history (:func:`flows.promotion.champion.champion_timeline`). The move is
     appended to the history as a ``rollback`` row, so a second rollback undoes the first
     (to go further back: ``promote --version N``). Versions deleted since are skipped; a
     target that fails :func:`check_promotable` refuses the rollback (say which, fix by
     ``promote``); a label-free candidate no labels have judged only with
-    ``allow_label_free``, as for ``promote``."""
+    ``allow_label_free``, one worse than the uncalibrated model only with ``allow_harm``,
+    as for ``promote``."""
     from mlflow.exceptions import MlflowException
 
     with registry_section(client, uri, name, lock_timeout):
         holder = registry.champion_version(client, name)
         current = None if holder is None else str(holder.version)
-        earlier = champion_timeline(read_history(client, name), current)[:-1]
-        target = None
-        for candidate in reversed(earlier):
-            if candidate == current:
-                continue
+        def exists(version: str) -> bool:
             try:
-                client.get_model_version(name, candidate)
+                client.get_model_version(name, version)
             except MlflowException:
-                continue  # deleted since it served
-            target = candidate
-            break
+                return False  # deleted since it served
+            return True
+
+        target = rollback_target(read_history(client, name), current, exists)
         if target is None:
             raise PromotionRefused(f"{name}: no earlier champion recorded to roll back to "
                                    f"(use `cord-ops promote --model-name {name} --version N`)")
         try:
-            check_promotable(client, name, target, allow_label_free)
+            check_promotable(client, name, target, allow_label_free, allow_harm)
         except PromotionRefused as exc:
             raise PromotionRefused(f"cannot roll back to v{target}: {exc}") from None
         text = reason.strip() if reason and reason.strip() else "no reason given"
-        push_history(client, name, {"version": target, "from": current,
-                                         "how": "rollback", "by": who(), "at": now(),
-                                         "reason": text[:300]})
+        tags = client.get_model_version(name, target).tags
+        used = guards.overrides(tags, allow_harm=allow_harm, allow_label_free=allow_label_free)
+        warning = champion_comparison(client, name, target, current)
+        push_history(client, name, history_row(target, current, "rollback", text, used,
+                                                warning))
         move_champion(client, name, target, text, f"rollback from v{current}")
-    return current, target
+    return Move(current, target, used, warning)

@@ -27,6 +27,7 @@ import time
 import uuid
 
 from flows.errors import CordOpsError
+from flows.promotion import guards
 from flows.promotion import operations as champion_ops
 from flows.promotion.champion import push_history
 from flows.promotion.rollout_steps import Budget, Plan
@@ -129,17 +130,16 @@ def start(client, uri: str, name: str, version: str, plan: Plan, budget: Budget,
         if champion == version:
             raise RolloutRefused(f"v{version} already holds @champion")
         try:
-            champion_ops.check_promotable(client, name, version, allow_label_free)
+            champion_ops.check_promotable(client, name, version, allow_label_free, allow_harm)
         except champion_ops.PromotionRefused as exc:
             raise RolloutRefused(f"cannot roll out v{version}: {exc}") from None
-        harms = client.get_model_version(name, version).tags.get(registry.HARMS_TAG)
-        if harms == "true" and not allow_harm:
-            raise RolloutRefused(f"v{version} is worse than the uncalibrated model on its "
-                                 "evaluation split (the gate's do-no-harm rule); "
-                                 "--allow-harm rolls it out anyway")
+        harms = guards.harms(client.get_model_version(name, version).tags)
         record = new_record(name, version, champion, plan, budget, reason,
-                            champion_ops.who(), harms_override=harms == "true",
+                            champion_ops.who(), harms_override=harms,
                             label_free_override=allow_label_free)
+        warning = champion_ops.champion_comparison(client, name, version, champion)
+        if warning:
+            record["warning"] = warning
         client.set_registered_model_alias(name, CHALLENGER, version)
         write(client, name, record)
     return record
@@ -223,19 +223,24 @@ def _promote(client, name: str, record: dict, evidence: str, by: str) -> None:
         _end(client, name, record, ABORTED, f"@champion moved from v{record['champion']} to "
                                             f"v{current} during the rollout", by)
         return
+    # Records written before an override existed have no such field: no override.
+    allow = {"allow_label_free": bool(record.get("label_free_override", False)),
+             "allow_harm": bool(record.get("harms_override", False))}
     try:
-        # Records written before the override existed have no such field: no override.
-        champion_ops.check_promotable(client, name, version,
-                                      bool(record.get("label_free_override", False)))
+        champion_ops.check_promotable(client, name, version, **allow)
     except champion_ops.PromotionRefused as exc:
         _end(client, name, record, ROLLED_BACK, f"promotion refused: {exc}", by)
         return
+    used = guards.overrides(client.get_model_version(name, version).tags, **allow)
+    warning = record.get("warning")
+    if warning:  # said at the start, said again where the promotion is recorded
+        evidence = f"{evidence}; warning: {warning}"
     why = (f"rollout {record['id']} started by {record['started_by']} at "
            f"{record['started_at']} ({record['reason']}); {evidence}; carried out by {by}")
     # Before the alias, as every move of @champion (flows.promotion.champion.push_history).
-    push_history(client, name, {"version": version, "from": current, "how": "rollout",
-                                     "by": record["started_by"], "at": champion_ops.now(),
-                                     "reason": why[:300], "rollout": record["id"]})
+    push_history(client, name, champion_ops.history_row(
+        version, current, "rollout", why, used, warning, by=record["started_by"],
+        rollout=record["id"]))
     champion_ops.move_champion(client, name, version, why, "rollout")
     _end(client, name, record, PROMOTED, evidence, by)
 

@@ -18,7 +18,8 @@ embedded store is read for, all read-only, by MLflow 3's table and column names:
 - ``registered_model_aliases (name, alias, version)``: the version at an alias;
 - ``model_versions (name, version, run_id)``: that a version exists, and its run;
 - ``params (run_uuid, key, value)``: the run's ``n_classes`` and ``input_kind``;
-- ``model_version_tags (name, version, key, value)``: the version's tags.
+- ``model_version_tags (name, version, key, value)``: the version's tags;
+- ``registered_model_tags (name, key, value)``: the model's (champion history, rollout).
 
 A file that is not a readable MLflow database raises :class:`sqlite3.DatabaseError`.
 Nothing here imports MLflow at module level, so the command-line parser stays light.
@@ -125,3 +126,47 @@ def _client_version(uri: str, name: str, alias: str | None,
     params = client.get_run(current.run_id).data.params
     return {"version": str(current.version), "n_classes": params.get("n_classes"),
             "input_kind": params.get("input_kind"), "tags": dict(current.tags)}
+
+
+def model_state(uri: str, name: str) -> dict | None:
+    """Registered model ``name`` of store ``uri`` as its operator commands check it first:
+    ``{"aliases": {alias: version}, "versions": {version: tags}, "tags": model tags}``
+    (versions as strings), or None when no such model is registered."""
+    database = embedded_database(uri)
+    if database is None:
+        return _client_state(uri, name)
+    connection = _read_only(database)
+    try:
+        if connection.execute("SELECT 1 FROM registered_models WHERE name = ?",
+                              (name,)).fetchone() is None:
+            return None
+        aliases = {alias: str(version) for alias, version in connection.execute(
+            "SELECT alias, version FROM registered_model_aliases WHERE name = ?", (name,))}
+        versions: dict[str, dict[str, str]] = {
+            str(version): {} for (version,) in connection.execute(
+                "SELECT version FROM model_versions WHERE name = ? ORDER BY version", (name,))}
+        for version, key, value in connection.execute(
+                "SELECT version, key, value FROM model_version_tags WHERE name = ?", (name,)):
+            versions.setdefault(str(version), {})[key] = value
+        tags = dict(connection.execute(
+            "SELECT key, value FROM registered_model_tags WHERE name = ?", (name,)))
+    finally:
+        connection.close()
+    return {"aliases": aliases, "versions": versions, "tags": tags}
+
+
+def _client_state(uri: str, name: str) -> dict | None:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException:
+        return None
+    from flows.registry.versions import model_versions
+
+    versions = {str(mv.version): dict(mv.tags) for mv in model_versions(client, name)}
+    return {"aliases": {alias: str(version) for alias, version in model.aliases.items()},
+            "versions": dict(sorted(versions.items(), key=lambda item: int(item[0]))),
+            "tags": dict(model.tags)}
