@@ -104,9 +104,23 @@ def next_steps(result, total_seconds: float, data=None) -> str:
         f"{total_seconds - compute:.1f} s start-up and orchestration",
         f"tracking: {result.tracking_uri} (run {result.run_id})",
         "next:     cord-ops ui    # browse runs, metrics, reliability diagrams",
-        f"          cord-ops predict --model models:/{result.model_name}@champion "
-        f"{predict_hint(data)}",
+        *_serving_step(result, data),
     ])
+
+
+def _serving_step(result, data) -> list[str]:
+    """The ``predict`` to run next, or, when the model has no champion after this run,
+    why not and the ``promote`` that would make this version serve."""
+    decision = result.decision
+    if decision.promote or decision.champion_version is not None:
+        return [f"          cord-ops predict --model models:/{result.model_name}@champion "
+                f"{predict_hint(data)}"]
+    from flows.registry import versions as registry
+
+    tags = {registry.REASON_TAG: decision.reason, registry.DECISION_TAG: decision.label,
+            registry.HARMS_TAG: str(bool(decision.harms)).lower()}
+    return [f"          no @champion yet: "
+            f"{inputs.refusal_and_next_step(result.model_name, str(result.version), tags)}"]
 
 
 def _reference_line(decision) -> list[str]:

@@ -367,8 +367,57 @@ def registered_model(uri: str, name: str, alias: str | None = None) -> None:
     if name not in names:
         held = ", ".join(names) if names else "none"
         raise InputError(f"model '{name}' is not registered in {uri} (registered: {held})")
-    raise InputError(f"model '{name}' has no @{alias} in {uri}; run `cord-ops recalibrate "
-                     f"--model-name {name}` first")
+    raise InputError(missing_alias(uri, name, alias))
+
+
+def missing_alias(uri: str, name: str, alias: str) -> str:
+    """Why registered model ``name`` has no ``@alias`` in store ``uri``, and the next right
+    step: recalibrate when it has no version; for ``@champion``, the newest version's
+    refusal as the gate recorded it and the ``promote`` that overrides it (naming
+    ``--allow-harm`` where the version is worse than the uncalibrated model); for any other
+    alias, the aliases that exist."""
+    from flows.registry import versions as registry
+
+    try:
+        state = store_reads.model_state(uri, name)
+    except sqlite3.DatabaseError:
+        state = None
+    head = f"model '{name}' has no @{alias} in {uri}"
+    if state is None or not state["versions"]:
+        return f"{head}: it has no version yet; run `cord-ops recalibrate --model-name {name}`"
+    if alias != registry.CHAMPION:
+        held = ", ".join(f"@{a} (v{v})" for a, v in sorted(state["aliases"].items()))
+        return f"{head}; its aliases: {held or 'none'} (versions: {', '.join(state['versions'])})"
+    complete = [v for v, tags in state["versions"].items()
+                if tags.get(registry.REGISTRATION_TAG) == registry.COMPLETE]
+    if not complete:
+        return (f"{head}: no version finished registration (versions: "
+                f"{', '.join(state['versions'])}); run `cord-ops recalibrate --model-name "
+                f"{name}`")
+    newest = max(complete, key=int)
+    tags = state["versions"][newest]
+    return f"{head}: {refusal_and_next_step(name, newest, tags)}"
+
+
+def refusal_and_next_step(name: str, version: str, tags) -> str:
+    """Why version ``version`` (registry ``tags``) does not hold ``@champion`` and the
+    command that would make it serve: the gate's recorded reason, then ``promote``, with
+    ``--allow-harm`` and the words that it is worse than the uncalibrated model when the
+    gate found it so."""
+    from flows.promotion import guards
+    from flows.registry import versions as registry
+
+    reason = tags.get(registry.REASON_TAG) or "no gate decision recorded"
+    command = (f"`cord-ops promote --model-name {name} --version {version} --reason TEXT"
+               + (" --allow-harm`" if guards.harms(tags) else "`"))
+    if tags.get(registry.DECISION_TAG) == "promoted":
+        return (f"the gate promoted v{version}, and @{registry.CHAMPION} was removed since; "
+                f"to serve it again: {command}")
+    if guards.harms(tags):
+        return (f"v{version} was not promoted ({reason}); the uncalibrated classifier is "
+                f"better on that split: keep serving it or recalibrate with another "
+                f"--calibrator, or override with {command}")
+    return f"v{version} was not promoted ({reason}); to serve it anyway: {command}"
 
 
 def champion_reads(uri: str, name: str, dataset) -> None:
