@@ -175,6 +175,8 @@ def labels_summary(args, settled: dict[str, dict[str, float]]) -> list[str]:
         lines.append(f"  met label-free run {run_id}: realised accuracy "
                      f"{values['realised.accuracy']:.4f}, ECE {values['realised.ece']:.4f}, "
                      f"CBPE error {values['error.cbpe']:+.4f}")
+        if values.get("verdict"):  # the prior-shift candidate's, as recorded on it
+            lines.append(f"    prior-shift candidate: {values['verdict']}")
     return lines
 
 

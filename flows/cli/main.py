@@ -459,6 +459,8 @@ def cmd_monitor(args) -> int:
     for run_id, values in result.settled.items():
         print(f"labels met label-free run {run_id}: realised accuracy "
               f"{values['realised.accuracy']:.4f}, CBPE error {values['error.cbpe']:+.4f}")
+        if values.get("verdict"):  # the prior-shift candidate's, as recorded on it
+            print(f"  prior-shift candidate: {values['verdict']}")
     if result.recalibration is not None:
         _print_result(result.recalibration, args.started, args.data)
     return 0
@@ -529,9 +531,12 @@ def cmd_server(args) -> int:
         print(f"stop it with: {_server_hint(args)}")
         return 0
     if args.action == "stop":
+        runner = warm.running(folder)  # server.stop stops it first
         pid = server.stop(folder)
-        print(f"stopped the Prefect server (pid {pid}) of {folder}" if pid is not None
-              else f"no managed Prefect server running for {folder}")
+        stopped = ([f"the Prefect server (pid {pid})"] if pid is not None else []) + (
+            [f"the warm runner (pid {runner['pid']})"] if runner is not None else [])
+        print(f"stopped {' and '.join(stopped)} of {folder}" if stopped
+              else f"no managed Prefect server or warm runner running for {folder}")
         return 0
     managed = server.running(folder)
     if managed is None:

@@ -92,15 +92,24 @@ def store_client(args):
 
 
 def cmd_status(args) -> int:
+    import json
+    import os
+    import shutil
+    import sys
+
     from flows.promotion import operations as champion_ops
     from flows.promotion import rollout
 
     client, _ = store_client(args)
-    lines = champion_ops.format_status(champion_ops.status(client, args.model_name,
-                                                           args.limit)).splitlines()
-    # After champion, health and history: a rollout in progress is part of that state.
-    lines.insert(4, f"rollout:  {rollout.describe(rollout.read(client, args.model_name))}")
-    print("\n".join(lines))
+    record = rollout.read(client, args.model_name)
+    report = champion_ops.status(client, args.model_name, args.limit, record)
+    if args.json:
+        print(json.dumps(champion_ops.status_json(report), indent=2))
+        return 0
+    # A terminal's width (or COLUMNS); output to a file or pipe keeps every word.
+    width = (shutil.get_terminal_size().columns
+             if sys.stdout.isatty() or "COLUMNS" in os.environ else None)
+    print(champion_ops.format_status(report, width, rollout.describe(record)))
     return 0
 
 
@@ -146,6 +155,9 @@ def add_cli(sub) -> None:
     p.add_argument("--model-name", required=True, help="registered model name")
     p.add_argument("--limit", type=positive_int, default=10,
                    help="versions shown (default: 10)")
+    p.add_argument("--json", action="store_true",
+                   help="print the whole state as JSON (every word; the table's lines are "
+                        "cut to the terminal's width)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("promote", help="move @champion to a version, after the gate's checks")

@@ -53,6 +53,8 @@ PRIOR_SHIFT_TAG = "monitor.prior_shift_candidate"
 #: Run tag written when labels meet a run with a prior-shift candidate: the gate's NLL
 #: rules applied to it on the labelled batch.
 PRIOR_SHIFT_VERDICT_TAG = "monitor.prior_shift_verdict"
+#: Key of :func:`meet_labels`' values that holds a prior-shift candidate's verdict (text).
+VERDICT = "verdict"
 #: Run tag: the version the candidate was registered as (``monitor --register-candidate``,
 #: :mod:`flows.recalibration.label_free_register`).
 PRIOR_SHIFT_VERSION_TAG = "monitor.prior_shift_version"
@@ -459,6 +461,7 @@ def meet_labels(client, model_name: str, batch: Batch,
             estimated = [logged[f"prior.estimated.{c}"] for c in range(k)]
             values["error.priors_tv"] = label_free.total_variation(estimated, realised)
         tags = {LABELS_TAG: "arrived", LABELS_RUN_TAG: batch.path}
+        verdict = None
         if run.data.tags.get(PRIOR_SHIFT_TAG, "none") != "none":
             found, verdict = settle_candidate(client, run.info.run_id, scored_by[version],
                                               batch.labels)
@@ -470,5 +473,6 @@ def meet_labels(client, model_name: str, batch: Batch,
             # the registered version carries it too, which lifts promote's refusal
             record_verdict(client, model_name, registered, verdict, found)
         tracking.log_values(client, run.info.run_id, metrics=values, tags=tags)
-        settled[run.info.run_id] = values
+        # The verdict recorded, in words, for the command's summary (not a metric).
+        settled[run.info.run_id] = values if verdict is None else {**values, VERDICT: verdict}
     return settled

@@ -111,6 +111,8 @@ class VersionRow:
     champion_nll: str
     reference_nll: str
     reason: str
+    #: The gate found the version worse than the uncalibrated model (``!`` in the table).
+    harms: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class Status:
     health: str
     history: list[dict]
     rows: list[VersionRow]
+    rollout: dict | None = None
 
 
 def _short(value: str | None) -> str:
@@ -131,8 +134,42 @@ def _short(value: str | None) -> str:
         return value
 
 
-def status(client, name: str, limit: int = 10) -> Status:
-    """The state of registered model ``name`` (raises LookupError when it does not exist)."""
+def verdict(version: str, tags: dict, rollout: dict | None) -> tuple[str, str]:
+    """(decision, reason) of a version as its registry tags and the model's last rollout
+    record stand now, the latest word first: an operator's move of ``@champion`` to it
+    (``operator``: promote, rollback or a rollout's promotion), a rollout of it under way
+    or ended otherwise, the labels' verdict on a label-free candidate, else the gate's
+    decision. The reason gives the standing word, then, after ``|``, the earlier ones."""
+    gate = decision = tags.get(registry.DECISION_TAG, "-")
+    reason = tags.get(registry.REASON_TAG, "-")
+    words: list[str] = []  # the later words, newest first
+    labelled = tags.get(registry.LABEL_FREE_VERDICT_TAG)
+    if tags.get(registry.LABEL_FREE_TAG) == "true" and labelled:
+        decision = "labels: better" if labelled.startswith("better") else "labels: no"
+        words.append(f"labels: {labelled}")
+    if rollout is not None and str(rollout.get("version")) == str(version):
+        state = rollout.get("state")
+        if state == "active":
+            decision = "rolling out"
+            words.insert(0, f"rollout {rollout.get('id')} under way")
+        elif state != "promoted":  # a promoted rollout is the operator move below
+            decision = "rolled back" if state == "rolled_back" else f"rollout {state}"
+            words.insert(0, f"rollout {rollout.get('id')} {state} at "
+                            f"{rollout.get('ended_at')}: {rollout.get('outcome')}")
+    manual = tags.get(PROMOTED_BY_TAG)
+    if manual:  # an operator moved the alias here: that is the decision that stands
+        decision = "operator"
+        words.insert(0, f"{tags.get(PROMOTION_REASON_TAG)} (by {manual} at "
+                        f"{tags.get(PROMOTED_AT_TAG)})")
+    if not words:
+        return decision, reason
+    return decision, " | ".join([*words, f"gate: {gate}: {reason}"])
+
+
+def status(client, name: str, limit: int = 10, rollout: dict | None = None) -> Status:
+    """The state of registered model ``name`` (raises LookupError when it does not exist);
+    ``rollout``: its rollout record (:func:`flows.promotion.rollout.read`), whose outcome is
+    part of its version's verdict (:func:`verdict`)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -142,6 +179,9 @@ def status(client, name: str, limit: int = 10) -> Status:
     holder = registry.champion_version(client, name)
     versions = sorted(registry.model_versions(client, name),
                       key=lambda mv: int(mv.version), reverse=True)[:limit]
+    aliases: dict[str, list[str]] = {}
+    for alias, version in model.aliases.items():
+        aliases.setdefault(str(version), []).append(alias)
     rows = []
     for mv in versions:
         tags = mv.tags
@@ -151,39 +191,45 @@ def status(client, name: str, limit: int = 10) -> Status:
             ref = (f"{_short(tags.get('cord.gate.reference_candidate_nll'))} vs "
                    f"{_short(tags.get('cord.gate.reference_champion_nll'))}"
                    if problem == "none" else "not used")
-        manual = tags.get(PROMOTED_BY_TAG)
-        reason = tags.get(registry.REASON_TAG, "-")
-        decision = tags.get(registry.DECISION_TAG, "-")
-        if manual:  # an operator moved the alias here: that is the decision that stands
-            reason = (f"{tags.get(PROMOTION_REASON_TAG)} (by {manual} at "
-                      f"{tags.get(PROMOTED_AT_TAG)}) | gate: {decision}: {reason}")
-            decision = "operator"
-        elif tags.get(registry.HARMS_TAG) == "true":
-            decision = f"{decision}!"  # worse than the uncalibrated model
+        harms = guards.harms(tags)
+        decision, reason = verdict(str(mv.version), tags, rollout)
         rows.append(VersionRow(
-            str(mv.version), ",".join(client.get_model_version(name, mv.version).aliases) or "-",
-            tags.get(registry.REGISTRATION_TAG, "-"), decision,
+            str(mv.version), ",".join(sorted(aliases.get(str(mv.version), []))) or "-",
+            tags.get(registry.REGISTRATION_TAG, "-"), decision + ("!" if harms else ""),
             _short(tags.get(registry.CANDIDATE_NLL_TAG)),
-            _short(tags.get(registry.CHAMPION_NLL_TAG)), ref, reason))
+            _short(tags.get(registry.CHAMPION_NLL_TAG)), ref, reason, harms))
     return Status(name, None if holder is None else str(holder.version),
                   model.tags.get(HEALTH_TAG, "unknown (not checked yet)"),
-                  read_history(client, name), rows)
+                  read_history(client, name), rows, rollout)
 
 
-def format_status(report: Status) -> str:
-    """The status as text: a header, then one row per version (newest first)."""
+def _fit(line: str, width: int | None) -> tuple[str, bool]:
+    if width is None or len(line) <= width:
+        return line, False
+    return line[:max(width - 4, 1)] + " ...", True
+
+
+def format_status(report: Status, width: int | None = None, rollout_line: str | None = None
+                  ) -> str:
+    """The status as text: a header, then one row per version (newest first). With
+    ``width``, every line is cut to that many characters, and a last line says so (the
+    JSON form, :func:`status_json`, has every word); ``rollout_line`` is the header's
+    rollout line."""
     champion = "none" if report.champion is None else f"v{report.champion}"
     trail = " -> ".join(f"v{h['version']}" + (f" ({h['how']})" if h.get("how") not in
                                                (None, "gate") else "")
+                        + (f" [{', '.join('--' + o for o in h['overrides'])}]"
+                           if h.get("overrides") else "")
                         for h in report.history[-8:]) or "-"
     lines = [f"model:    {report.name}",
              f"champion: {champion}",
              f"health:   {report.health}",
              f"history:  {trail}",
+             *([f"rollout:  {rollout_line}"] if rollout_line is not None else []),
              ""]
     header = ("version", "aliases", "state", "decision", "cand NLL", "champ NLL",
               "ref NLL (cand vs champ)", "reason")
-    widths = (7, 9, 9, 9, 9, 9, 23)
+    widths = (7, 9, 9, 15, 9, 9, 23)
     lines.append(" ".join(f"{h:<{w}}" for h, w in zip(header[:-1], widths, strict=True))
                  + " " + header[-1])
     lines.append("-" * (sum(widths) + len(widths) + 6))
@@ -194,7 +240,20 @@ def format_status(report: Status) -> str:
                      + " " + row.reason)
     if not report.rows:
         lines.append("(no versions)")
-    return "\n".join(lines)
+    if any(row.harms for row in report.rows):
+        lines.append("! worse than the uncalibrated model (the gate's do-no-harm rule)")
+    fitted = [_fit(line, width) for line in lines]
+    out = [line for line, _ in fitted]
+    if any(cut for _, cut in fitted):
+        out.append(f"(lines cut at {width} characters; `--json` prints every word)")
+    return "\n".join(out)
+
+
+def status_json(report: Status) -> dict:
+    """The status as one JSON object: every field of :func:`status`, uncut."""
+    from dataclasses import asdict
+
+    return asdict(report)
 
 
 # ---------------------------------------------------------------- checks

@@ -59,8 +59,9 @@ from pathlib import Path
 
 from flows.registry import owner
 
-#: Commands the runner serves: the ones that run flows and pay the start-up.
-COMMANDS = ("recalibrate", "monitor", "demo")
+#: Commands the runner serves: the ones that run flows, and the ones whose few
+#: milliseconds of work would otherwise wait seconds on the start-up (predict, status).
+COMMANDS = ("recalibrate", "monitor", "demo", "predict", "status")
 #: Environment variables whose values are read when the runner imports Prefect and MLflow
 #: (or that change what cord-ops does): a command whose values differ runs in-process.
 ENV_PREFIXES = ("PREFECT_", "MLFLOW_", "CORD_OPS_")

@@ -589,8 +589,8 @@ class RolloutController:
         except Exception:
             self.step = step
             raise
-        if moved is not None:
-            _log(f"{decision.action}: {decision.reason}"[:1000])
+        if moved is not None:  # a promotion's outcome carries its warning, if any
+            _log(f"{decision.action}: {moved.get('outcome') or decision.reason}"[:1000])
         if self.step is not None and self.step.rollout_id == step.rollout_id:
             self.step = step  # refresh() decides from the record what follows
         self.refresh()

@@ -16,7 +16,6 @@ from flows.monitoring import label_free
 from flows.promotion import rollout
 from flows.recalibration import label_free_register
 from flows.recalibration.flow import recalibrate
-from flows.recalibration.monitor import monitor
 from flows.registry import versions as registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -98,9 +97,20 @@ def test_register_candidate_serves_the_moved_graph_and_promotion_waits_for_label
     assert "label-free" in line and "--allow-label-free" in line
     assert str(registry.champion_version(client, "m").version) == first.version
 
-    # -------- labels arrive: the verdict is written on the version too
-    monitor(data=str(labelled), model_name="m", recalibrate_on_drift=False)
+    # -------- labels arrive: the verdict is written on the version too, and said
+    capsys.readouterr()
+    assert main(["monitor", "--data", str(labelled), "--model-name", "m",
+                 "--no-recalibrate"]) == 0
+    out = capsys.readouterr().out
+    (said,) = [line.strip() for line in out.splitlines() if "prior-shift candidate:" in line]
     judged = client.get_model_version("m", created).tags
+    assert said == f"prior-shift candidate: {judged[registry.LABEL_FREE_VERDICT_TAG]}"
+    # status tells what the registry's tags tell: the labels' verdict stands
+    assert main(["status", "--model-name", "m"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines()
+              if line.startswith(f"v{created} ")]
+    assert row.split()[3:5] == ["labels:", "better"], row
+    assert f"labels: {judged[registry.LABEL_FREE_VERDICT_TAG]} | gate: label-free: " in row
     assert judged[registry.LABEL_FREE_VERDICT_TAG].startswith("better than the champion")
     assert f"registered as v{created}" in judged[registry.LABEL_FREE_VERDICT_TAG]
     assert float(judged["cord.label_free.candidate.tpcr"]) == 0.0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -245,3 +246,27 @@ def test_mistakes_are_answered_before_the_stack_is_imported(at, argv, expected):
     assert "Error" not in line
     assert not imported & STACK, imported & STACK
 
+
+
+# ---------------------------------------------------------------- one truth, in a terminal
+def test_status_fits_the_terminal_and_json_keeps_every_word(at):
+    at("promoted")
+    env = {**os.environ, "COLUMNS": "80", "PREFECT_API_URL": ""}
+    done = subprocess.run([sys.executable, "-m", "flows.cli.main", "status", "--model-name",
+                           MODEL], cwd=Path.cwd(), capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, max(lines, key=len)
+    assert lines[-1] == "(lines cut at 80 characters; `--json` prints every word)"
+    (harmful,) = [line for line in lines if line.startswith("v1 ")]
+    assert harmful.split()[3] == "rejected!"  # worse than the uncalibrated model
+    assert "! worse than the uncalibrated model (the gate's do-no-harm rule)" in lines
+    done = subprocess.run([sys.executable, "-m", "flows.cli.main", "status", "--model-name",
+                           MODEL, "--json"], cwd=Path.cwd(), capture_output=True, text=True,
+                          timeout=300, env=env)
+    report = json.loads(done.stdout)
+    assert report["champion"] == "2"
+    (first,) = [row for row in report["rows"] if row["version"] == "1"]
+    assert first["harms"] is True and first["decision"] == "rejected!"
+    assert "does harm: NLL" in first["reason"] and len(first["reason"]) > 80

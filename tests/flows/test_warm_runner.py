@@ -118,6 +118,30 @@ def test_commands_run_in_the_runner_with_their_own_output_and_status(warm, cord_
     assert owner_pid(cold) == other.pid
 
 
+def test_predict_and_status_go_to_the_runner(warm, cord_ops_command, digits):
+    """Their work takes milliseconds; the command process itself checks the inputs and
+    hands over, never importing MLflow or onnxruntime (issue 45: 3-7 s of start-up)."""
+    work, env, _ = warm
+    python = str(Path(cord_ops_command[0]).with_name("python"))
+    path = data.save_npz(work / "batch.npz", digits.scores[:50], digits.labels[:50], "logits")
+    recalibrated = subprocess.run([*cord_ops_command, "recalibrate", "--data", path.name,
+                                   "--model-name", "quick", "--min-calibration", "10",
+                                   "--min-evaluation", "10"], cwd=work, env=env,
+                                  capture_output=True, text=True, timeout=300)
+    assert recalibrated.returncode == 0, recalibrated.stderr[-3000:]
+    for argv, said in ((["status", "--model-name", "quick"], "champion: v1"),
+                       (["predict", "--model", "models:/quick@champion", "--input", path.name,
+                         "--output", "out.npz"], "wrote 50 rows x 10 classes")):
+        done = subprocess.run([python, "-X", "importtime", "-m", "flows.cli.main", *argv],
+                              cwd=work, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert said in done.stdout, done.stdout
+        imported = {row.rsplit("|", 1)[-1].strip().split(".")[0]
+                    for row in done.stderr.splitlines() if row.startswith("import time:")}
+        assert not imported & {"mlflow", "onnxruntime", "prefect"}, argv
+    assert (work / "out.npz").is_file()
+
+
 def test_kill_9_of_the_command_kills_its_work_and_the_next_run_cleans_up(warm, cord_ops_command):
     work, env, record = warm
     path = slow_data(work)
@@ -167,6 +191,8 @@ def test_server_stop_stops_the_runner(warm, cord_ops_command):
     stop = subprocess.run([*cord_ops_command, "server", "stop"], cwd=work, env=env,
                           capture_output=True, text=True, timeout=120)
     assert stop.returncode == 0, stop.stderr
+    assert f"warm runner (pid {record['pid']})" in stop.stdout, stop.stdout
+    assert "Prefect server (pid " in stop.stdout, stop.stdout
     assert not psutil.pid_exists(record["pid"]) or psutil.Process(
         record["pid"]).status() == psutil.STATUS_ZOMBIE
     assert not (work / "mlruns" / "prefect" / "runner.sock").exists()
