@@ -73,7 +73,8 @@ def read_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
 def read_parquet_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
     """(StoredScores, passthrough table) of a Parquet input for a model reading
     ``input_kind`` with ``n_classes`` columns; validated with the same messages as
-    ``cord_ops.data``."""
+    ``cord_ops.data``. The passthrough table is every column but the scores and the true
+    ``labels`` (docs/data-formats.md)."""
     where = str(path)
     table = data.read_parquet_table(path)
     stored, _ = data.table_scores(table, where, input_kind)
@@ -82,7 +83,9 @@ def read_parquet_input(path, n_classes: int, input_kind: str, dtype: np.dtype):
             f"{stored.width} classes"
         raise ValueError(f"{where}: {input_kind} has {held}; the model expects {n_classes}")
     _, columns = data.score_columns(table.column_names, where, input_kind)
-    passthrough = table.drop_columns(columns)
+    # The true labels stay behind: the output's one label column is the model's top-1.
+    passthrough = table.drop_columns(
+        [*columns, *([data.LABEL_COLUMN] if data.LABEL_COLUMN in table.column_names else [])])
     clash = sorted(set(passthrough.column_names) & set(WRITTEN))
     if clash:
         raise ValueError(f"{where}: column {clash[0]!r} would be overwritten by the output "

@@ -9,8 +9,9 @@ output file (and an existing one untouched).
 Parquet input follows ``cord_ops.data``'s layout (a ``logits``/``probs`` list column or K
 numbered columns; docs/data-formats.md). Parquet output (an output path ending in
 ``.parquet`` or ``.pq``) holds ``label`` (int64), ``confidence``, and ``repaired`` and
-``calibrated`` as fixed-size list columns, after every input column that is not a score
-column (ids, labels, timestamps), so rows can be joined back to their source.
+``calibrated`` as fixed-size list columns, after every input column that is neither a
+score column nor the true ``labels`` (ids, timestamps), so rows can be joined back to
+their source; ``label`` is the only label column of the output.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from flows.preflight import checks as inputs
 from flows.redact import PASSWORD_ENV, USERNAME_ENV, credentials_to_environment, redact
 from flows.registry import owner, tracking
 from flows.runtime import managed_server as server
-from flows.runtime import warm
+from flows.runtime import tick_lines, warm
 
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
@@ -512,7 +512,12 @@ def cmd_schedule(args) -> int:
                       f"after that: stop it with `{_server_hint(args)}`", flush=True)
             deployments = schedule.build_deployments(args.cron, recal, mon, args.monitor_cron,
                                                      label_free, args.label_free_cron)
-            schedule.serve_deployments(deployments)
+            # One line per tick on this console, from the runs' processes (which read the
+            # logging settings this names) and from this one; details stay in the runs' logs.
+            os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = str(tick_lines.write_config(
+                server.state_folder(args.tracking_uri) / "schedule-logging.yml"))
+            with tick_lines.console():
+                schedule.serve_deployments(deployments)
             print("stopped serving")
     if managed is not None and args.work_pool:
         print(f"the Prefect server keeps running: stop it with `{_server_hint(args)}`")

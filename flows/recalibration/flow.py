@@ -83,7 +83,7 @@ from flows.recalibration.tasks import (
 )
 from flows.registry import lock as registry_lock
 from flows.registry import owner, tracking
-from flows.runtime import checkpoints
+from flows.runtime import checkpoints, tick_lines
 
 #: RecalibrationError is raised by the flow and defined with the failure handling.
 __all__ = ["RecalibrationError", "RecalibrationResult", "is_shard_input", "recalibrate"]
@@ -220,7 +220,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             if skipped is not None:
                 if session is not None:
                     session.close()
-                get_run_logger().info("skipped: %s", skipped)
+                tick_lines.log_result(f"recalibrate: skipped: {skipped}")
                 return RecalibrationResult(
                     run_id=run_id, experiment_id=experiment, tracking_uri=uri,
                     model_name=model_name, version=None, decision=None,
@@ -298,6 +298,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         raise ChampionUnhealthyError(model_name, decision.champion_version,
                                             decision.champion_problem,
                                             candidate=failure.version)
+    tick_lines.log_result(f"recalibrate: v{failure.version} {decision.label}: "
+                          f"{decision.reason}"[:1000])
     return RecalibrationResult(
         run_id=run_id, experiment_id=experiment, tracking_uri=uri, model_name=model_name,
         version=failure.version, decision=decision, eta_star=repair.eta_,

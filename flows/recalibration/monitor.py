@@ -29,6 +29,7 @@ from flows.recalibration.label_free_monitor import champion_to_monitor, settle_l
 from flows.recalibration.tasks import load_dataset
 from flows.registry import tracking
 from flows.registry import versions as registry
+from flows.runtime import tick_lines
 from flows.runtime.tasks import compute_task, store_task
 
 DRIFT_METRICS = ("ece", "nll")
@@ -156,8 +157,8 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
     """
     uri = tracking.store_uri(tracking_uri)
     if skip_without_champion and not has_champion(uri, model_name):
-        get_run_logger().info("model '%s' has no @%s in %s yet: nothing to monitor, skipping "
-                              "this pass", model_name, registry.CHAMPION, uri)
+        tick_lines.log_result(f"monitor: model '{model_name}' has no @{registry.CHAMPION} in "
+                              f"{uri} yet: nothing to monitor, skipping this pass")
         return None
     batch = load_dataset(str(data), input_kind)
     scored = score_champion_on_batch(uri, model_name, batch)
@@ -173,5 +174,23 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
                                         seed=seed, model_name=model_name,
                                         input_kind=batch.input_kind, dtype=dtype,
                                         tracking_uri=uri, **(gate_options or {}))
-    return MonitorResult(run_id, scored.version, scored.metrics, scored.baseline, drift,
-                         reasons, recalibration, settled)
+    result = MonitorResult(run_id, scored.version, scored.metrics, scored.baseline, drift,
+                           reasons, recalibration, settled)
+    tick_lines.log_result(result_line(result, str(data)))
+    return result
+
+
+def result_line(result: MonitorResult, data: str) -> str:
+    """A monitoring pass in one line (a scheduled run's console line,
+    :mod:`flows.runtime.tick_lines`): the champion's metrics against its baseline, the
+    drift, and what a recalibration on drift decided."""
+    metrics = ", ".join(f"{name} {result.metrics[name]:.5f} (baseline "
+                        f"{result.baseline[name]:.5f})" for name in DRIFT_METRICS)
+    line = (f"monitor: champion v{result.champion_version} on {data}: {metrics}; drift: "
+            + ("; ".join(result.reasons) if result.reasons else "none"))
+    recal = result.recalibration
+    if recal is not None and getattr(recal, "decision", None) is not None:
+        line += f"; recalibrated: v{recal.version} {recal.decision.label}"
+    elif recal is not None and getattr(recal, "skipped", None):
+        line += f"; recalibration skipped: {recal.skipped}"
+    return line

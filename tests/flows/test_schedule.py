@@ -32,15 +32,20 @@ def _wait_for_deployment(client, name: str, process: subprocess.Popen, log: Path
 @pytest.mark.slow
 def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
         store, digits_file, tmp_path, cli_env, cord_ops_command):
+    import numpy as np
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
     log = tmp_path / "serve.log"
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    with np.load(digits_file) as arrays:  # a batch of 5 columns for a 10-class model
+        np.savez(incoming / "bad.npz", logits=arrays["logits"][:50, :5])
     with open(log, "w") as sink:
         process = subprocess.Popen(
             [*cord_ops_command, "schedule", "--cron", "0 3 * * *", "--data", str(digits_file),
-             "--model-name", "scheduled"],
+             "--model-name", "scheduled", "--label-free-data", str(incoming / "*.npz")],
             cwd=tmp_path, env={**cli_env, "PREFECT_RUNNER_POLL_FREQUENCY": "1"},  # default 10 s
             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -56,6 +61,24 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
         flow_run = run_deployment(f"recalibrate/{RECALIBRATE_DEPLOYMENT}", timeout=240,
                                   poll_interval=1)
         assert flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
+        # Ticks speak in lines (issue 45): a result line per finished run, one error line
+        # per failed one, no traceback on this console (it stays in the run's log).
+        watched = run_deployment(f"monitor/{MONITOR_DEPLOYMENT}", timeout=240, poll_interval=1)
+        assert watched.state.is_completed(), (watched.state, log.read_text()[-3000:])
+        failed = run_deployment(f"monitor-label-free-new/{LABEL_FREE_DEPLOYMENT}", timeout=240,
+                                poll_interval=1)
+        assert failed.state.is_failed(), (failed.state, log.read_text()[-3000:])
+        time.sleep(2)  # the run processes' last lines reach the log
+        lines = log.read_text().splitlines()
+        assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
+        assert len([x for x in lines if x.startswith("recalibrate: v1 promoted: ")]) == 1, lines
+        (result,) = [x for x in lines if x.startswith("monitor: champion v1 on ")]
+        assert "ece " in result and "drift: none" in result, result
+        errors = [x for x in lines if x.startswith("error: ")]
+        assert len(errors) == 1, errors
+        (error,) = errors
+        assert error.startswith(f"error: monitor-label-free-new run '{failed.name}' failed at ")
+        assert "bad.npz" in error and "Error" not in error, error
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:

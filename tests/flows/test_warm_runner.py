@@ -123,15 +123,14 @@ def test_predict_and_status_go_to_the_runner(warm, cord_ops_command, digits):
     hands over, never importing MLflow or onnxruntime (issue 45: 3-7 s of start-up)."""
     work, env, _ = warm
     python = str(Path(cord_ops_command[0]).with_name("python"))
-    path = data.save_npz(work / "batch.npz", digits.scores[:50], digits.labels[:50], "logits")
+    path = data.save_npz(work / "batch.npz", digits.scores, digits.labels, "logits")
     recalibrated = subprocess.run([*cord_ops_command, "recalibrate", "--data", path.name,
-                                   "--model-name", "quick", "--min-calibration", "10",
-                                   "--min-evaluation", "10"], cwd=work, env=env,
+                                   "--model-name", "quick"], cwd=work, env=env,
                                   capture_output=True, text=True, timeout=300)
     assert recalibrated.returncode == 0, recalibrated.stderr[-3000:]
     for argv, said in ((["status", "--model-name", "quick"], "champion: v1"),
                        (["predict", "--model", "models:/quick@champion", "--input", path.name,
-                         "--output", "out.npz"], "wrote 50 rows x 10 classes")):
+                         "--output", "out.npz"], f"wrote {digits.n} rows x 10 classes")):
         done = subprocess.run([python, "-X", "importtime", "-m", "flows.cli.main", *argv],
                               cwd=work, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
