@@ -85,6 +85,8 @@ MODULES: dict[str, list[str]] = {
                                "tests/core/test_mutation_gaps.py", "tests/core/test_validation.py"],
     "onnx_export/repair.py": ["tests/onnx/test_repair_graph.py", "tests/onnx/test_fixup.py"],
     "flows/promotion/rules.py": _GATE_TESTS,
+    # the guards of every hand move of @champion (issue 45), pure functions of tags
+    "flows/promotion/guards.py": ["tests/flows/test_guards.py"],
     "flows/promotion/champion.py": _GATE_TESTS,
     # test_registry.py without its retry test, whose Prefect setup takes ~100 s per process
     "flows/registry/lock.py": [

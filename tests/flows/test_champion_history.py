@@ -57,3 +57,23 @@ def test_a_second_rollback_undoes_the_first_and_nothing_is_deleted():
                                   "5") == ["4", "5"]
     assert champion.champion_timeline([], "3") == ["3"]
     assert champion.champion_timeline(history, None) == []
+
+
+def test_the_rollback_target_skips_the_holder_and_versions_deleted_since():
+    rows = [{"version": "1", "from": None}, {"version": "2", "from": "1"},
+            {"version": "3", "from": "2"}]
+    assert champion.rollback_target(rows, "3", lambda v: True) == "2"
+    assert champion.rollback_target(rows, "3", lambda v: v != "2") == "1"
+    assert champion.rollback_target(rows, "3", lambda v: v == "3") is None
+    assert champion.rollback_target(rows, "1", lambda v: True) is None
+    assert champion.rollback_target(rows, None, lambda v: True) is None
+    # a rollback row put v2 back: the timeline repeats it; the target is never the holder
+    again = [*rows, {"version": "2", "from": "3"}]
+    assert champion.rollback_target(again, "2", lambda v: True) == "3"
+
+
+def test_history_text_that_is_not_a_list_of_rows_reads_as_no_history():
+    assert champion.parse_history(None) == [] and champion.parse_history("") == []
+    assert champion.parse_history("{not json") == []
+    assert champion.parse_history('{"version": "1"}') == []
+    assert champion.parse_history('[{"version": "1"}, {"from": "1"}, 3]') == [{"version": "1"}]
