@@ -17,6 +17,8 @@ def validate(args) -> None:
 
     inputs.registered_model(args.tracking_uri, args.model_name)
     if args.command == "promote":
+        if not args.reason.strip():
+            raise inputs.InputError("--reason: say why this version should serve")
         state = model_state(args.tracking_uri, args.model_name)
         check_move(args.tracking_uri, args.model_name, state, str(args.version), args,
                    "promote")

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from cord_ops import data, metrics
-from flows.errors import CordOpsError
+from flows.errors import CordOpsError, in_words
 from flows.promotion.rules import ChampionScore
 from flows.registry import reference, retries
 from flows.registry import versions as registry
@@ -167,7 +167,7 @@ def score_champion(client, name: str, champion: str | None, scores: np.ndarray,
                              f"{(len(labels), scores.shape[1])}")
         nll = metrics.nll(repaired, labels)
     except Exception as exc:  # any failure to score the champion is a reason to reject
-        return ChampionScore(champion, None, f"{type(exc).__name__}: {exc}"[:1000])
+        return ChampionScore(champion, None, in_words(exc)[:1000])
     if not math.isfinite(nll):
         return ChampionScore(champion, None, f"its NLL on this split is {nll!r}")
     return ChampionScore(champion, nll)

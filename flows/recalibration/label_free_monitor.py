@@ -17,6 +17,7 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from cord_ops import label_free as estimators
+from flows.errors import in_words
 from flows.monitoring import label_free
 from flows.promotion.champion import ChampionUnhealthyError, record_health
 from flows.registry import reference, tracking
@@ -65,7 +66,7 @@ def score_champion(uri: str, model_name: str, batches: list[label_free.Batch]) -
         scored = label_free.score_version(client, model_name, version,
                                           [split.scores, *(b.scores for b in batches)])
     except Exception as exc:  # whatever breaks, the champion is not servable as is
-        problem = f"{type(exc).__name__}: {exc}"[:1000]
+        problem = in_words(exc)[:1000]
     record_health(client, model_name, version, problem)
     if problem is not None:
         raise ChampionUnhealthyError(model_name, version, problem)

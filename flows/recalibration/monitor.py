@@ -23,6 +23,7 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from cord_ops import data, metrics
+from flows.errors import in_words
 from flows.promotion.champion import ChampionUnhealthyError, record_health
 from flows.recalibration.flow import RecalibrationResult, recalibrate
 from flows.recalibration.label_free_monitor import champion_to_monitor, settle_labelled
@@ -88,7 +89,7 @@ def score_champion_on_batch(uri: str, model_name: str,
             logged = client.get_run(current.run_id).data.metrics
             baseline = {name: logged[f"cord.{name}"] for name in DRIFT_METRICS}
         except Exception as exc:  # whatever breaks, the champion is not servable as is
-            problem = f"{type(exc).__name__}: {exc}"[:1000]
+            problem = in_words(exc)[:1000]
     record_health(client, model_name, version, problem)
     if problem is not None:
         raise ChampionUnhealthyError(model_name, version, problem)
