@@ -701,6 +701,9 @@ ACCEPTED: dict[str, str] = {
         _P_UPPER_ARRAY,
     'cord_ops/partition_sums.py::cord_response_estimate::s = 2.0 * g / ((1.0 - eta) + r) if eta <= 1.0 else ((eta - 1.0) + r) / (2.0 * eta) -> s = 2.0 * g / ((1.0 - eta) + r) if eta < 1.0 else ((eta - 1.0) + r) / (2.0 * eta)':  # noqa: E501 - a key is one source line
         _P_ETA_ONE,
+    'flows/promotion/guards.py::harm_words::reason = tags.get(REASON_TAG) or "" -> reason = tags.get(REASON_TAG) or "XXXX"':  # noqa: E501 - a key is one source line
+        "the default only stands for a missing reason, whose parts are then searched for "
+        "one starting 'does harm': neither '' nor 'XXXX' has one, so the words are the same",
 }
 
 def _without_node_names(line: str) -> str:

@@ -321,6 +321,12 @@ def validate_demo(args) -> None:
 
 
 def validate_monitor(args) -> None:
+    from flows.registry.versions import CHAMPION
+
+    if not inputs.is_batch_input(args.data):
+        inputs.data_file(args.data, "--data")
+    # Either monitor scores @champion: without one, a second's answer, before the batch loads.
+    inputs.registered_model(args.tracking_uri, args.model_name, CHAMPION)
     args.label_free = label_free_cli.is_label_free(args)
     if args.label_free:
         return label_free_cli.validate(args)
@@ -332,9 +338,6 @@ def validate_monitor(args) -> None:
     _check_flow_options(args)
     inputs.non_negative(args.max_ece_increase, "--max-ece-increase")
     inputs.non_negative(args.max_nll_increase, "--max-nll-increase")
-    from flows.registry.versions import CHAMPION
-
-    inputs.registered_model(args.tracking_uri, args.model_name, CHAMPION)
     batch = inputs.load_data(args.data, args.input_kind)
     inputs.champion_reads(args.tracking_uri, args.model_name, batch)
     inputs.check_recalibration(batch, None, args.calibrator, args.fraction, args.seed,

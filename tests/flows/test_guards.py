@@ -36,16 +36,17 @@ def test_harm_is_refused_in_the_gates_words_and_lifted_by_allow_harm_only():
                                             "NLL is 0.5)")
     assert guards.harm_words("2", {registry.HARMS_TAG: "true"}) == (
         "v2 is worse than the uncalibrated model (the gate's do-no-harm rule)")
-    assert guards.harm_words("2", {registry.UNCALIBRATED_NLL_TAG: "None"}) == (
-        "v2 is worse than the uncalibrated model (the gate's do-no-harm rule)")
+    for unknown in ("None", ""):
+        assert guards.harm_words("2", {registry.UNCALIBRATED_NLL_TAG: unknown}) == (
+            "v2 is worse than the uncalibrated model (the gate's do-no-harm rule)")
 
 
 def test_an_unjudged_label_free_candidate_is_refused_first_and_lifted_by_its_flag():
     both = {**UNJUDGED, registry.HARMS_TAG: "true"}
     said = guards.refusal("5", both, allow_harm=True)
-    assert said.startswith("v5 is a label-free prior-shift candidate of v4 that no labels "
-                           "have judged yet") and said.endswith("--allow-label-free to "
-                                                                "promote it anyway")
+    assert said == ("v5 is a label-free prior-shift candidate of v4 that no labels have "
+                    "judged yet (docs/label-free.md); monitor its batch with labels first, or "
+                    "pass --allow-label-free to promote it anyway")
     assert guards.refusal("5", both) == said  # the label-free refusal comes first
     assert "--allow-harm" in guards.refusal("5", both, allow_label_free=True)
     assert guards.refusal("5", both, allow_label_free=True, allow_harm=True) is None

@@ -98,6 +98,15 @@ def cli(*argv: str, cwd: Path, importtime: bool = False) -> tuple[int, str, str,
     return done.returncode, done.stdout, err, imported
 
 
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    """The same command in this process (what passes needs the stack anyway; a refusal is
+    run by :func:`cli`, which sees the imports)."""
+    capsys.readouterr()
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def last_error(err: str) -> str:
     lines = err.strip().splitlines()
     assert lines and lines[-1].startswith("error: "), err[-3000:]
@@ -155,7 +164,7 @@ def test_a_misspelt_alias_names_the_aliases_that_exist(at, tmp_path, digits):
 
 
 # ---------------------------------------------------------------- harm, guarded alike
-def test_promote_of_a_harmful_version_needs_allow_harm_and_says_it_is_worse(at):
+def test_promote_of_a_harmful_version_needs_allow_harm_and_says_it_is_worse(at, capsys):
     uri = at("promoted")
     code, out, err, imported = cli("promote", "--model-name", MODEL, "--version", "1",
                                    "--reason", "try it", cwd=Path.cwd(), importtime=True)
@@ -165,8 +174,8 @@ def test_promote_of_a_harmful_version_needs_allow_harm_and_says_it_is_worse(at):
     assert "--allow-harm" in line and "Error" not in line
     assert not imported & STACK, imported & STACK  # told from the store's cheap reads
 
-    code, out, err, _ = cli("promote", "--model-name", MODEL, "--version", "1", "--reason",
-                            "try it", "--allow-harm", cwd=Path.cwd())
+    code, out, err = run(capsys, "promote", "--model-name", MODEL, "--version", "1",
+                         "--reason", "try it", "--allow-harm")
     assert code == 0, err[-3000:]
     assert f"{MODEL}@champion: v2 -> v1" in out
     assert "override: --allow-harm" in out
@@ -177,7 +186,7 @@ def test_promote_of_a_harmful_version_needs_allow_harm_and_says_it_is_worse(at):
     assert row["overrides"] == ["allow-harm"] and "worse than v2" in row["warning"]
 
 
-def test_a_second_rollback_to_a_harmful_version_needs_allow_harm(at):
+def test_a_second_rollback_to_a_harmful_version_needs_allow_harm(at, capsys):
     uri = at("promoted")
     assert main(["promote", "--model-name", MODEL, "--version", "1", "--reason", "try",
                  "--allow-harm"]) == 0
@@ -187,7 +196,7 @@ def test_a_second_rollback_to_a_harmful_version_needs_allow_harm(at):
     line = last_error(err)
     assert code == 1 and "cannot roll back to v1: v1 is worse than the uncalibrated" in line
     assert not imported & STACK, imported & STACK
-    code, out, err, _ = cli("rollback", "--model-name", MODEL, "--allow-harm", cwd=Path.cwd())
+    code, out, err = run(capsys, "rollback", "--model-name", MODEL, "--allow-harm")
     assert code == 0, err[-3000:]
     assert f"{MODEL}@champion: v2 -> v1" in out and "override: --allow-harm" in out
     assert [(r["how"], r["version"], r.get("overrides")) for r in history(uri)[-3:]] == [
@@ -195,7 +204,7 @@ def test_a_second_rollback_to_a_harmful_version_needs_allow_harm(at):
         ("rollback", "1", ["allow-harm"])]
 
 
-def test_a_rollout_of_a_version_worse_than_its_champion_says_so_at_start_and_end(at):
+def test_a_rollout_of_a_version_worse_than_its_champion_says_so_at_start_and_end(at, capsys):
     from mlflow import MlflowClient
 
     from flows.promotion import rollout
@@ -206,8 +215,8 @@ def test_a_rollout_of_a_version_worse_than_its_champion_says_so_at_start_and_end
     assert code == 1 and "cannot roll out v1: v1 is worse than the uncalibrated" in \
         last_error(err)
     assert not imported & STACK, imported & STACK
-    code, out, err, _ = cli("rollout", "start", "--model-name", MODEL, "--version", "1",
-                            "--reason", "canary", "--allow-harm", cwd=Path.cwd())
+    code, out, err = run(capsys, "rollout", "start", "--model-name", MODEL, "--version", "1",
+                         "--reason", "canary", "--allow-harm")
     assert code == 0, err[-3000:]
     (warning,) = [row for row in out.splitlines() if row.startswith("warning:")]
     assert "v1 is worse than v2, the champion it replaces" in warning
@@ -249,23 +258,19 @@ def test_mistakes_are_answered_before_the_stack_is_imported(at, argv, expected):
 
 
 # ---------------------------------------------------------------- one truth, in a terminal
-def test_status_fits_the_terminal_and_json_keeps_every_word(at):
+def test_status_fits_the_terminal_and_json_keeps_every_word(at, capsys, monkeypatch):
     at("promoted")
-    env = {**os.environ, "COLUMNS": "80", "PREFECT_API_URL": ""}
-    done = subprocess.run([sys.executable, "-m", "flows.cli.main", "status", "--model-name",
-                           MODEL], cwd=Path.cwd(), capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run(capsys, "status", "--model-name", MODEL)
+    assert code == 0, err[-3000:]
+    lines = out.splitlines()
     assert max(map(len, lines)) <= 80, max(lines, key=len)
     assert lines[-1] == "(lines cut at 80 characters; `--json` prints every word)"
     (harmful,) = [line for line in lines if line.startswith("v1 ")]
     assert harmful.split()[3] == "rejected!"  # worse than the uncalibrated model
     assert "! worse than the uncalibrated model (the gate's do-no-harm rule)" in lines
-    done = subprocess.run([sys.executable, "-m", "flows.cli.main", "status", "--model-name",
-                           MODEL, "--json"], cwd=Path.cwd(), capture_output=True, text=True,
-                          timeout=300, env=env)
-    report = json.loads(done.stdout)
+    code, out, _ = run(capsys, "status", "--model-name", MODEL, "--json")
+    report = json.loads(out)
     assert report["champion"] == "2"
     (first,) = [row for row in report["rows"] if row["version"] == "1"]
     assert first["harms"] is True and first["decision"] == "rejected!"
