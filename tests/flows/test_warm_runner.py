@@ -122,7 +122,8 @@ def test_predict_and_status_go_to_the_runner(warm, cord_ops_command, digits):
     """Their work takes milliseconds; the command process itself checks the inputs and
     hands over, never importing MLflow or onnxruntime (issue 45: 3-7 s of start-up)."""
     work, env, _ = warm
-    python = str(Path(cord_ops_command[0]).with_name("python"))
+    # The console script's own interpreter path: the runner's fingerprint names it.
+    python = Path(cord_ops_command[0]).read_text().splitlines()[0].removeprefix("#!").strip()
     path = data.save_npz(work / "batch.npz", digits.scores, digits.labels, "logits")
     recalibrated = subprocess.run([*cord_ops_command, "recalibrate", "--data", path.name,
                                    "--model-name", "quick"], cwd=work, env=env,
