@@ -257,9 +257,16 @@ def test_promote_and_rollback_wait_for_the_registry_lock(store, tmp_path, capsys
 
     client = _client()
     client.create_registered_model("m")
-    # a version that exists: `promote --version V` checks V before it waits for the lock
+    # Versions that pass the checks made before the lock (they exist, finished
+    # registration, v1 is not the champion and v2 has an earlier one to roll back to);
+    # the checks that need their artifacts come after it.
     run = client.create_run("0")
-    client.create_model_version("m", f"runs:/{run.info.run_id}/model", run.info.run_id)
+    for _ in range(2):
+        client.create_model_version("m", f"runs:/{run.info.run_id}/model", run.info.run_id,
+                                    tags={registry.REGISTRATION_TAG: registry.COMPLETE})
+    client.set_registered_model_alias("m", registry.CHAMPION, "2")
+    champion.write_history(client, "m", [{"version": "1", "from": None, "how": "gate"},
+                                         {"version": "2", "from": "1", "how": "promote"}])
     folder = tracking.local_store_folder(store)
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)],
                               stdout=subprocess.PIPE, text=True)
