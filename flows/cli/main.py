@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
@@ -39,8 +40,8 @@ from flows.errors import CordOpsError, in_words
 from flows.preflight import checks as inputs
 from flows.redact import PASSWORD_ENV, USERNAME_ENV, credentials_to_environment, redact
 from flows.registry import owner, tracking
+from flows.runtime import credential, tick_lines, warm
 from flows.runtime import managed_server as server
-from flows.runtime import tick_lines, warm
 
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
@@ -163,17 +164,17 @@ def prefect_api(args, start_managed: bool = False):
     ``PREFECT_API_URL`` (environment or Prefect profile) wins, and must answer. Otherwise
     the managed server of this store is used when it is running, or started when
     ``start_managed``; failing both, a temporary server that dies with this process
-    (:func:`flows.runtime.temporary_server.temporary_api`). The managed server's URL is set for the
-    body through Prefect's settings context (this process's environment is untouched)
-    and is inherited by the flow-run processes Prefect starts.
+    (:func:`flows.runtime.temporary_server.temporary_api`). The managed server's URL and
+    credential are set for the body through Prefect's settings context (this process's
+    environment is untouched) and are inherited by the flow-run processes Prefect starts.
     """
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     from flows.runtime import temporary_server as prefect_server
 
     configured = prefect_server.configured_api_url()
     if configured:
-        if not server.healthy(configured):
+        if not server.healthy(configured, auth=PREFECT_API_AUTH_STRING.value()):
             raise server.ServerError(f"the Prefect server PREFECT_API_URL={configured} does "
                                      "not answer")
         yield None
@@ -190,7 +191,8 @@ def prefect_api(args, start_managed: bool = False):
             finally:
                 _drain_prefect_workers()
         return
-    with temporary_settings(updates={PREFECT_API_URL: managed.api_url}):
+    with temporary_settings(updates={PREFECT_API_URL: managed.api_url,
+                                     PREFECT_API_AUTH_STRING: managed.auth}):
         yield managed
 
 
@@ -504,7 +506,10 @@ def cmd_schedule(args) -> int:
                                                args.monitor_cron, label_free,
                                                args.label_free_cron)
             print(f"deployed to work pool '{args.work_pool}': {', '.join(ids)}")
-            api = f"PREFECT_API_URL={managed.api_url} " if managed is not None else ""
+            # The credential by reference: the line may end up in a terminal log or a ticket.
+            api = (f"PREFECT_API_URL={managed.api_url} PREFECT_API_AUTH_STRING=\"$(cat "
+                   f"{shlex.quote(str(credential.auth_file(managed.folder)))})\" "
+                   if managed is not None else "")
             print(f"next: {api}prefect worker start --pool {args.work_pool}")
             if os.environ.get(PASSWORD_ENV):
                 print(f"      with {USERNAME_ENV} and {PASSWORD_ENV} set in the worker's "

@@ -5,7 +5,8 @@ process reaches: without ``PREFECT_API_URL`` Prefect would start a temporary ser
 flow's process and, separately, in every worker. :func:`prefect_api` starts one server and
 makes it current through Prefect's settings context, which Prefect serialises into every
 task it submits, so workers report to the same server. Nothing in ``os.environ`` changes;
-a subprocess this process starts itself gets the URL through :func:`api_environment`.
+a subprocess this process starts itself gets the URL and the server's credential through
+:func:`api_environment`.
 """
 
 from __future__ import annotations
@@ -24,9 +25,15 @@ def current_api_url() -> str | None:
 
 
 def api_environment() -> dict[str, str]:
-    """Environment entries that point a child process at the current Prefect API."""
+    """Environment entries that point a child process at the current Prefect API, with the
+    credential it requires (:mod:`flows.runtime.credential`) when there is one."""
+    from prefect.settings import PREFECT_API_AUTH_STRING
+
     url = current_api_url()
-    return {"PREFECT_API_URL": url} if url else {}
+    if not url:
+        return {}
+    auth = PREFECT_API_AUTH_STRING.value()
+    return {"PREFECT_API_URL": url, **({"PREFECT_API_AUTH_STRING": auth} if auth else {})}
 
 
 @contextlib.contextmanager

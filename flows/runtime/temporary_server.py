@@ -28,6 +28,14 @@ output goes to an unlinked file, so a killed command leaves no log behind.
 ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child ends, which is why the
 server must be started from the thread that lives as long as the command: the CLI's
 main thread, never a Prefect worker thread.
+
+The server requires a credential made for it (:func:`flows.runtime.credential.new`), held
+in this command's memory and in the server's environment only: its port on 127.0.0.1 is
+open to every local account for as long as the command runs, and without the credential
+another account could read the run's parameters and logs, or cancel, pause or delete its
+flow run (nothing serves deployments on it, so no run of its own would execute). Prefect's
+clients in this process, and the processes they start, send it through the settings
+context.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from flows.errors import CordOpsError
+from flows.runtime import credential
 
 PR_SET_PDEATHSIG = 1
 #: The API URL of the temporary server the current context runs against (None outside
@@ -263,14 +272,21 @@ def temporary_api(timeout: float = STARTUP_TIMEOUT) -> Iterator[str | None]:
     if configured:
         yield configured
         return
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        get_current_settings,
+        temporary_settings,
+    )
 
     settings = get_current_settings()
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
+    auth = credential.new()
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
            "PREFECT__SERVER_FINAL": "1",
-           **settings.to_environment_variables(exclude_unset=True)}
+           **settings.to_environment_variables(exclude_unset=True),
+           credential.SERVER_SETTING: auth}
     # Unlinked at once: a killed command leaves no log; a failed start keeps a copy.
     log = tempfile.TemporaryFile(prefix="cord-ops-prefect-server-")
     process = None
@@ -283,7 +299,8 @@ def temporary_api(timeout: float = STARTUP_TIMEOUT) -> Iterator[str | None]:
             _wait_healthy(process, url, timeout, log, Path(settings.home))
         token = _TEMPORARY_URL.set(url)
         try:
-            with temporary_settings(updates={PREFECT_API_URL: url}):
+            with temporary_settings(updates={PREFECT_API_URL: url,
+                                             PREFECT_API_AUTH_STRING: auth}):
                 yield None
         finally:
             _TEMPORARY_URL.reset(token)

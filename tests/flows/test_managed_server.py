@@ -20,6 +20,7 @@ import pytest
 from servers import clean_env
 
 from cord_ops import data
+from flows.runtime import credential
 
 pytestmark = pytest.mark.slow
 
@@ -71,9 +72,17 @@ def test_server_start_status_stop(tmp_path, cord_ops_command):
     state = [work / "mlruns", *(work / "mlruns").rglob("*")]
     assert {"prefect.db", "server.json", "runner.json", "server.log"} <= {p.name for p in state}
     assert [(str(p), oct(p.stat().st_mode)) for p in state if p.stat().st_mode & 0o077] == []
+    # a credential the server requires, never printed
+    folder = work / "mlruns" / "prefect"
+    auth = credential.load(folder)
+    assert auth is not None and "api-auth" in {p.name for p in state}
+    assert process.environ()[credential.SERVER_SETTING] == auth
+    secret = auth.split(":")[1]
+    assert not any(secret in text for text in [*process.cmdline(), *outputs])
 
     status = cli(cord_ops_command, ["server", "status"], work, env)
     assert status.returncode == 0 and f"pid {record['pid']}" in status.stdout
+    assert secret not in status.stdout + status.stderr
 
     # a server killed behind cord-ops' back is reported as not running, and replaced
     process.kill()
@@ -83,12 +92,14 @@ def test_server_start_status_stop(tmp_path, cord_ops_command):
     assert restart.returncode == 0, restart.stderr
     second = server_record(work)
     assert second["pid"] != record["pid"]
+    assert credential.load(folder) not in (None, auth)  # a new credential at each start
 
     stop = cli(cord_ops_command, ["server", "stop"], work, env)
     assert stop.returncode == 0 and f"pid {second['pid']}" in stop.stdout
     assert not psutil.pid_exists(second["pid"]) or (
         psutil.Process(second["pid"]).status() == psutil.STATUS_ZOMBIE)
     assert cli(cord_ops_command, ["server", "status"], work, env).returncode == 3
+    assert not credential.auth_file(folder).exists()  # gone with the server
     assert "no managed Prefect server" in cli(cord_ops_command, ["server", "stop"], work,
                                               env).stdout
 
