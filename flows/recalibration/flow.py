@@ -83,7 +83,7 @@ from flows.recalibration.tasks import (
 )
 from flows.registry import lock as registry_lock
 from flows.registry import owner, tracking
-from flows.runtime import checkpoints, tick_lines
+from flows.runtime import checkpoints, pinned, tick_lines
 
 #: RecalibrationError is raised by the flow and defined with the failure handling.
 __all__ = ["RecalibrationError", "RecalibrationResult", "is_shard_input", "recalibrate"]
@@ -174,7 +174,11 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     ``dask_workers`` processes) over a seeded per-row split inside each shard, with
     ``eval_sample`` evaluation rows gathered for parity, the reference split and the gate
     (docs/scale.md).
+
+    A run of a deployment whose parameters are not the deployment's is refused first
+    (:func:`flows.runtime.pinned.check`).
     """
+    pinned.check()
     uri = tracking.store_uri(tracking_uri)
     folder = tracking.local_store_folder(uri)
     if lock == "auto":

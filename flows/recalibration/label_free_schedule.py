@@ -19,6 +19,7 @@ from flows.monitoring import label_free
 from flows.recalibration.label_free_monitor import monitor_label_free
 from flows.registry import tracking
 from flows.registry import versions as registry
+from flows.runtime import pinned
 from flows.runtime.tasks import store_task
 
 LABEL_FREE_DEPLOYMENT = "cord-ops-monitor-label-free"
@@ -80,8 +81,10 @@ def monitor_new_batches(data: str, model_name: str = "cord-ops",
     batch yet, or when every batch was monitored: none of these is an error on a schedule.
     A bad new batch fails the run with its one-line reason before any run is logged (as
     ``cord-ops monitor`` does), and every later tick fails the same way until it is moved
-    out of the glob.
+    out of the glob. A run of a deployment whose parameters are not the deployment's is
+    refused first (:func:`flows.runtime.pinned.check`).
     """
+    pinned.check()
     logger = get_run_logger()
     uri = tracking.store_uri(tracking_uri)
     if registry.champion_version(tracking.client(uri), model_name) is None:

@@ -30,7 +30,7 @@ from flows.recalibration.label_free_monitor import champion_to_monitor, settle_l
 from flows.recalibration.tasks import load_dataset
 from flows.registry import tracking
 from flows.registry import versions as registry
-from flows.runtime import tick_lines
+from flows.runtime import pinned, tick_lines
 from flows.runtime.tasks import compute_task, store_task
 
 DRIFT_METRICS = ("ece", "nll")
@@ -155,7 +155,11 @@ def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: fl
     ``skip_without_champion`` (set by ``cord-ops schedule``): while the model has no
     champion yet (the first scheduled recalibration has not finished), log that and return
     None instead of failing the run.
+
+    A run of a deployment whose parameters are not the deployment's is refused first
+    (:func:`flows.runtime.pinned.check`).
     """
+    pinned.check()
     uri = tracking.store_uri(tracking_uri)
     if skip_without_champion and not has_champion(uri, model_name):
         tick_lines.log_result(f"monitor: model '{model_name}' has no @{registry.CHAMPION} in "

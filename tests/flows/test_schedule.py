@@ -1,5 +1,7 @@
 """``cord-ops schedule`` serves cron deployments; a run triggered through Prefect's API
-completes and registers a model."""
+completes and registers a model; a run whose parameters are not its deployment's is refused
+(issue 42: whoever may create a flow run must not choose what the owner's process reads,
+writes or loads)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cord_ops import data
 from flows.recalibration.label_free_schedule import LABEL_FREE_DEPLOYMENT
 from flows.recalibration.schedule import MONITOR_DEPLOYMENT, RECALIBRATE_DEPLOYMENT
 
@@ -31,7 +34,7 @@ def _wait_for_deployment(client, name: str, process: subprocess.Popen, log: Path
 
 @pytest.mark.slow
 def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
-        store, digits_file, tmp_path, cli_env, cord_ops_command):
+        store, digits, digits_file, tmp_path, cli_env, cord_ops_command):
     import numpy as np
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
@@ -58,6 +61,15 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
         assert recal.parameters["model_name"] == "scheduled"
         assert recal.global_concurrency_limit.limit == 1
 
+        # another file in `data`, as POST /deployments/{id}/create_flow_run allows: refused
+        other = data.save_npz(tmp_path / "other.npz", digits.scores[:400], digits.labels[:400],
+                              "logits")
+        steered = run_deployment(f"recalibrate/{RECALIBRATE_DEPLOYMENT}", timeout=240,
+                                 poll_interval=1, parameters={"data": str(other)})
+        assert steered.state.is_failed(), (steered.state, log.read_text()[-3000:])
+        assert "sets data otherwise than the deployment" in steered.state.message
+        assert MlflowClient().get_experiment_by_name("scheduled") is None  # nothing ran
+
         flow_run = run_deployment(f"recalibrate/{RECALIBRATE_DEPLOYMENT}", timeout=240,
                                   poll_interval=1)
         assert flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
@@ -75,8 +87,15 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
         (result,) = [x for x in lines if x.startswith("monitor: champion v1 on ")]
         assert "ece " in result and "drift: none" in result, result
         errors = [x for x in lines if x.startswith("error: ")]
-        assert len(errors) == 1, errors
-        (error,) = errors
+        assert len(errors) == 2, errors
+        refused, error = errors  # the steered run's, then the label-free one's
+        assert refused.startswith(f"error: recalibrate run '{steered.name}' failed at ")
+        assert refused.endswith(f": flow run '{steered.name}' of deployment "
+                                f"'{RECALIBRATE_DEPLOYMENT}' sets data otherwise than the "
+                                "deployment does; a run of a cord-ops deployment takes the "
+                                "deployment's parameters only (refused before anything was "
+                                "read; change the schedule with `cord-ops schedule` instead)"
+                                ), refused
         assert error.startswith(f"error: monitor-label-free-new run '{failed.name}' failed at ")
         assert "bad.npz" in error and "Error" not in error, error
     finally:
@@ -141,3 +160,56 @@ def test_scheduled_monitoring_skips_while_there_is_no_champion(prefect_harness, 
     assert MlflowClient(store).get_experiment_by_name("fresh") is None  # nothing logged
     with pytest.raises(LookupError, match="no @champion"):  # unscheduled: still an error
         monitor(data=str(digits_file), model_name="fresh", tracking_uri=store)
+
+
+def test_a_flow_run_with_other_parameters_than_its_deployment_is_refused(
+        prefect_harness, store, digits, digits_file, tmp_path):
+    """The deployments ``cord-ops schedule`` builds, registered on a real server; flow runs
+    created from them through the API, as any caller of it may, and executed by Prefect's
+    engine (in this process, as the served runner's subprocess would). A changed or added
+    parameter that chooses what is read or written is refused before anything is read; a
+    run with the deployment's own parameters goes ahead."""
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+
+    from flows.recalibration.flow import recalibrate
+    from flows.recalibration.label_free_schedule import monitor_new_batches
+    from flows.recalibration.monitor import monitor
+    from flows.recalibration.schedule import build_deployments
+
+    other = data.save_npz(tmp_path / "theirs.npz", digits.scores[:300], digits.labels[:300],
+                          "logits")
+    theirs = f"sqlite:///{tmp_path / 'theirs' / 'mlflow.db'}"
+    recal = {"data": str(digits_file), "tracking_uri": store, "model_name": "pinned"}
+    mon = {"data": str(digits_file), "tracking_uri": store, "model_name": "pinned",
+           "skip_without_champion": True}
+    unlabelled = {"data": str(tmp_path / "incoming" / "*.npz"), "tracking_uri": store,
+                  "model_name": "pinned"}
+    deployments = build_deployments("0 3 * * *", recal, mon, label_free_parameters=unlabelled)
+    flows = {"recalibrate": recalibrate, "monitor": monitor,
+             "monitor-label-free-new": monitor_new_batches}
+    assert [d.flow_name for d in deployments] == list(flows)
+    ids = {d.flow_name: d.apply() for d in deployments}
+
+    def run(name: str, parameters: dict | None = None):
+        with get_client(sync_client=True) as client:
+            flow_run = client.create_flow_run_from_deployment(ids[name], parameters=parameters)
+        return run_flow(flows[name], flow_run=flow_run, return_type="state")
+
+    for name, override, what in [
+            ("recalibrate", {"data": str(other)}, "data"),
+            ("recalibrate", {"dask_address": "tcp://127.0.0.1:1"}, "dask_address"),
+            ("monitor", {"tracking_uri": theirs, "model_name": "other"},
+             "model_name, tracking_uri"),
+            ("monitor-label-free-new", {"data": str(other)}, "data")]:
+        state = run(name, override)
+        assert state.is_failed(), (name, override, state)
+        assert f"sets {what} otherwise than the deployment does" in state.message, state.message
+    assert MlflowClient(store).get_experiment_by_name("pinned") is None  # nothing was read
+    assert not (tmp_path / "theirs").exists()  # nor written
+
+    # the deployment's own parameters: past the check (no champion yet, so both skip)
+    for name in ("monitor", "monitor-label-free-new"):
+        state = run(name)
+        assert state.is_completed(), (name, state)
