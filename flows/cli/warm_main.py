@@ -1,4 +1,5 @@
-"""The warm runner's process: ``python -m flows.cli.warm_main STATE_FOLDER FINGERPRINT``.
+"""The warm runner's process: ``python -m flows.cli.warm_main STATE_FOLDER``, its fingerprint
+in ``CORD_OPS_WARM_FINGERPRINT`` (:data:`flows.runtime.warm.FINGERPRINT_ENV`).
 
 Started detached by ``cord-ops server start`` (:func:`flows.runtime.warm.spawn`). It lives
 apart from :mod:`flows.runtime.warm` so that the runner can run the CLI's entry point while
@@ -7,6 +8,7 @@ the CLI imports :mod:`flows.runtime.warm` to hand commands over, without an impo
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,4 +31,7 @@ def first_drawing() -> None:
 
 
 if __name__ == "__main__":
-    warm.serve(Path(sys.argv[1]), sys.argv[2], cli.main, warm_up=first_drawing)
+    # Taken out of the environment: the commands' children adopt their own.
+    expected = os.environ.pop(warm.FINGERPRINT_ENV)
+    warm.serve(Path(sys.argv[1]), expected, cli.main, cli.build_parser(),
+               warm_up=first_drawing)

@@ -244,7 +244,7 @@ def start_runner(folder: Path) -> int | None:
 
     with _locked(folder):
         record = warm.running(folder)
-        if record is not None and record.get("fingerprint") == warm.fingerprint():
+        if record is not None and record.get("fingerprint") == warm.fingerprint(folder):
             return int(record["pid"])
         return warm.spawn(folder)
 

@@ -8,8 +8,9 @@ it once and then waits on a Unix socket.
 
 How a command uses it (:func:`forward`, called by the CLI after the command's own input
 checks passed): when the managed server of the store runs, its runner is ready, and the
-runner was started from the same cord-ops source, the same Python and the same Prefect,
-MLflow and cord-ops environment variables (:func:`fingerprint`), the command sends its
+runner was started from the same cord-ops source, the same Python, the same Prefect,
+MLflow and cord-ops environment variables and the same server credential
+(:func:`fingerprint`), the command sends its
 arguments, working folder and environment, and passes its own stdin, stdout and stderr
 (``SCM_RIGHTS``). The runner forks a child that adopts those descriptors, folder and
 environment and runs the command exactly as the CLI runs it in-process
@@ -33,11 +34,24 @@ Operator promises, each tested in ``tests/flows/test_warm_runner.py``:
 Forking is safe here because the runner's parent loop is single-threaded (checked before
 every fork; a runner that has grown a thread refuses, and the command runs in-process).
 
-State, next to the managed server's (:mod:`flows.runtime.managed_server`)::
+Who may hand it a command (issue 42, :mod:`flows.runtime.warm_access`): only a process of
+the runner's own user. The socket is 0600 in the owner-only state folder, and the runner
+does not trust that alone: it asks the kernel for the connecting process's uid
+(``SO_PEERCRED``) and refuses any other before reading a byte. It runs only the commands of
+:data:`COMMANDS`, as the CLI's parser reads them; a request that is not one (garbage, not
+JSON, the wrong shape, too large) is refused, logged and forgotten, and the runner keeps
+serving.
 
-    <store folder>/prefect/runner.json   pid, start time, socket path, fingerprint
+State, next to the managed server's (:mod:`flows.runtime.managed_server`), in its
+owner-only folder::
+
+    <store folder>/prefect/runner.json   pid, start time, socket path, fingerprint (0600)
     <store folder>/prefect/runner.sock   the Unix socket (mode 0600: this user only)
-    <store folder>/prefect/runner.log    the runner's own output
+    <store folder>/prefect/runner.log    the runner's own output (0600)
+
+The fingerprint is an HMAC keyed with the managed server's credential, so neither the
+record nor the runner's command line carries a value from which the environment's secrets
+(a password in ``MLFLOW_TRACKING_URI``, say) could be guessed offline.
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import select
@@ -58,10 +73,14 @@ import time
 from pathlib import Path
 
 from flows.registry import owner
+from flows.runtime import credential, warm_access
 
 #: Commands the runner serves: the ones that run flows, and the ones whose few
 #: milliseconds of work would otherwise wait seconds on the start-up (predict, status).
 COMMANDS = ("recalibrate", "monitor", "demo", "predict", "status")
+#: How the runner's fingerprint reaches it: in its environment, which only its user reads
+#: (not its command line, which every local account reads).
+FINGERPRINT_ENV = "CORD_OPS_WARM_FINGERPRINT"
 #: Environment variables whose values are read when the runner imports Prefect and MLflow
 #: (or that change what cord-ops does): a command whose values differ runs in-process.
 ENV_PREFIXES = ("PREFECT_", "MLFLOW_", "CORD_OPS_")
@@ -93,14 +112,20 @@ def log_file(folder: Path) -> Path:
     return folder / "runner.log"
 
 
-def fingerprint(environ: dict[str, str] | None = None) -> str:
+def fingerprint(folder: Path, environ: dict[str, str] | None = None) -> str | None:
     """What the runner's imports depend on: this Python, the cord-ops source files (path,
     size, modification time), the Prefect profiles file and the environment variables
-    that Prefect, MLflow and cord-ops read. Equal fingerprints: a forked child runs the
-    command as a fresh process would."""
+    that Prefect, MLflow and cord-ops read; keyed (HMAC-SHA256) with the credential of the
+    managed server of ``folder``, so it changes with the credential and says nothing about
+    the environment's values to whoever lacks it. None when there is no credential (no
+    server: no runner to use). Equal fingerprints: a forked child runs the command as a
+    fresh process would."""
+    key = credential.load(folder)
+    if key is None:
+        return None
     environ = dict(os.environ if environ is None else environ)
     root = Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256(f"{sys.executable}\0{root}".encode())
+    digest = hmac.new(key.encode(), f"{sys.executable}\0{root}".encode(), hashlib.sha256)
     for package in ("cord_ops", "onnx_export", "flows"):
         for path in sorted((root / package).rglob("*.py")):
             stat = path.stat()
@@ -131,19 +156,23 @@ def running(folder: Path) -> dict | None:
 def spawn(folder: Path) -> int:
     """Start the runner of ``folder`` detached (its own session, output to runner.log);
     returns its pid. It becomes ready (record written, socket listening) once its imports
-    are done: :func:`wait_ready`."""
-    folder.mkdir(parents=True, exist_ok=True)
+    are done: :func:`wait_ready`. Needs the managed server's credential in ``folder``."""
+    credential.private_folder(folder)
     stop(folder)
+    expected = fingerprint(folder, os.environ)
+    if expected is None:
+        raise FileNotFoundError(f"{credential.auth_file(folder)}: no managed server credential "
+                                "(start the server first)")
     root = str(Path(__file__).resolve().parents[2])
     env = owner.detached_environment(os.environ)  # it outlives the command that starts it
     # The runner must import this checkout's modules, whichever folder it runs from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    expected = fingerprint(os.environ)
-    with open(log_file(folder), "ab") as log:
+    env[FINGERPRINT_ENV] = expected
+    with credential.open_private(log_file(folder), "ab") as log:
         log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} warm runner\n".encode())
         log.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli.warm_main", str(folder), expected],
+            [sys.executable, "-m", "flows.cli.warm_main", str(folder)],
             cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     # Recorded at once, so a second ``server start`` finds this one instead of starting
@@ -153,12 +182,11 @@ def spawn(folder: Path) -> int:
 
 
 def _write_record(folder: Path, pid: int, expected: str, ready: bool) -> None:
-    from cord_ops.atomic import write_json_atomic
-
-    write_json_atomic(record_file(folder), {
+    credential.write_private(record_file(folder), json.dumps({
         "pid": pid, "create_time": owner.process_start_time(pid),
         "stamp": owner.process_stamp(pid), "ready": ready,
-        "socket": str(socket_path(folder)), "fingerprint": expected, "written_at": time.time()})
+        "socket": str(socket_path(folder)), "fingerprint": expected, "written_at": time.time()},
+        indent=2, sort_keys=True) + "\n")
 
 
 def wait_ready(folder: Path, pid: int, timeout: float = READY_TIMEOUT_S) -> bool:
@@ -182,7 +210,7 @@ def status(folder: Path) -> str:
         return "warm runner: not running (commands start in-process)"
     if not record.get("ready"):
         return f"warm runner: pid {record['pid']}, still importing"
-    same = record.get("fingerprint") == fingerprint()
+    same = record.get("fingerprint") == fingerprint(folder)
     return (f"warm runner: pid {record['pid']}, socket {record['socket']}"
             + ("" if same else "; started from other cord-ops sources or settings than this "
                                "shell's, so commands from here start in-process"))
@@ -212,8 +240,11 @@ def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> N
         sock.sendall(head + body)
 
 
-def _receive(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
-    """One message (None at end of stream) and the descriptors that came with it."""
+def _receive(sock: socket.socket, with_fds: int = 0,
+             limit: int | None = None) -> tuple[dict | None, list[int]]:
+    """One message (None at end of stream) and the descriptors that came with it. With
+    ``limit``, a message declared longer raises :class:`MalformedRequest` unread; one that
+    is not JSON raises ``ValueError``."""
     fds: list[int] = []
     if with_fds:
         head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, with_fds)
@@ -227,6 +258,8 @@ def _receive(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[
     if len(head) < _HEADER.size:
         return None, fds
     (size,) = _HEADER.unpack(head)
+    if limit is not None and size > limit:
+        raise warm_access.MalformedRequest(f"declares {size} bytes, more than {limit}")
     body = b""
     while len(body) < size:
         chunk = sock.recv(size - len(body))
@@ -241,7 +274,9 @@ def forward(folder: Path, argv: list[str], started_ago: float) -> int | None:
     when the runner is not there, not ready, or was started from other sources or
     settings (then nothing was run and the caller runs the command itself)."""
     record = running(folder)
-    if record is None or not record.get("ready") or record.get("fingerprint") != fingerprint():
+    expected = fingerprint(folder)
+    if (record is None or not record.get("ready") or expected is None
+            or record.get("fingerprint") != expected):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -359,11 +394,13 @@ def _die_with_command(conn: socket.socket, finished: threading.Event) -> None:
         os.killpg(0, signal.SIGKILL)
 
 
-def serve(folder: Path, expected: str, entry, warm_up=None) -> None:
+def serve(folder: Path, expected: str, entry, parser, warm_up=None) -> None:
     """The runner's loop: warm up, listen, fork a child per command, which calls
     ``entry(argv, started=..., forward=False)`` (the CLI's ``main``) and exits with its
-    status. ``warm_up`` (no arguments), called once after the imports, does once what a
-    command would otherwise pay for (the caller's: this module imports no flow)."""
+    status. ``parser`` (the CLI's) says which command a request's arguments name; only
+    those of :data:`COMMANDS` are run. ``warm_up`` (no arguments), called once after the
+    imports, does once what a command would otherwise pay for (the caller's: this module
+    imports no flow)."""
     _warm_up(warm_up)
     if threading.active_count() != 1:
         print(f"warm runner: the warm-up started threads {threading.enumerate()}; not "
@@ -389,37 +426,50 @@ def serve(folder: Path, expected: str, entry, warm_up=None) -> None:
             _reap()
             if not ready or stopping:
                 continue
-            conn, _ = listener.accept()
-            _handle(conn, listener, expected, entry)
+            try:
+                conn, _ = listener.accept()
+            except OSError as exc:  # out of descriptors, say: the next round tries again
+                print(f"warm runner: accept failed: {exc}", flush=True)
+                time.sleep(0.1)
+                continue
+            _handle(conn, listener, expected, entry, parser)
     finally:
         listener.close()
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):
             if json.loads(record_file(folder).read_text()).get("pid") == os.getpid():
                 record_file(folder).unlink()
                 path.unlink(missing_ok=True)
 
 
-def _handle(conn: socket.socket, listener: socket.socket, expected: str, entry) -> None:
+def _handle(conn: socket.socket, listener: socket.socket, expected: str, entry,
+            parser) -> None:
+    """One connection: refused (a reply, a line in the log) unless it is this user's and
+    a well-formed request for a command the runner runs; then forked. Never raises: a bad
+    request must not end the runner."""
     fds: list[int] = []
     try:
-        conn.settimeout(10.0)
-        request, fds = _receive(conn, with_fds=3)
-        problem = None
-        if request is None or len(fds) != 3:
-            problem = "incomplete request"
-        elif request.get("fingerprint") != expected:
-            problem = "started from other sources or settings"
-        elif threading.active_count() != 1:
-            problem = "the runner has threads; forking would be unsafe"
+        problem = warm_access.peer_problem(conn)
+        if problem is None:
+            conn.settimeout(10.0)
+            try:
+                request, fds = _receive(conn, with_fds=3, limit=warm_access.MAX_REQUEST_BYTES)
+                problem = warm_access.request_problem(request, fds, expected, parser, COMMANDS)
+            except (ValueError, RecursionError) as exc:
+                problem = f"malformed request: {type(exc).__name__}: {str(exc)[:200]}"
         if problem is not None:
+            print(f"warm runner: refused a request: {problem}", flush=True)
             with contextlib.suppress(OSError):
                 _send(conn, {"refused": problem})
+            return
+        if threading.active_count() != 1:
+            with contextlib.suppress(OSError):
+                _send(conn, {"refused": "the runner has threads; forking would be unsafe"})
             return
         conn.settimeout(None)
         if os.fork() == 0:
             _child(conn, request, fds, listener, entry)
-    except OSError as exc:
-        print(f"warm runner: a request failed: {exc}", flush=True)
+    except Exception as exc:  # the loop outlives any one request
+        print(f"warm runner: a request failed: {type(exc).__name__}: {exc}", flush=True)
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):

@@ -4,24 +4,34 @@ MLflow store, and kill -9 / SIGTERM sent to the command while its work runs.
 
 Which process ran a recalibration is read from the run's owner tags (``cord.owner.pid``),
 which the flow writes from the process that does the work.
+
+The second local account of issue 42 (uid 65534, :mod:`second_user`) probes the same
+server and runner: it reaches the work folder, as other accounts reach a home folder on
+many systems, and must get no further.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import stat
+import struct
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
+import second_user
 from servers import clean_env
 
 from cord_ops import data
 from flows.registry import owner
+from flows.runtime import credential
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +39,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory, cord_ops_command, mlflow_template_db):
     """A work folder with a migrated store, a managed server and its ready runner, shared
-    by this module's tests (each uses its own model name); the last test stops it."""
+    by this module's tests (each uses its own model name); the last test stops it. The
+    work folder is one every local account may enter and list (pytest's own temporary
+    folders are not), so that only cord-ops' own modes stand between them and the state."""
     tmp_path = tmp_path_factory.mktemp("warm")
-    work = tmp_path / "work"
+    work = Path(tempfile.mkdtemp(prefix="cord-ops-warm-"))
+    work.chmod(0o755)
     (work / "mlruns").mkdir(parents=True)
     shutil.copyfile(mlflow_template_db, work / "mlruns" / "mlflow.db")
     env = clean_env(tmp_path / "home")
@@ -41,9 +54,12 @@ def warm(tmp_path_factory, cord_ops_command, mlflow_template_db):
     assert "warm runner: pid" in started.stdout, started.stdout
     record = json.loads((work / "mlruns" / "prefect" / "runner.json").read_text())
     assert record["ready"]
-    yield work, env, record
-    subprocess.run([*cord_ops_command, "server", "stop"], cwd=work, env=env,
-                   capture_output=True, text=True, timeout=120)
+    try:
+        yield work, env, record
+    finally:
+        subprocess.run([*cord_ops_command, "server", "stop"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=120)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def uri(work: Path) -> str:
@@ -181,6 +197,119 @@ def test_sigterm_to_the_command_stops_its_work_like_an_in_process_command(warm,
     assert victim.returncode == -signal.SIGTERM  # what the in-process command would return
     assert not psutil.pid_exists(worker) or psutil.wait_procs(
         [psutil.Process(worker)], timeout=10)[1] == []
+
+
+def state(work: Path) -> Path:
+    return work / "mlruns" / "prefect"
+
+
+def request(fingerprint: str, argv: list[str], **changes) -> bytes:
+    """A request as :func:`flows.runtime.warm.forward` frames it, with ``changes``."""
+    return json.dumps({"argv": argv, "cwd": "/", "env": {}, "fingerprint": fingerprint,
+                       "started_ago": 0.0, **changes}).encode()
+
+
+def probe_server(paths: list[str], port: int) -> dict:
+    """What the second account gets from the state files and the server's API."""
+    flows, created = second_user.http_request(port, "POST", "/api/flows/", {"name": "intruder"})
+    flow_id = created.get("id") if isinstance(created, dict) else None
+    return {
+        "files": second_user.open_each(paths),
+        "health": second_user.http_request(port, "GET", "/api/health")[0],
+        "deployments": second_user.http_request(port, "POST", "/api/deployments/filter", {})[0],
+        "flows": flows,
+        "flow_run": second_user.http_request(port, "POST", "/api/flow_runs/", {
+            "flow_id": flow_id or "00000000-0000-0000-0000-000000000000",
+            "name": "intruder", "parameters": {"data": "/etc/shadow"}})[0],
+    }
+
+
+def test_a_second_user_can_neither_read_the_state_nor_use_the_server(warm):
+    work, _, _ = warm
+    folder = state(work)
+    port = json.loads((folder / "server.json").read_text())["port"]
+    names = ["server.json", "api-auth", "runner.json", "server.log", "runner.log",
+             "home/prefect.db"]
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert {n: stat.S_IMODE((folder / n).stat().st_mode) for n in names[:5]} == {
+        n: 0o600 for n in names[:5]}
+
+    found = second_user.as_second_user(probe_server, [str(folder / n) for n in names], port)
+
+    assert found["files"] == {str(folder / n): "PermissionError" for n in names}
+    assert found["health"] == 200  # it reaches the port...
+    # ...and nothing behind it: no deployment read, no flow, no flow run created
+    assert (found["deployments"], found["flows"], found["flow_run"]) == (401, 401, 401)
+    auth = credential.authorization(credential.load(folder))
+    assert second_user.http_request(port, "POST", "/api/flows/filter", {}, auth)[0] == 200
+
+
+def test_the_runner_refuses_another_uid(warm):
+    """The way to the socket opened to every account, as a wrong umask, a ``chmod`` or a
+    shared group would: the runner's uid check must hold on its own."""
+    work, _, record = warm
+    folder = state(work)
+    sock = folder / "runner.sock"
+    modes = {path: stat.S_IMODE(path.stat().st_mode) for path in (folder, sock)}
+    folder.chmod(0o711)
+    sock.chmod(0o666)
+    try:
+        found = second_user.as_second_user(
+            second_user.unix_request, str(sock),
+            request(record["fingerprint"], ["recalibrate", "--data", "/nonexistent.npz"]))
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+    assert found["connect"] is None  # it got through to the runner, which refused it
+    assert found["reply"] == {"refused": f"connected as uid {second_user.NOBODY}, not the "
+                                         f"runner's uid {os.geteuid()}"}
+    assert psutil.pid_exists(record["pid"])
+    assert f"refused a request: connected as uid {second_user.NOBODY}" in (
+        folder / "runner.log").read_text()
+
+
+def raw_reply(path: str, data: bytes, close_after_send: bool = False) -> dict | None:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(path)
+        sock.sendall(data)
+        if close_after_send:
+            sock.shutdown(socket.SHUT_WR)
+        return second_user.read_reply(sock)
+
+
+def test_the_runner_survives_malformed_messages(warm):
+    work, _, record = warm
+    sock = str(state(work) / "runner.sock")
+    good = json.loads(request(record["fingerprint"], ["recalibrate", "--data", "x.npz"]))
+    framed = {
+        "not JSON": b"{nope",
+        "not UTF-8": b"\xff\xfe\x00",
+        "a list": b"[1, 2]",
+        "nested past the parser's depth": b"[" * 200_000,
+        "argv not strings": json.dumps({**good, "argv": ["recalibrate", 1]}).encode(),
+        "env a list": json.dumps({**good, "env": ["PATH=/bin"]}).encode(),
+        "a relative working folder": json.dumps({**good, "cwd": "work"}).encode(),
+        "a command it does not run": json.dumps({**good, "argv": ["server", "stop"]}).encode(),
+        "arguments cord-ops rejects": json.dumps({**good, "argv": ["--no-such"]}).encode(),
+    }
+    for what, payload in framed.items():
+        found = second_user.unix_request(sock, payload)
+        assert set(found["reply"] or {}) == {"refused"}, (what, found)
+    # not even a frame: an HTTP request's first bytes read as a 1.2 GB length
+    assert "declares" in raw_reply(sock, b"GET / HTTP/1.0\r\n\r\n")["refused"]
+    # a frame declaring 4 GiB, then nothing: refused unread, nothing allocated
+    assert "declares 4294967295 bytes" in raw_reply(sock, struct.pack("!I", 2**32 - 1),
+                                                     close_after_send=True)["refused"]
+    assert raw_reply(sock, b"", close_after_send=True) == {"refused": "incomplete request"}
+
+    assert psutil.pid_exists(record["pid"])
+    assert json.loads((state(work) / "runner.json").read_text())["pid"] == record["pid"]
+    # still serving: a well-formed request is read and judged
+    wrong = second_user.unix_request(sock, request("0" * 64, ["recalibrate", "--data", "x"]))
+    assert wrong["reply"] == {"refused": "started from other sources or settings"}
 
 
 def test_server_stop_stops_the_runner(warm, cord_ops_command):
