@@ -230,16 +230,17 @@ def test_a_second_user_can_neither_read_the_state_nor_use_the_server(warm):
     port = json.loads((folder / "server.json").read_text())["port"]
     names = ["server.json", "api-auth", "runner.json", "server.log", "runner.log",
              "home/prefect.db"]
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert {n: stat.S_IMODE((folder / n).stat().st_mode) for n in names[:5]} == {
-        n: 0o600 for n in names[:5]}
 
     found = second_user.as_second_user(probe_server, [str(folder / n) for n in names], port)
 
-    assert found["files"] == {str(folder / n): "PermissionError" for n in names}
     assert found["health"] == 200  # it reaches the port...
     # ...and nothing behind it: no deployment read, no flow, no flow run created
     assert (found["deployments"], found["flows"], found["flow_run"]) == (401, 401, 401)
+    assert found["files"] == {str(folder / n): "PermissionError" for n in names}
+    # not only the folder: each file is the owner's alone
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert {n: stat.S_IMODE((folder / n).stat().st_mode) for n in names[:5]} == dict.fromkeys(
+        names[:5], 0o600)
     auth = credential.authorization(credential.load(folder))
     assert second_user.http_request(port, "POST", "/api/flows/filter", {}, auth)[0] == 200
 
