@@ -195,15 +195,21 @@ def test_a_flow_run_with_other_parameters_than_its_deployment_is_refused(
     def run(name: str, parameters: dict | None = None):
         with get_client(sync_client=True) as client:
             flow_run = client.create_flow_run_from_deployment(ids[name], parameters=parameters)
-        return run_flow(flows[name], flow_run=flow_run, return_type="state")
+        return run_flow(flows[name], flow_run=flow_run, return_type="state"), flow_run.name
 
+    state, run_name = run("recalibrate", {"data": str(other)})
+    assert (f"OverriddenParameters: flow run {run_name!r} of deployment "
+            f"'{RECALIBRATE_DEPLOYMENT}' sets data otherwise than the deployment does; a run "
+            "of a cord-ops deployment takes the deployment's parameters only (refused before "
+            "anything was read; change the schedule with `cord-ops schedule` instead)"
+            ) in state.message
     for name, override, what in [
             ("recalibrate", {"data": str(other)}, "data"),
             ("recalibrate", {"dask_address": "tcp://127.0.0.1:1"}, "dask_address"),
             ("monitor", {"tracking_uri": theirs, "model_name": "other"},
              "model_name, tracking_uri"),
             ("monitor-label-free-new", {"data": str(other)}, "data")]:
-        state = run(name, override)
+        state, _ = run(name, override)
         assert state.is_failed(), (name, override, state)
         assert f"sets {what} otherwise than the deployment does" in state.message, state.message
     assert MlflowClient(store).get_experiment_by_name("pinned") is None  # nothing was read
@@ -211,5 +217,21 @@ def test_a_flow_run_with_other_parameters_than_its_deployment_is_refused(
 
     # the deployment's own parameters: past the check (no champion yet, so both skip)
     for name in ("monitor", "monitor-label-free-new"):
-        state = run(name)
+        state, _ = run(name)
         assert state.is_completed(), (name, state)
+
+
+def test_differences_name_every_parameter_changed_added_or_left_out():
+    from flows.runtime.pinned import differences
+
+    deployment = {"data": "/d/a.npz", "tracking_uri": "sqlite:///s.db", "eval_data": None,
+                  "fraction": 0.5}
+    assert differences(dict(deployment), deployment) == []
+    assert differences({**deployment, "fraction": 0.5000001}, deployment) == ["fraction"]
+    # None set is not the same as not set: the flow's default could differ
+    assert differences({k: v for k, v in deployment.items() if k != "eval_data"},
+                       deployment) == ["eval_data"]
+    assert differences({**deployment, "dask_address": "tcp://h:1", "data": "/x"},
+                       deployment) == ["dask_address", "data"]
+    assert differences({}, {}) == []
+    assert differences({"data": "/x"}, {}) == ["data"]
