@@ -119,6 +119,14 @@ MODULES: dict[str, list[str]] = {
             "test_a_wrong_width_or_value_is_refused_in_one_line",
             "test_float32_rows_are_renormalised_before_scoring",
             "test_a_float32_graph_gets_the_stored_order_of_a_renormalised_near_tie")],
+    # issue 42: who may hand the warm runner a command; the servers' credential and the
+    # owner-only files; a deployment's pinned parameters (its one non-slow end-to-end test
+    # starts Prefect's test server once per process)
+    "flows/runtime/warm_access.py": ["tests/flows/test_warm_access.py"],
+    "flows/runtime/credential.py": ["tests/flows/test_credential.py"],
+    "flows/runtime/pinned.py": [
+        "tests/flows/test_schedule.py::test_differences_name_every_parameter_changed_added_or_left_out",  # noqa: E501
+        "tests/flows/test_schedule.py::test_a_flow_run_with_other_parameters_than_its_deployment_is_refused"],  # noqa: E501
 }
 
 # Reasons shared by several of flows/promotion/rules.py's and champion.py's equivalent
@@ -132,6 +140,15 @@ _CHAMPION_TIMELINE = ("unconfirmed is False only before the first row, when time
 _CHAMPION_REPAIRED = ("metrics.nll validates with check_scores, which converts to float64 "
                   "itself; a graph's 'repaired' output is float32 or float64, both converted "
                   "exactly")
+
+# Reasons shared by equivalent survivors of issue 42's modules.
+_ARGPARSE_SILENT = ("argparse writes help and errors through _print_message, which falls back "
+                    "from a None stream to sys.stderr and ignores a None one (AttributeError): "
+                    "with None the parser's messages are dropped as with the StringIO")
+_TMP_EXISTS = ("the temporary file exists whenever the body fails: os.open created it and "
+               "only the successful os.replace removes it")
+_TMP_SUFFIX = ("any random suffix gives a name of cord_ops.atomic's pattern, which is all "
+               "the sweep of leftovers needs")
 
 # Reasons shared by several of cord_ops/cord_solve.py's equivalent survivors.
 _SOLVE_BUFFER = ("out= only reuses a work buffer: a freshly allocated array holds the same "
@@ -704,6 +721,28 @@ ACCEPTED: dict[str, str] = {
     'flows/promotion/guards.py::harm_words::reason = tags.get(REASON_TAG) or "" -> reason = tags.get(REASON_TAG) or "XXXX"':  # noqa: E501 - a key is one source line
         "the default only stands for a missing reason, whose parts are then searched for "
         "one starting 'does harm': neither '' nor 'XXXX' has one, so the words are the same",
+    # flows/runtime/warm_access.py (issue 42)
+    "flows/runtime/warm_access.py::command_of::sink = io.StringIO() -> sink = None":
+        _ARGPARSE_SILENT,
+    "flows/runtime/warm_access.py::command_of::with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink): -> with contextlib.redirect_stdout(None), contextlib.redirect_stderr(sink):":  # noqa: E501 - a key is one source line
+        _ARGPARSE_SILENT,
+    "flows/runtime/warm_access.py::command_of::with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink): -> with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(None):":  # noqa: E501 - a key is one source line
+        _ARGPARSE_SILENT,
+    # flows/runtime/credential.py (issue 42)
+    'flows/runtime/credential.py::new::return f"{USER}:{secrets.token_urlsafe(32)}" -> return f"{USER}:{secrets.token_urlsafe(None)}"':  # noqa: E501 - a key is one source line
+        "secrets' default entropy is 32 bytes: the same 43-character password",
+    "flows/runtime/credential.py::private_folder::folder.mkdir(mode=0o700) -> folder.mkdir(mode=449)":  # noqa: E501 - a key is one source line
+        "0o701; the folder is chmod 0700 on the next lines, so only the instant between "
+        "mkdir and chmod differs, when the new folder is empty and others could enter but "
+        "not list it",
+    "flows/runtime/credential.py::write_private::tmp.unlink(missing_ok=True) -> tmp.unlink(missing_ok=None)":  # noqa: E501 - a key is one source line
+        _TMP_EXISTS,
+    "flows/runtime/credential.py::write_private::tmp.unlink(missing_ok=True) -> tmp.unlink(missing_ok=False)":  # noqa: E501 - a key is one source line
+        _TMP_EXISTS,
+    'flows/runtime/credential.py::write_private::tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp") -> tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(None)}.tmp")':  # noqa: E501 - a key is one source line
+        _TMP_SUFFIX,
+    'flows/runtime/credential.py::write_private::tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp") -> tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(5)}.tmp")':  # noqa: E501 - a key is one source line
+        _TMP_SUFFIX,
 }
 
 def _without_node_names(line: str) -> str:

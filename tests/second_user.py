@@ -32,9 +32,9 @@ def skip_reason() -> str | None:
     return None
 
 
-def as_second_user(probe, *args, timeout: float = 60.0):
-    """``probe(*args)`` run as uid/gid 65534; its result, or a failure naming the child's
-    exception."""
+def as_second_user(probe, *args, timeout: float = 60.0, gid: int = NOBODY):
+    """``probe(*args)`` run as uid 65534 and group ``gid`` (65534 unless told); its result,
+    or a failure naming the child's exception."""
     reason = skip_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -45,7 +45,7 @@ def as_second_user(probe, *args, timeout: float = 60.0):
         try:
             os.close(read_end)
             os.setgroups([])
-            os.setgid(NOBODY)
+            os.setgid(gid)
             os.setuid(NOBODY)
             message = {"result": probe(*args)}
         except BaseException as exc:  # noqa: BLE001 - reported to the parent

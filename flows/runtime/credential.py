@@ -71,8 +71,7 @@ def private_folder(folder: Path) -> Path:
     if found is not None:
         raise StateFolderError(f"{folder}: the state folder must be a folder of this user "
                                f"(uid {os.geteuid()}); it is {found}")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(folder, 0o700)
+    os.chmod(folder, 0o700)
     return folder
 
 

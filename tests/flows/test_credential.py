@@ -31,8 +31,8 @@ def mode(path: Path) -> int:
 
 def test_the_state_folder_is_made_0700_and_an_older_open_one_is_tightened(tmp_path):
     with umask(0):
-        made = credential.private_folder(tmp_path / "store" / "prefect")
-    assert made == tmp_path / "store" / "prefect" and mode(made) == 0o700
+        made = credential.private_folder(tmp_path / "work" / "store" / "prefect")
+    assert made == tmp_path / "work" / "store" / "prefect" and mode(made) == 0o700
     older = tmp_path / "older"
     older.mkdir()
     older.chmod(0o755)  # what cord-ops made before issue 42
@@ -84,11 +84,25 @@ def test_private_files_are_0600_from_their_creation_whatever_the_umask(tmp_path)
     assert victim.read_text() == "theirs"
 
 
+def test_a_file_planted_at_the_temporary_name_is_never_written_through(tmp_path,
+                                                                       monkeypatch):
+    """The temporary name is random; were it guessed, a link or file put there first must
+    make the write fail, not be written through or reused."""
+    monkeypatch.setattr(credential.secrets, "token_hex", lambda n: "guessed")
+    victim = tmp_path / "victim"
+    victim.write_text("theirs")
+    planted = tmp_path / f".server.json.{os.getpid()}.guessed.tmp"
+    planted.symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        credential.write_private(tmp_path / "server.json", "mine")
+    assert victim.read_text() == "theirs" and not (tmp_path / "server.json").exists()
+
+
 def test_the_credential_is_new_at_each_call_and_kept_owner_only(tmp_path):
     first, second = credential.new(), credential.new()
     assert first != second
     user, password = first.split(":", 1)
-    assert user == "cord-ops" and len(password) >= 43  # 256 random bits, URL-safe base64
+    assert user == "cord-ops" and len(password) == 43  # 256 random bits, URL-safe base64
     folder = credential.private_folder(tmp_path / "prefect")
     assert credential.load(folder) is None
     credential.auth_file(folder).write_text("\n")

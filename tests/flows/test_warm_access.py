@@ -5,6 +5,7 @@ probed end to end in test_warm_runner.py."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -42,6 +43,7 @@ def test_a_well_formed_request_for_a_runner_command_is_accepted(parser):
     assert problem(parser, good(argv=["--tracking-uri", "sqlite:///x.db", "monitor",
                                       "--data", "b.npz"])) is None
     assert problem(parser, good(argv=["demo"], started_ago=3, env={})) is None
+    assert problem(parser, good(started_ago=0)) is None
 
 
 @pytest.mark.parametrize(("changes", "reason"), [
@@ -100,6 +102,8 @@ def test_command_of_reads_the_command_as_the_cli_does_and_swallows_its_messages(
     assert warm_access.command_of(parser, ["--help"]) is None
     assert warm_access.command_of(parser, ["recalibrate"]) is None  # --data is required
     assert capsys.readouterr() == ("", "")
+    # a parser whose arguments name no command
+    assert warm_access.command_of(argparse.ArgumentParser(), []) is None
 
 
 def test_the_peer_of_a_socket_of_this_user_is_this_user():
@@ -125,7 +129,8 @@ def test_the_peer_of_a_second_user_is_named_and_refused():
             listener.bind(path)
             os.chmod(path, 0o666)
             listener.listen(1)
-            second_user.as_second_user(connect_and_leave, path)
+            # a group number unlike the uid: the uid, not the gid, is what is compared
+            second_user.as_second_user(connect_and_leave, path, gid=second_user.NOBODY - 1)
             conn, _ = listener.accept()
             with conn:
                 assert warm_access.peer_uid(conn) == second_user.NOBODY
@@ -136,6 +141,15 @@ def test_the_peer_of_a_second_user_is_named_and_refused():
         for entry in folder.iterdir():
             entry.unlink()
         folder.rmdir()
+
+
+def test_a_system_that_cannot_name_the_peer_serves_nobody(monkeypatch):
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    monkeypatch.delattr(socket, "SO_PEERCRED")
+    with left, right:
+        assert warm_access.peer_uid(left) is None
+        assert warm_access.peer_problem(left) == (
+            "this system does not say which user connected")
 
 
 @pytest.mark.parametrize("spare", [-1, 0])
