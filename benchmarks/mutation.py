@@ -126,6 +126,8 @@ MODULES: dict[str, list[str]] = {
     "flows/runtime/credential.py": ["tests/flows/test_credential.py"],
     "flows/runtime/pinned.py": [
         "tests/flows/test_schedule.py::test_differences_name_every_parameter_changed_added_or_left_out",  # noqa: E501
+        "tests/flows/test_schedule.py::test_outside_a_flow_run_there_is_nothing_to_check",
+        "tests/flows/test_schedule.py::test_scheduled_monitoring_skips_while_there_is_no_champion",  # noqa: E501
         "tests/flows/test_schedule.py::test_a_flow_run_with_other_parameters_than_its_deployment_is_refused"],  # noqa: E501
 }
 

@@ -147,6 +147,8 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
 
 def test_scheduled_monitoring_skips_while_there_is_no_champion(prefect_harness, store,
                                                                digits_file, caplog):
+    """Also a flow run outside any deployment: flows.runtime.pinned has nothing to compare
+    and lets it run."""
     from mlflow import MlflowClient
 
     from flows.recalibration.monitor import monitor
@@ -235,3 +237,10 @@ def test_differences_name_every_parameter_changed_added_or_left_out():
                        deployment) == ["dask_address", "data"]
     assert differences({}, {}) == []
     assert differences({"data": "/x"}, {}) == ["data"]
+    assert differences({"eval_data": None}, {}) == ["eval_data"]  # added, even as None
+
+
+def test_outside_a_flow_run_there_is_nothing_to_check():
+    from flows.runtime.pinned import check
+
+    assert check() is None

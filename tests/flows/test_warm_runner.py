@@ -243,6 +243,11 @@ def test_a_second_user_can_neither_read_the_state_nor_use_the_server(warm):
         names[:5], 0o600)
     auth = credential.authorization(credential.load(folder))
     assert second_user.http_request(port, "POST", "/api/flows/filter", {}, auth)[0] == 200
+    # what every account reads of any process: the runner's command line, without its
+    # fingerprint (which is keyed with the credential anyway)
+    runner = json.loads((folder / "runner.json").read_text())
+    assert not any(runner["fingerprint"] in part
+                   for part in psutil.Process(runner["pid"]).cmdline())
 
 
 def test_the_runner_refuses_another_uid(warm):
