@@ -57,51 +57,54 @@ def test_server_start_status_stop(tmp_path, cord_ops_command):
                                umask=0o022)
               for _ in range(2)]
     outputs = [p.communicate(timeout=240)[0] for p in starts]
-    assert [p.returncode for p in starts] == [0, 0], outputs
-    record = server_record(work)
-    pids = {int(re.search(r"pid (\d+)", out).group(1)) for out in outputs}
-    assert pids == {record["pid"]}, outputs
-    assert sum("started" in out.splitlines()[0] for out in outputs) == 1, outputs
-    process = psutil.Process(record["pid"])
-    listening = [c.laddr for c in process.net_connections(kind="inet")
-                 if c.status == psutil.CONN_LISTEN]
-    assert listening and {a.ip for a in listening} == {"127.0.0.1"}, listening
-    assert {a.port for a in listening} == {record["port"]}
-    assert (work / "mlruns" / "prefect" / "home" / "prefect.db").exists()  # next to the store
-    # the Prefect database, state files and logs: owner-only under the usual umask 022
-    state = [work / "mlruns", *(work / "mlruns").rglob("*")]
-    assert {"prefect.db", "server.json", "runner.json", "server.log"} <= {p.name for p in state}
-    assert [(str(p), oct(p.stat().st_mode)) for p in state if p.stat().st_mode & 0o077] == []
-    # a credential the server requires, never printed
-    folder = work / "mlruns" / "prefect"
-    auth = credential.load(folder)
-    assert auth is not None and "api-auth" in {p.name for p in state}
-    assert process.environ()[credential.SERVER_SETTING] == auth
-    secret = auth.split(":")[1]
-    assert not any(secret in text for text in [*process.cmdline(), *outputs])
+    try:
+        assert [p.returncode for p in starts] == [0, 0], outputs
+        record = server_record(work)
+        pids = {int(re.search(r"pid (\d+)", out).group(1)) for out in outputs}
+        assert pids == {record["pid"]}, outputs
+        assert sum("started" in out.splitlines()[0] for out in outputs) == 1, outputs
+        process = psutil.Process(record["pid"])
+        listening = [c.laddr for c in process.net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and {a.ip for a in listening} == {"127.0.0.1"}, listening
+        assert {a.port for a in listening} == {record["port"]}
+        assert (work / "mlruns" / "prefect" / "home" / "prefect.db").exists()  # next to the store
+        # the Prefect database, state files and logs: owner-only under the usual umask 022
+        state = [work / "mlruns", *(work / "mlruns").rglob("*")]
+        assert {"prefect.db", "server.json", "runner.json", "server.log"} <= {p.name for p in state}
+        assert [(str(p), oct(p.stat().st_mode)) for p in state if p.stat().st_mode & 0o077] == []
+        # a credential the server requires, never printed
+        folder = work / "mlruns" / "prefect"
+        auth = credential.load(folder)
+        assert auth is not None and "api-auth" in {p.name for p in state}
+        assert process.environ()[credential.SERVER_SETTING] == auth
+        secret = auth.split(":")[1]
+        assert not any(secret in text for text in [*process.cmdline(), *outputs])
 
-    status = cli(cord_ops_command, ["server", "status"], work, env)
-    assert status.returncode == 0 and f"pid {record['pid']}" in status.stdout
-    assert secret not in status.stdout + status.stderr
+        status = cli(cord_ops_command, ["server", "status"], work, env)
+        assert status.returncode == 0 and f"pid {record['pid']}" in status.stdout
+        assert secret not in status.stdout + status.stderr
 
-    # a server killed behind cord-ops' back is reported as not running, and replaced
-    process.kill()
-    process.wait(10)
-    assert cli(cord_ops_command, ["server", "status"], work, env).returncode == 3
-    restart = cli(cord_ops_command, ["server", "start"], work, env)
-    assert restart.returncode == 0, restart.stderr
-    second = server_record(work)
-    assert second["pid"] != record["pid"]
-    assert credential.load(folder) not in (None, auth)  # a new credential at each start
+        # a server killed behind cord-ops' back is reported as not running, and replaced
+        process.kill()
+        process.wait(10)
+        assert cli(cord_ops_command, ["server", "status"], work, env).returncode == 3
+        restart = cli(cord_ops_command, ["server", "start"], work, env)
+        assert restart.returncode == 0, restart.stderr
+        second = server_record(work)
+        assert second["pid"] != record["pid"]
+        assert credential.load(folder) not in (None, auth)  # a new credential at each start
 
-    stop = cli(cord_ops_command, ["server", "stop"], work, env)
-    assert stop.returncode == 0 and f"pid {second['pid']}" in stop.stdout
-    assert not psutil.pid_exists(second["pid"]) or (
-        psutil.Process(second["pid"]).status() == psutil.STATUS_ZOMBIE)
-    assert cli(cord_ops_command, ["server", "status"], work, env).returncode == 3
-    assert not credential.auth_file(folder).exists()  # gone with the server
-    assert "no managed Prefect server" in cli(cord_ops_command, ["server", "stop"], work,
-                                              env).stdout
+        stop = cli(cord_ops_command, ["server", "stop"], work, env)
+        assert stop.returncode == 0 and f"pid {second['pid']}" in stop.stdout
+        assert not psutil.pid_exists(second["pid"]) or (
+            psutil.Process(second["pid"]).status() == psutil.STATUS_ZOMBIE)
+        assert cli(cord_ops_command, ["server", "status"], work, env).returncode == 3
+        assert not credential.auth_file(folder).exists()  # gone with the server
+        assert "no managed Prefect server" in cli(cord_ops_command, ["server", "stop"], work,
+                                                  env).stdout
+    finally:  # a failed assertion must not leave a server (and runner) behind
+        cli(cord_ops_command, ["server", "stop"], work, env)
 
 
 def test_schedule_fires_out_of_the_box_and_stops_cleanly(tmp_path, digits, cord_ops_command,
