@@ -201,9 +201,11 @@ def task_runner(dask_address: str | None = None, workers: int = DEFAULT_WORKERS)
     env = {"DASK_LOGGING__DISTRIBUTED": DASK_LOG_LEVEL, **api_environment()}
     env = {k: v for k, v in tracking.subprocess_environment(env).items()
            if k in (*tracking.QUIET_ENVIRONMENT, *env)}
+    # security=True: TLS with certificates made for this cluster, so another local account
+    # cannot connect to its scheduler and run functions as this user.
     return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1,
-                                          "processes": True, "dashboard_address": ":0",
-                                          "env": env})
+                                          "processes": True, "dashboard_address": None,
+                                          "env": env, "security": True})
 
 
 @contextlib.contextmanager

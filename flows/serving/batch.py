@@ -160,8 +160,10 @@ def predict_batch(model_path, input_spec, output, *, dask_address: str | None = 
         partial.mkdir(parents=True)
         write_json_atomic(partial / OWNER_FILE, Owner.current().record())
         if dask_address is None:
+            # TLS with certificates of its own: another local account could otherwise
+            # connect to the scheduler's port and run functions as this user.
             cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=None)
+                                   dashboard_address=None, security=True)
         with Client(dask_address or cluster) as client:
             client.register_plugin(SessionPlugin(model_bytes, threads), name=plugin_name)
             futures = [client.submit(score_file, plugin_name, str(src),

@@ -122,7 +122,9 @@ WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": 32 << 20, "MALLOC_TOP_PAD_": 64 << 20}
 
 def local_cluster(n_workers: int, memory_limit: str | None = None) -> LocalCluster:
     """A local cluster of ``n_workers`` single-threaded worker processes started with
-    ``WORKER_ENV``. The nanny prefers a value already in ``os.environ`` to its config
+    ``WORKER_ENV``, speaking TLS with certificates made for it alone (``security=True``):
+    its scheduler listens on a port every local account can reach, and a client it
+    admitted could run any function as this user. The nanny prefers a value already in ``os.environ`` to its config
     (and writes its own there: an earlier cluster in this process leaves Dask's), so the
     values are put there while the workers spawn and the previous ones restored after."""
     import dask
@@ -135,7 +137,8 @@ def local_cluster(n_workers: int, memory_limit: str | None = None) -> LocalClust
     try:
         with dask.config.set(environ):
             return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                dashboard_address=None, memory_limit=memory_limit)
+                                dashboard_address=None, memory_limit=memory_limit,
+                                security=True)
     finally:
         for key, value in before.items():
             if value is None:

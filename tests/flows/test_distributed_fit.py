@@ -182,6 +182,14 @@ def test_local_clusters_serve_numpy_temporaries_from_the_arena(tmp_path):
 
     with local_cluster(2) as local, Client(local) as client:
         found = client.run(lambda: {key: os.environ.get(key) for key in WORKER_ENV})
+        # Its port is open to every local account: only a client holding the cluster's
+        # own certificates may connect (and so run functions as this user).
+        assert local.scheduler_address.startswith("tls://127.0.0.1:")
+        with pytest.raises(TypeError, match="ssl_context"):
+            Client(local.scheduler_address, timeout=5)
+        plain = local.scheduler_address.replace("tls://", "tcp://")
+        with pytest.raises(OSError):
+            Client(plain, timeout=5)
     assert len(found) == 2
     assert all(env == {key: str(value) for key, value in WORKER_ENV.items()}
                for env in found.values())
