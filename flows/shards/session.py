@@ -124,9 +124,10 @@ def local_cluster(n_workers: int, memory_limit: str | None = None) -> LocalClust
     """A local cluster of ``n_workers`` single-threaded worker processes started with
     ``WORKER_ENV``, speaking TLS with certificates made for it alone (``security=True``):
     its scheduler listens on a port every local account can reach, and a client it
-    admitted could run any function as this user. The nanny prefers a value already in ``os.environ`` to its config
-    (and writes its own there: an earlier cluster in this process leaves Dask's), so the
-    values are put there while the workers spawn and the previous ones restored after."""
+    admitted could run any function as this user. The nanny prefers a value already in
+    ``os.environ`` to its config (and writes its own there: an earlier cluster in this
+    process leaves Dask's), so the values are put there while the workers spawn and the
+    previous ones restored after."""
     import dask
 
     values = {key: str(value) for key, value in WORKER_ENV.items()}
