@@ -75,6 +75,7 @@ def validate(args) -> None:
     all before MLflow or onnx is imported."""
     from flows.cli import operator
     from flows.preflight import checks as inputs
+    from flows.promotion.rollout_steps import ROLLOUT_TAG, active_refusal, record_of
     from flows.registry.versions import CHAMPION
 
     inputs.registered_model(args.tracking_uri, args.model_name)
@@ -85,6 +86,9 @@ def validate(args) -> None:
     except ValueError as exc:
         raise inputs.InputError(str(exc)) from None
     state = operator.model_state(args.tracking_uri, args.model_name)
+    busy = active_refusal(args.model_name, record_of(state["tags"].get(ROLLOUT_TAG)))
+    if busy is not None:
+        raise inputs.InputError(busy)
     if CHAMPION not in state["aliases"]:
         raise inputs.InputError(
             f"{args.model_name} has no @{CHAMPION} to roll out against (use `cord-ops promote "

@@ -30,13 +30,21 @@ from flows.errors import CordOpsError
 from flows.promotion import guards
 from flows.promotion import operations as champion_ops
 from flows.promotion.champion import push_history
-from flows.promotion.rollout_steps import Budget, Plan
+from flows.promotion.rollout_steps import (  # noqa: F401 (the record's names, re-exported)
+    ABORTED,
+    ACTIVE,
+    PROMOTED,
+    ROLLED_BACK,
+    ROLLOUT_TAG,
+    SCHEMA,
+    Budget,
+    Plan,
+    active_refusal,
+    record_of,
+)
 from flows.registry import versions as registry
 
-ROLLOUT_TAG = "cord.rollout"
 CHALLENGER = "challenger"
-SCHEMA = 1
-ACTIVE, PROMOTED, ROLLED_BACK, ABORTED = "active", "promoted", "rolled_back", "aborted"
 #: Events kept in the record (the tag holds at most 100,000 characters).
 EVENT_LIMIT = 40
 #: How long a server waits for the registry lock to move a step (a recalibration holds
@@ -50,16 +58,7 @@ class RolloutRefused(CordOpsError, RuntimeError):
 
 def read(client, name: str) -> dict | None:
     """The rollout record of ``name`` (the last one, active or ended), or None."""
-    raw = client.get_registered_model(name).tags.get(ROLLOUT_TAG)
-    if not raw:
-        return None
-    try:
-        record = json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
-        return None
-    return record
+    return record_of(client.get_registered_model(name).tags.get(ROLLOUT_TAG))
 
 
 def plan_of(record: dict) -> Plan:
@@ -117,11 +116,9 @@ def start(client, uri: str, name: str, version: str, plan: Plan, budget: Budget,
     if not reason or not reason.strip():
         raise RolloutRefused("--reason: say why this version should be rolled out")
     with champion_ops.registry_section(client, uri, name, lock_timeout):
-        current = read(client, name)
-        if current is not None and current["state"] == ACTIVE:
-            raise RolloutRefused(f"{name}: rollout {current['id']} of v{current['version']} "
-                                 f"is active (`cord-ops rollout abort --model-name {name}` "
-                                 "first)")
+        busy = active_refusal(name, read(client, name))
+        if busy is not None:
+            raise RolloutRefused(busy)
         holder = registry.champion_version(client, name)
         if holder is None:
             raise RolloutRefused(f"{name} has no @champion to roll out against (use "

@@ -36,8 +36,37 @@ step.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import asdict, dataclass, field
+
+#: The registered model's tag that holds its rollout record (JSON), active or ended.
+ROLLOUT_TAG = "cord.rollout"
+SCHEMA = 1
+ACTIVE, PROMOTED, ROLLED_BACK, ABORTED = "active", "promoted", "rolled_back", "aborted"
+
+
+def record_of(raw: str | None) -> dict | None:
+    """The rollout record held in the tag text ``raw``; None for no tag, text that is not
+    JSON, or a record of another schema."""
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
+        return None
+    return record
+
+
+def active_refusal(name: str, record: dict | None) -> str | None:
+    """Why a rollout of ``name`` cannot start while ``record`` is active; None otherwise.
+    The command line's pre-check and the start under the registry lock say the same."""
+    if record is None or record.get("state") != ACTIVE:
+        return None
+    return (f"{name}: rollout {record['id']} of v{record['version']} is active "
+            f"(`cord-ops rollout abort --model-name {name}` first)")
 
 #: The canary steps of a plan when none are given (shares of requests).
 DEFAULT_CANARY = (0.10, 0.25, 0.50)

@@ -329,13 +329,16 @@ def test_versions_are_found_for_a_name_holding_quotes(client):
 
 
 def test_the_command_line_lists_the_versions_of_a_quoted_name(client, store):
-    from flows.cli.main import _check_version_exists
+    from types import SimpleNamespace
+
+    from flows.cli.operator import check_move, model_state
     from flows.preflight.checks import InputError
 
     client.create_registered_model("o'brien")
     client.create_model_version("o'brien", source=str(Path.cwd()))
+    overrides = SimpleNamespace(allow_harm=False, allow_label_free=False)
     with pytest.raises(InputError, match=r"has no version 9 .*\(versions: 1\)"):
-        _check_version_exists(store, "o'brien", "9")
+        check_move(store, "o'brien", model_state(store, "o'brien"), "9", overrides, "promote")
 
 
 def test_store_reads_read_an_embedded_store_and_never_write_one(client, store, tmp_path):

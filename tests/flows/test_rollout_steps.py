@@ -189,3 +189,17 @@ def test_the_p99_budget_at_its_edge(candidate_ms, action):
     # Too few samples to judge latency: the p99 does not count yet.
     few = Figures(**{**figures.to_dict(), "candidate_latency_samples": 10})
     assert decide(plan, 0, 1.0, few, Budget(max_p99_ratio=2.0)).action == "advance"
+
+
+def test_the_rollout_record_is_read_from_its_tag_and_an_active_one_refuses_a_second():
+    from flows.promotion.rollout_steps import active_refusal, record_of
+
+    active = '{"schema": 1, "state": "active", "id": "r1", "version": "3"}'
+    assert record_of(active) == {"schema": 1, "state": "active", "id": "r1", "version": "3"}
+    for unreadable in (None, "", "{not json", "[1, 2]", '{"schema": 2, "state": "active"}'):
+        assert record_of(unreadable) is None
+    assert active_refusal("m", record_of(active)) == (
+        "m: rollout r1 of v3 is active (`cord-ops rollout abort --model-name m` first)")
+    assert active_refusal("m", None) is None
+    assert active_refusal("m", {"schema": 1, "state": "promoted", "id": "r1",
+                                "version": "3"}) is None
