@@ -616,17 +616,25 @@ def cmd_predict_batch(args) -> int:
 
 
 def cmd_ui(args) -> int:
+    """MLflow's UI with MLflow's basic authentication (:mod:`flows.runtime.mlflow_ui`):
+    its API writes the registry, so no other local account may use it."""
+    from flows.runtime import mlflow_ui
+
     uri = args.tracking_uri
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-               "--host", "127.0.0.1", "--port", str(args.port)]
+               "--host", "127.0.0.1", "--port", str(args.port), "--app-name", "basic-auth"]
     if tracking.is_embedded(uri):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         command += ["--default-artifact-root", str(Path.cwd() / tracking.STORE_DIR)]
-    print(f"MLflow UI on http://127.0.0.1:{args.port} ({uri}); Ctrl-C stops it", flush=True)
+    folder = mlflow_ui.state_folder(uri)
+    auth = mlflow_ui.prepare(folder)
+    print(f"MLflow UI on http://127.0.0.1:{args.port} ({redact(uri)}); sign in as "
+          f"{mlflow_ui.USER} with the password in {folder / mlflow_ui.PASSWORD_FILE}; "
+          "Ctrl-C stops it", flush=True)
     # Become the server (no parent left behind), so a signal to this PID stops the UI.
     # Without the owner marker: the UI is this command, not something it leaves behind.
-    os.execve(sys.executable, command,
-              {**tracking.QUIET_ENVIRONMENT, **owner.detached_environment(os.environ)})
+    os.execve(sys.executable, command, {**tracking.QUIET_ENVIRONMENT,
+                                        **owner.detached_environment(os.environ), **auth})
 
 
 def validate_serve(args) -> None:
