@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 
 from cord_ops.calibrators import CALIBRATOR_NAMES
 from onnx_export import export_onnx
+from onnx_export.parity import parity_tolerance
 from onnx_export.runtime import open_session
 
 DTYPES = ("float32", "float64")
@@ -45,7 +46,10 @@ def _problems(entry_name: str, name: str, scores: np.ndarray, cases) -> list[str
         expected = cases.reference(cal, cord, x)
         got = _run(_session(entry_name, name, dtype), x)
         diffs = cases.max_abs_diffs(got, expected)
-        over = {k: v for k, v in diffs.items() if not v <= cases.TOLERANCE[dtype]}
+        # the contract's bound for these rows (at least TOLERANCE): logits of magnitude 5e3
+        # carry a float32 rounding of their own that a fixed 1e-5 does not cover
+        tolerance = parity_tolerance(cal, cord, x, dtype)
+        over = {k: v for k, v in diffs.items() if not v <= tolerance}
         if over:
             found.append(f"{dtype} graph differs from cord_ops: {over}")
         top = corpus.top1(corpus.original_probs(x, kind))
