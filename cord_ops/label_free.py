@@ -7,16 +7,33 @@ top-1 probability of row ``i`` of the batch and, on the reference split, ``c^r_j
 ``a^r`` its top-1 probabilities and accuracy:
 
 - **CBPE** (NannyML's confidence-based performance estimation, accuracy case): the mean of
-  ``m(c_i)``, where ``m`` is the isotonic regression of top-1 correctness on top-1
-  confidence fitted on the reference split (increasing, values in [0, 1], clipped outside
-  the reference's range). The mean of ``c_i`` itself is unbiased only when the
-  probabilities are calibrated on the batch's distribution, which is why NannyML
-  calibrates on reference data first. A champion is calibrated on labelled data, but not
-  to the point: vector scaling fitted on 4,000 rows of CIFAR-100 leaves its mean top-1
-  probability 1-3 points above the accuracy of a held-out split, and the mean inherits
-  that standing bias; ``m`` (monotone, so no decision changes) removes it. The unmapped
-  mean is kept as ``mean_confidence`` and the raw classifier's CBPE is reported beside
-  both.
+  ``m_{y_i}(c_i)``, ``y_i`` the row's top-1 class and ``m_k`` the isotonic regression of
+  top-1 correctness on top-1 confidence over the reference rows whose top-1 is ``k``
+  (increasing, values in [0, 1], clipped outside those rows' range): a per-predicted-class
+  reliability map. The classes predicted on fewer than ``min_map_rows``
+  (:data:`MIN_MAP_ROWS`) reference rows share one map ``m`` instead, the same regression
+  over their rows together (the *pooled* route; over every row if they have none):
+  CIFAR-100's 100 classes of about 30 reference rows each share one map, as before issue 48,
+  while a binary model's rare predicted class of 75 rows gets its own rather than one
+  dominated by the other class's rows. Why per class: one pooled map averages the predicted
+  classes' reliabilities at each confidence, at the reference's mix of predictions, so a
+  batch that predicts more of a class whose decisions are less reliable than their
+  confidence says is over-estimated. A binary model of 3 % positives that predicts 30 %
+  positives (95 % of them wrong) has predicted positives of top-1 confidence 0.52-0.82 next
+  to predicted negatives of 0.55-0.87 that are mostly right; on batches that predict twice
+  the reference's positive share the pooled map missed the accuracy by 27 points, the
+  per-class maps by 0.5 (issue 48; the figures in docs/label-free.md). This is NannyML's
+  one-vs-rest calibration restricted to where it is evaluated (the top-1's probability,
+  among the rows that predict that class), and it keeps every decision: the map only says
+  how often the served top-1 is right. With few reference rows per predicted class an
+  isotonic fit is a staircase of a few steps, hence the shared map. Why a map at all: the
+  mean of ``c_i`` itself is unbiased only when the probabilities are calibrated on the
+  batch's distribution, which is why NannyML calibrates on reference data first. A champion
+  is calibrated on labelled data, but not to the point: vector scaling fitted on 4,000 rows
+  of CIFAR-100 leaves its mean top-1 probability 1-3 points above the accuracy of a held-out
+  split, and the mean inherits that standing bias; the maps (monotone, so no decision
+  changes) remove it. The unmapped mean is kept as ``mean_confidence`` and the raw
+  classifier's CBPE is reported beside both.
 - **ATC** (average thresholded confidence, Garg et al., ICLR 2022): the threshold ``t`` is
   the ``e``-th smallest reference confidence, ``e`` the number of reference errors, so the
   share of reference confidences below ``t`` equals the reference error (up to ties); the
@@ -30,33 +47,32 @@ top-1 probability of row ``i`` of the batch and, on the reference split, ``c^r_j
   :class:`ReferenceProfile` are the mean probability rows on the reference split (the
   priors the probabilities themselves imply), so EM on reference-like data returns them
   after one step. A class of source prior 0 keeps prior 0.
-- **Prior-corrected CBPE**: the accuracy of the decisions served (the *kept* top-1, not
-  the corrected argmax) under label shift to the EM priors, one of two ways.
-  *Reweighted*: label shift keeps each class's accuracy ``a^r_k`` (the reference rows of
-  true class ``k`` whose top-1 is right), so the batch's accuracy is
-  ``sum_k s_k a^r_k`` with ``s_k`` its label shares, estimated as the reference's label
-  counts times the EM weights ``pi^t_k / pi^s_k`` (1 for a class of source prior 0),
-  renormalised (the importance-weighted
-  reference accuracy of Lipton et al., 2018; on reference-like data the weights are 1 and
-  it is the reference accuracy). *Confidence*: the mean over rows of ``m`` of the
-  prior-corrected probability at the kept top-1. The reweighted value is used when every
-  class whose estimated share is at least :data:`SHARE_FLOOR` has at least
-  :data:`MIN_CLASS_ROWS` labelled reference rows (its ``a^r_k`` is then known to a few
-  points), the confidence value otherwise. Why two: ``m`` is fitted on the reference's
-  confidences, and a prior shift moves the corrected confidence of a kept decision below
-  the reference's range, where ``m`` is clipped (on binary outputs whose priors move to
-  0.99 / 0.01 the confidence value misses by 3-8 points, the reweighted one by 1-2);
-  with few reference rows per class (CIFAR-100: 30) ``a^r_k`` is the noisier of the two.
-  *Label shift rejected*: both routes assume the batch differs from the reference by its
-  label shares only. Then each class's rows keep their distribution, so CBPE of the batch
-  equals ``sum_k s_k b_k``, ``b_k`` the mean of ``m`` over the reference rows of true class
-  ``k``. When ``|CBPE - sum_k s_k b_k|`` (``label_shift_gap``) is above
-  ``LABEL_SHIFT_FLOOR + LABEL_SHIFT_Z * se`` (``label_shift_tolerance``; ``se`` the
-  standard error of the difference from the batch's and the reference's per-class spread
-  of ``m``), label shift does not explain the batch (a covariate shift, such as a batch of
-  hard inputs), and the prior-corrected estimate is CBPE itself: on confidence-selected
-  CIFAR-10 batches the reweighted route missed by 32 points and CBPE by 3.5, while the gap
-  is 29-34 points there and at most 1.5 under Dirichlet label shifts.
+- **Prior-corrected CBPE**: the accuracy of the decisions served (the *kept* top-1, not the
+  corrected argmax) under label shift to the EM priors, one of two ways. *Reweighted*: label
+  shift keeps each class's accuracy ``a^r_k`` (the reference rows of true class ``k`` whose
+  top-1 is right), so the batch's accuracy is ``sum_k s_k a^r_k`` with ``s_k`` its label
+  shares, estimated as the reference's label counts times the EM weights ``pi^t_k / pi^s_k``
+  (1 for a class of source prior 0), renormalised (the importance-weighted reference
+  accuracy of Lipton et al., 2018; on reference-like data the weights are 1 and it is the
+  reference accuracy). *Confidence*: the mean over rows of the kept top-1's map of its
+  prior-corrected probability. The reweighted value is used when every class whose estimated
+  share is at least :data:`SHARE_FLOOR` has at least :data:`MIN_CLASS_ROWS` labelled
+  reference rows (its ``a^r_k`` is then known to a few points), the confidence value
+  otherwise. Why two: the maps are fitted on the reference's confidences, and a prior shift
+  moves the corrected confidence of a kept decision below the reference's range, where the
+  maps are clipped (on binary outputs whose priors move to 0.99 / 0.01 the confidence value
+  misses by 3-8 points, the reweighted one by 1-2); with few reference rows per class
+  (CIFAR-100: 30) ``a^r_k`` is the noisier of the two. *Label shift rejected*: both routes
+  assume the batch differs from the reference by its label shares only. Then each class's
+  rows keep their distribution, so CBPE of the batch equals ``sum_k s_k b_k``, ``b_k`` the
+  mean of the mapped confidences over the reference rows of true class ``k``. When ``|CBPE -
+  sum_k s_k b_k|`` (``label_shift_gap``) is above ``LABEL_SHIFT_FLOOR + LABEL_SHIFT_Z * se``
+  (``label_shift_tolerance``; ``se`` the standard error of the difference from the batch's
+  and the reference's per-class spread of the mapped confidences), label shift does not
+  explain the batch (a covariate shift, such as a batch of hard inputs), and the
+  prior-corrected estimate is CBPE itself: on confidence-selected CIFAR-10 batches the
+  reweighted route missed by 32 points and CBPE by 3.5, while the gap is 29-34 points there
+  and at most 1.5 under Dirichlet label shifts.
 
 Drift statistics (the tests evidently and alibi-detect run on model outputs):
 two-sample Kolmogorov-Smirnov on the top-1 confidences (``scipy.stats.ks_2samp``) and
@@ -86,6 +102,11 @@ NOISE_DRAWS = 32
 NOISE_QUANTILE = 0.99
 NOISE_TOL = 1e-7
 NOISE_MAX_ITER = 2_000
+#: CBPE (module docstring): a predicted class needs this many reference rows for a map of
+#: its own; classes with fewer take the pooled map.
+MIN_MAP_ROWS = 100
+#: The map each predicted class's CBPE takes (``ReferenceProfile.map_routes_``).
+CLASS_MAP, POOLED_MAP = "class", "pooled"
 #: Prior-corrected CBPE (module docstring): the reweighted reference accuracy is used when
 #: every class of estimated share at least SHARE_FLOOR has MIN_CLASS_ROWS reference rows.
 MIN_CLASS_ROWS = 100
@@ -123,6 +144,53 @@ def top1_confidence(probs) -> np.ndarray:
 def cbpe_accuracy(probs) -> float:
     """CBPE's estimated accuracy: the mean top-1 probability."""
     return float(top1_confidence(probs).mean())
+
+
+def _isotonic(confidence: np.ndarray, correct: np.ndarray) -> IsotonicRegression:
+    return IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True,
+                              out_of_bounds="clip").fit(confidence, correct)
+
+
+class ConfidenceMaps:
+    """CBPE's reliability maps (module docstring): per predicted class with at least
+    ``min_rows`` reference rows predicting it, the isotonic regression of top-1 correctness
+    on top-1 confidence over those rows; one such regression shared by the other classes,
+    fitted on their rows together (on every row when they have none).
+
+    ``fit(predicted, confidence, correct, n_classes)`` sets ``maps_`` (one fitted
+    ``IsotonicRegression`` per class, the shared one repeated), ``pooled_`` (the shared
+    one) and ``routes_`` (:data:`CLASS_MAP` or :data:`POOLED_MAP` per class);
+    ``predict(predicted, confidence)`` is each row's estimated probability that its top-1
+    is right. Every map keeps the mean of the rows it is fitted on, so the mapped
+    reference rows average to the reference accuracy whatever the routes."""
+
+    def __init__(self, min_rows: float = MIN_MAP_ROWS):
+        self.min_rows = min_rows
+
+    def fit(self, predicted, confidence, correct, n_classes: int) -> ConfidenceMaps:
+        if not self.min_rows >= 1:
+            raise ValueError(f"min_map_rows: expected a number >= 1, got {self.min_rows!r}")
+        predicted = np.asarray(predicted, dtype=np.int64)
+        confidence = np.asarray(confidence, dtype=np.float64)
+        right = np.asarray(correct, dtype=np.float64)
+        own = np.bincount(predicted, minlength=n_classes) >= self.min_rows
+        shared = ~own[predicted]
+        if not shared.any():
+            shared[:] = True
+        self.pooled_ = _isotonic(confidence[shared], right[shared])
+        self.maps_ = [_isotonic(confidence[predicted == k], right[predicted == k]) if own[k]
+                      else self.pooled_ for k in range(n_classes)]
+        self.routes_ = tuple(CLASS_MAP if o else POOLED_MAP for o in own)
+        return self
+
+    def predict(self, predicted, confidence) -> np.ndarray:
+        predicted = np.asarray(predicted, dtype=np.int64)
+        confidence = np.asarray(confidence, dtype=np.float64)
+        out = np.empty_like(confidence)
+        for k in np.unique(predicted):
+            rows = predicted == k
+            out[rows] = self.maps_[k].predict(confidence[rows])
+        return out
 
 
 def atc_threshold(confidence, correct) -> float:
@@ -269,10 +337,14 @@ def total_variation(p, q) -> float:
 
 
 class Estimates(NamedTuple):
-    """What :meth:`ReferenceProfile.estimate` returns for one batch."""
+    """What :meth:`ReferenceProfile.estimate` returns for one batch. ``class_map_share``
+    is the share of its rows whose CBPE came from their predicted class's own map (the
+    rest took the pooled map), ``map_routes`` the profile's route per class."""
 
     n: int
     cbpe: float
+    class_map_share: float
+    map_routes: tuple[str, ...]
     atc: float
     doc: float
     prior_corrected: float
@@ -294,23 +366,25 @@ class ReferenceProfile(BaseEstimator):
     """What label-free monitoring needs from a labelled reference split, and the batch
     estimates against it (module docstring).
 
-    ``fit(probs, labels)`` on the reference split's probability rows (the champion's
-    output) sets ``accuracy_``, ``confidence_`` (sorted top-1 confidences),
-    ``mean_confidence_``, ``confidence_map_`` (the isotonic map ``m`` of CBPE, a fitted
-    ``sklearn.isotonic.IsotonicRegression``), ``cbpe_`` (CBPE of the reference split
-    itself: the mean of ``m`` there, which is ``accuracy_`` up to rounding),
-    ``atc_threshold_``, ``priors_`` (mean probability row, the EM
-    source priors), ``label_priors_`` (label frequencies), ``label_counts_``,
-    ``class_accuracy_`` (per true class, the share of its rows whose top-1 is right; 0 for
-    a class without rows), ``class_cbpe_`` and ``class_cbpe_var_`` (per true class, the
-    mean and variance of ``m`` over its rows; 0 for a class without rows),
-    ``predicted_counts_``, ``n_``
-    (rows), ``n_classes_`` and ``probs_`` (the rows, for :meth:`prior_noise`).
+    ``fit(probs, labels)`` on the reference split's probability rows (the champion's output)
+    sets ``accuracy_``, ``confidence_`` (sorted top-1 confidences), ``mean_confidence_``,
+    ``maps_`` (CBPE's :class:`ConfidenceMaps`; classes predicted on fewer than
+    ``min_map_rows`` reference rows take the pooled map), ``map_routes_`` (per class,
+    :data:`CLASS_MAP` or :data:`POOLED_MAP`), ``cbpe_`` (CBPE of the reference split itself:
+    the mean of the maps there, which is ``accuracy_`` up to rounding: isotonic fits keep
+    the mean), ``atc_threshold_``, ``priors_`` (mean probability row, the EM source priors),
+    ``label_priors_`` (label frequencies), ``label_counts_``, ``class_accuracy_`` (per true
+    class, the share of its rows whose top-1 is right; 0 for a class without rows),
+    ``class_cbpe_`` and ``class_cbpe_var_`` (per true class, the mean and variance of the
+    mapped confidences over its rows; 0 for a class without rows), ``predicted_counts_``,
+    ``n_`` (rows), ``n_classes_`` and ``probs_`` (the rows, for :meth:`prior_noise`).
     """
 
-    def __init__(self, em_tol: float = EM_TOL, em_max_iter: int = EM_MAX_ITER):
+    def __init__(self, em_tol: float = EM_TOL, em_max_iter: int = EM_MAX_ITER,
+                 min_map_rows: float = MIN_MAP_ROWS):
         self.em_tol = em_tol
         self.em_max_iter = em_max_iter
+        self.min_map_rows = min_map_rows
 
     def fit(self, probs, labels) -> ReferenceProfile:
         if not (self.em_tol > 0 and int(self.em_max_iter) >= 1):
@@ -327,10 +401,9 @@ class ReferenceProfile(BaseEstimator):
         self.accuracy_ = float(correct.mean())
         self.confidence_ = np.sort(confidence)
         self.mean_confidence_ = float(confidence.mean())
-        self.confidence_map_ = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True,
-                                                  out_of_bounds="clip").fit(
-            confidence, correct.astype(np.float64))
-        mapped = self.confidence_map_.predict(confidence)
+        self.maps_ = ConfidenceMaps(self.min_map_rows).fit(predicted, confidence, correct, k)
+        self.map_routes_ = self.maps_.routes_
+        mapped = self.maps_.predict(predicted, confidence)
         self.cbpe_ = float(mapped.mean())
         self.atc_threshold_ = atc_threshold(confidence, correct)
         self.priors_ = p.mean(axis=0)
@@ -376,10 +449,10 @@ class ReferenceProfile(BaseEstimator):
         confidence = p[np.arange(p.shape[0]), predicted]
         em = em_priors(p, self.priors_, self.em_tol, int(self.em_max_iter))
         counts = np.bincount(predicted, minlength=self.n_classes_)
-        mapped = self.confidence_map_.predict(confidence)
+        mapped = self.maps_.predict(predicted, confidence)
         cbpe = float(mapped.mean())
-        by_confidence = float(self.confidence_map_.predict(
-            prior_corrected_confidence(p, self.priors_, em.priors)).mean())
+        by_confidence = float(self.maps_.predict(
+            predicted, prior_corrected_confidence(p, self.priors_, em.priors)).mean())
         shares = label_shares(self.label_counts_, self.priors_, em.priors)
         by_reweighting = float(shares @ self.class_accuracy_)  # reweighted_accuracy
         known = shares.sum() > 0 and bool(
@@ -394,6 +467,9 @@ class ReferenceProfile(BaseEstimator):
         return Estimates(
             n=int(p.shape[0]),
             cbpe=cbpe,
+            class_map_share=float(np.isin(predicted, np.flatnonzero(
+                np.array(self.map_routes_) == CLASS_MAP)).mean()),
+            map_routes=self.map_routes_,
             atc=atc_accuracy(self.atc_threshold_, confidence),
             doc=doc_accuracy(self.accuracy_, self.mean_confidence_, confidence),
             prior_corrected=chosen[route], prior_method=route,

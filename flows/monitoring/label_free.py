@@ -300,6 +300,7 @@ def estimate_values(est: label_free.Estimates, cbpe_raw: float,
                     profile: label_free.ReferenceProfile) -> dict[str, float]:
     reference_accuracy, reference_priors = profile.accuracy_, profile.priors_
     values = {"batch.n": est.n, "estimate.cbpe": est.cbpe, "estimate.cbpe_raw": cbpe_raw,
+              "estimate.cbpe_class_map_share": est.class_map_share,
               "estimate.atc": est.atc, "estimate.doc": est.doc,
               "estimate.cbpe_prior": est.prior_corrected,
               "estimate.cbpe_prior_reweighted": est.prior_reweighted,
@@ -346,6 +347,7 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
         tracking.log_values(client, run_id, metrics=report_values, params=thresholds.as_params())
         summary = {"estimates": {k: report_values[f"estimate.{k}"] for k in ESTIMATES},
                    "cbpe_prior_route": est.prior_method,
+                   "cbpe_map_routes": list(est.map_routes),
                    "priors": {"estimated": est.priors.tolist(),
                               "reference": np.asarray(reference_priors).tolist()},
                    "predicted_counts": est.predicted_counts.tolist(),
