@@ -339,3 +339,138 @@ def test_prior_noise_shrinks_with_the_batch_and_is_zero_without_spread():
     # identical rows: every resampled batch is the reference itself
     same = lf.ReferenceProfile().fit(np.tile([[0.7, 0.2, 0.1]], (30, 1)), np.zeros(30, int))
     assert same.prior_noise(10) == pytest.approx(0.0, abs=1e-12)
+
+
+# ---------------------------------------------------------------- per-class maps (issue 48)
+def _overpredicting_champion():
+    """Issue 48's hard case through the champion cord-ops fits (temperature scaling, then
+    CORD, on a third of the rows): reference and pool thirds of the repaired rows."""
+    from cord_ops import CORD
+    from cord_ops.calibrators import make_calibrator
+    from tests import corpus
+
+    positive, labels = corpus.overpredicting_binary()
+    probs = np.column_stack([1.0 - positive[:, 0], positive[:, 0]])  # the one-column load
+    cal_i, ref_i, pool_i = np.array_split(np.random.default_rng(0).permutation(len(labels)),
+                                          3)
+    calibrator = make_calibrator("ts", input_kind="probs").fit(probs[cal_i], labels[cal_i])
+    cord = CORD().fit(probs[cal_i], calibrator.predict_proba(probs[cal_i]))
+
+    def repaired(rows):
+        return cord.transform(probs[rows], calibrator.predict_proba(probs[rows]))
+
+    return (repaired(ref_i), labels[ref_i]), (repaired(pool_i), labels[pool_i])
+
+
+def test_cbpe_follows_an_imbalanced_binary_model_predicting_twice_its_positive_share():
+    """2.8 % positives, about 30 % predicted, 95 % of those wrong: batches of 2,000 pool
+    rows that predict twice the reference's positive share. The per-class maps are within
+    1.5 points of the realised accuracy on every batch; one pooled map (``min_map_rows``
+    above the reference's size, the estimate before issue 48) misses by over 10."""
+    (ref_p, ref_y), (pool_p, pool_y) = _overpredicting_champion()
+    profile = lf.ReferenceProfile().fit(ref_p, ref_y)
+    pooled = lf.ReferenceProfile(min_map_rows=len(ref_y) + 1).fit(ref_p, ref_y)
+    assert profile.map_routes_ == (lf.CLASS_MAP, lf.CLASS_MAP)
+    assert pooled.map_routes_ == (lf.POOLED_MAP, lf.POOLED_MAP)
+    share = float(np.mean(ref_p.argmax(axis=1) == 1))
+    assert 0.2 < share < 0.4 and np.mean(ref_y[ref_p.argmax(axis=1) == 1]) < 0.1
+    predicted = pool_p.argmax(axis=1)
+    correct = predicted == pool_y
+    positives, negatives = np.flatnonzero(predicted == 1), np.flatnonzero(predicted == 0)
+    rng = np.random.default_rng(4)
+    n_pos = round(2 * share * 2000)
+    for _ in range(5):
+        rows = np.r_[rng.choice(positives, n_pos), rng.choice(negatives, 2000 - n_pos)]
+        realised = float(correct[rows].mean())
+        est = profile.estimate(pool_p[rows])
+        assert abs(est.cbpe - realised) < 0.015
+        assert est.class_map_share == 1.0
+        assert abs(pooled.estimate(pool_p[rows]).cbpe - realised) > 0.10
+
+
+def test_rarely_predicted_classes_share_one_map_of_their_own_rows():
+    """Class 0 predicted on 4 reference rows (min_map_rows 4): a map of its own, 0.6 and
+    0.7 wrong, 0.8 and 0.9 right: 0, 0, 1, 1 (linear between). Classes 1 and 2 predicted
+    on 2 and 1 rows share one map of those 3 rows: confidences 0.6 (right), 0.9 (wrong),
+    0.95 (right) map to 1/2, 1/2, 1, whatever class 0's rows say. Batch: class 0 at 0.75
+    and 0.95 -> 1/2 and 1; classes 1 and 2 at 0.7 -> 1/2 each."""
+    rows = np.array([[0.6, 0.4, 0.0], [0.7, 0.3, 0.0], [0.8, 0.2, 0.0], [0.9, 0.1, 0.0],
+                     [0.4, 0.6, 0.0], [0.1, 0.9, 0.0], [0.0, 0.05, 0.95]])
+    labels = [1, 1, 0, 0, 1, 0, 2]
+    profile = lf.ReferenceProfile(min_map_rows=4).fit(rows, labels)
+    assert profile.map_routes_ == (lf.CLASS_MAP, lf.POOLED_MAP, lf.POOLED_MAP)
+    batch = np.array([[0.75, 0.25, 0.0], [0.0, 0.7, 0.3], [0.3, 0.0, 0.7], [0.95, 0.05, 0.0]])
+    est = profile.estimate(batch)
+    assert est.cbpe == pytest.approx((0.5 + 0.5 + 0.5 + 1.0) / 4, abs=1e-12)
+    assert est.class_map_share == 0.5
+    assert profile.cbpe_ == pytest.approx(4 / 7, abs=1e-12)  # the reference's accuracy
+    # no class with enough rows: every class shares the map of every row, as before
+    everything = lf.ReferenceProfile(min_map_rows=5).fit(rows, labels)
+    assert everything.map_routes_ == (lf.POOLED_MAP,) * 3
+    assert everything.estimate(batch).class_map_share == 0.0
+    with pytest.raises(ValueError, match="min_map_rows"):
+        lf.ReferenceProfile(min_map_rows=0).fit(rows, labels)
+
+
+@settings(max_examples=150, deadline=None)
+@given(labelled_rows(), st.integers(1, 6), st.data())
+def test_class_maps_keep_the_reference_accuracy_and_stay_in_the_unit_interval(case, min_rows,
+                                                                            data):
+    """Whatever the routes: each map keeps the mean of the rows it is fitted on, so on its
+    own reference CBPE is the accuracy of every class's predicted rows; on any batch each
+    row's mapped value (hence CBPE) is in [0, 1]; a route is a class's own map exactly
+    when the class is predicted on min_map_rows reference rows."""
+    probs, labels = case
+    profile = lf.ReferenceProfile(min_map_rows=min_rows).fit(probs, labels)
+    predicted = lf.top1(probs)
+    correct = predicted == labels
+    mapped = profile.maps_.predict(predicted, probs.max(axis=1))
+    assert profile.cbpe_ == pytest.approx(correct.mean(), abs=1e-12)
+    counts = np.bincount(predicted, minlength=probs.shape[1])
+    assert profile.map_routes_ == tuple(lf.CLASS_MAP if c >= min_rows else lf.POOLED_MAP
+                                        for c in counts)
+    for k in np.flatnonzero(counts >= min_rows):
+        assert mapped[predicted == k].mean() == pytest.approx(correct[predicted == k].mean(),
+                                                              abs=1e-12)
+    batch = data.draw(probability_rows(k=probs.shape[1]))
+    est = profile.estimate(batch)
+    assert 0.0 <= est.cbpe <= 1.0 and 0.0 <= est.prior_confidence <= 1.0
+    values = profile.maps_.predict(lf.top1(batch), batch.max(axis=1))
+    assert values.min() >= 0.0 and values.max() <= 1.0
+    assert est.class_map_share == pytest.approx(
+        np.mean(counts[lf.top1(batch)] >= min_rows), abs=1e-15)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 4))
+def test_cbpe_meets_the_expected_accuracy_of_a_generator_with_per_class_reliability(seed, k):
+    """Rows whose top-1 is right with probability ``c ** g_k`` (``c`` the top-1
+    confidence, ``g_k`` drawn per predicted class in [0.5, 3]: a different reliability per
+    class), a reference of 20,000 rows and a batch whose predicted-class shares are drawn
+    afresh. CBPE meets the batch's expected accuracy, the mean of ``c ** g_k`` over its
+    rows, within 4 standard errors of the per-class maps' reference means plus half a
+    point for the isotonic fits' shape."""
+    rng = np.random.default_rng(seed)
+    exponents = rng.uniform(0.5, 3.0, size=k)
+
+    def rows(n, weights):
+        probs = softmax(rng.normal(size=(4 * n, k)) * 2.0, axis=1)
+        predicted = probs.argmax(axis=1)
+        keep = rng.random(4 * n) < weights[predicted] / weights.max()
+        probs, predicted = probs[keep][:n], predicted[keep][:n]
+        hit = probs.max(axis=1) ** exponents[predicted]
+        right = rng.random(len(hit)) < hit
+        wrong = (predicted + rng.integers(1, k, size=len(hit))) % k
+        return probs, np.where(right, predicted, wrong), hit
+
+    ref_p, ref_y, _ = rows(20_000, np.ones(k))
+    batch, _, hit = rows(3_000, rng.dirichlet(np.ones(k)) + 0.05)
+    profile = lf.ReferenceProfile().fit(ref_p, ref_y)
+    assert profile.map_routes_ == (lf.CLASS_MAP,) * k
+    predicted = batch.argmax(axis=1)
+    shares = np.bincount(predicted, minlength=k) / len(predicted)
+    ref_predicted = ref_p.argmax(axis=1)
+    ref_counts = np.bincount(ref_predicted, minlength=k)
+    ref_acc = np.bincount(ref_predicted, weights=ref_predicted == ref_y, minlength=k) / ref_counts
+    se = np.sqrt(np.sum(shares ** 2 * ref_acc * (1 - ref_acc) / ref_counts))
+    assert abs(profile.estimate(batch).cbpe - hit.mean()) < 4 * se + 0.005

@@ -85,6 +85,8 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
     assert logged.metrics["batch.n"] == len(shifted_rows)
     assert logged.metrics["drift.chi2.p_value"] < 0.01
     assert logged.metrics["estimate.cbpe"] == shifted.estimates.cbpe
+    # about 45 reference rows per predicted digit: every class shares the pooled map
+    assert logged.metrics["estimate.cbpe_class_map_share"] == 0.0
     # both routes of the prior correction are logged; the digits reference has fewer than
     # MIN_CLASS_ROWS rows per class, so the confidence route is the one used
     assert logged.metrics["estimate.cbpe_prior_reweighted"] == \
