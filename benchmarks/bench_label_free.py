@@ -11,11 +11,17 @@ Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
 - (ii) with class priors drawn from a Dirichlet of concentration 1 or 0.3 (per class, rows
   with replacement);
 - (iii) selected by confidence: rows drawn with weight (1.05 - raw top-1 probability)^2,
-  a covariate-like shift towards hard inputs.
+  a covariate-like shift towards hard inputs;
+- (iv) ``predicted-shift``: the shares of the champion's predicted classes drawn from a
+  Dirichlet of concentration 1 over the classes it predicts on the pool, rows drawn per
+  predicted class with replacement (issue 48: a batch that predicts more of one class;
+  each predicted class keeps its rows' distribution).
 
 For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
 probabilities), the champion's mean top-1 probability (``mean_conf``, CBPE without the
-reference split's isotonic map), CBPE on the champion, ATC, DoC and CBPE after the EM
+reference split's isotonic maps), CBPE on the champion (``cbpe``: per-predicted-class
+maps; ``cbpe_pooled``: one map pooled over the predicted classes, the estimate before
+issue 48), ATC, DoC and CBPE after the EM
 prior correction; ``ref_floor``, the floor of every label-shift estimate whose per-class
 accuracies come from the labelled reference split (the batch's exact label shares times
 the reference's per-class accuracy: what is left is the difference between the reference's
@@ -24,17 +30,24 @@ label-shift estimation: the accuracy of a batch whose label shares are known exa
 whose per-class accuracy is the pool's (sum over classes of batch share x pool accuracy of
 the class), so what is left is the batch's own sampling noise; and
 whether ``flows.monitoring.label_free.alert_reasons`` alarms at the default thresholds
-(false alarms on (i), detection on (ii) and (iii)). With ``--nannyml PYTHON`` (an interpreter with
-nannyml installed) NannyML's CBPE (accuracy, its own isotonic calibration on the
-reference split's raw probabilities) runs on the same batches.
+(false alarms on (i), detection on (ii)-(iv)). NannyML's CBPE (accuracy, its own
+isotonic calibration on the reference split's raw probabilities, defaults otherwise) runs
+on the same batches in the interpreter ``--nannyml PYTHON`` names, or in this one when it
+has nannyml installed; otherwise its column is skipped with a message. With it, each
+group's table is followed by ``wins``: the share of batches on which cord-ops's ``cbpe``
+is at least as close to the realised accuracy as NannyML's.
 
 Models: the shared CIFAR logits, the test corpus (``tests/corpus.py``: scikit-learn's
-bundled data sets, pools of at most 360 rows) and, with ``--large``, the corpus's model
+bundled data sets, pools of at most 360 rows), the ``imbalanced binary`` group (issue 48:
+20,000 generated rows of 1, 2.8 or 5 % positives; class-balanced logistic regression and
+gradient boosting, which predict the rare class several times too often, most of those
+predictions wrong; pools of 6,000 rows) and, with ``--large``, the corpus's model
 families on two generated 20,000-row data sets (``corpus.LARGE_SOURCES``, pools of 6,000
 rows), where batches of 2,000 rows fit as on CIFAR.
 
 Usage: python benchmarks/bench_label_free.py [--repeats 40] [--batch 2000] [--no-corpus]
-       [--large] [--files cifar10_resnet56 ...] [--nannyml /path/to/python]
+       [--large] [--no-imbalanced] [--files cifar10_resnet56 ...]
+       [--nannyml /path/to/python]
 """
 
 from __future__ import annotations
@@ -58,9 +71,12 @@ from flows.monitoring.label_free import Thresholds, alert_reasons
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "atc", "doc", "cbpe_prior", "ref_floor",
-              "oracle")
-SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence")
+ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "cbpe_pooled", "atc", "doc", "cbpe_prior",
+              "ref_floor", "oracle")
+SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence", "predicted-shift")
+#: The imbalanced binary group: positive shares and the class-balanced models.
+RARE_SHARES = (0.01, 0.028, 0.05)
+RARE_MODELS = ("logreg", "gb")
 #: What each alarm reason starts with (flows.monitoring.label_free.alert_reasons).
 CAUSES = {"ks": "ks drift", "chi2": "chi2 drift", "accuracy": "estimated accuracy",
           "priors": "class priors moved"}
@@ -79,7 +95,8 @@ def outputs(cal, cord, scores, kind: str):
     return p0, cord.transform(p0, cal.predict_proba(scores))
 
 
-def draw(rng, scenario: str, labels: np.ndarray, raw_conf: np.ndarray, size: int, k: int):
+def draw(rng, scenario: str, labels: np.ndarray, raw_conf: np.ndarray, size: int,
+         predicted: np.ndarray):
     n = len(labels)
     if scenario == "random":
         return rng.choice(n, size=min(size, 2 * n // 3), replace=False)
@@ -89,6 +106,11 @@ def draw(rng, scenario: str, labels: np.ndarray, raw_conf: np.ndarray, size: int
         priors = rng.dirichlet(np.full(present.size, alpha))
         counts = rng.multinomial(size, priors)
         return np.concatenate([rng.choice(np.flatnonzero(labels == c), size=m, replace=True)
+                               for c, m in zip(present, counts, strict=True) if m])
+    if scenario == "predicted-shift":
+        present = np.unique(predicted)
+        counts = rng.multinomial(size, rng.dirichlet(np.ones(present.size)))
+        return np.concatenate([rng.choice(np.flatnonzero(predicted == c), size=m, replace=True)
                                for c, m in zip(present, counts, strict=True) if m])
     weights = (1.05 - raw_conf) ** 2
     return rng.choice(n, size=size, replace=True, p=weights / weights.sum())
@@ -103,8 +125,10 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     cal, cord = champion(scores[cal_i], labels[cal_i], kind, calibrator)
     ref_p0, ref_q = outputs(cal, cord, scores[ref_i], kind)
     profile = lf.ReferenceProfile().fit(ref_q, labels[ref_i])
+    pooled = lf.ReferenceProfile(min_map_rows=np.inf).fit(ref_q, labels[ref_i]).maps_
     pool_p0, pool_q = outputs(cal, cord, scores[pool_i], kind)
     pool_y = labels[pool_i]
+    pool_top1 = pool_q.argmax(axis=1)
     raw_conf = pool_p0.max(axis=1)
     pool_correct = pool_p0.argmax(axis=1) == pool_y
     present = np.unique(pool_y)
@@ -113,21 +137,25 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     size = min(batch, len(pool_i))
     thresholds = Thresholds()
     errors = {s: {e: [] for e in ESTIMATORS} for s in SCENARIOS}
+    signed = {s: [] for s in SCENARIOS}
     alarms = {s: 0 for s in SCENARIOS}
     causes = {s: dict.fromkeys(CAUSES, 0) for s in SCENARIOS}
     for scenario in SCENARIOS:
         for _ in range(repeats):
-            rows = draw(rng, scenario, pool_y, raw_conf, size, k)
+            rows = draw(rng, scenario, pool_y, raw_conf, size, pool_top1)
             est = profile.estimate(pool_q[rows])
             realised = float(np.mean(pool_correct[rows]))
             shares = np.array([np.mean(pool_y[rows] == c) for c in present])
             values = {"cbpe_raw": lf.cbpe_accuracy(pool_p0[rows]),
                       "mean_conf": est.mean_confidence, "cbpe": est.cbpe,
+                      "cbpe_pooled": float(pooled.predict(pool_top1[rows],
+                                                          pool_q[rows].max(axis=1)).mean()),
                       "atc": est.atc, "doc": est.doc, "cbpe_prior": est.prior_corrected,
                       "ref_floor": float(shares @ reference_accuracy),
                       "oracle": float(shares @ class_accuracy)}
             for e in ESTIMATORS:
                 errors[scenario][e].append(abs(values[e] - realised))
+            signed[scenario].append(est.cbpe - realised)
             reasons = alert_reasons(est, profile, thresholds)
             alarms[scenario] += bool(reasons)
             for cause, prefix in CAUSES.items():
@@ -142,6 +170,7 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     return {"model": name, "k": k, "batch": size,
             "error": {s: {e: float(np.mean(v)) for e, v in errors[s].items()}
                       for s in SCENARIOS},
+            "cbpe_signed": signed,
             "alarm_rate": {s: alarms[s] / repeats for s in SCENARIOS},
             "cause_rate": {s: {c: v / repeats for c, v in causes[s].items()} for s in SCENARIOS}}
 
@@ -164,6 +193,27 @@ def corpus_models(large: bool = False):
         labels = np.concatenate([e.cal_labels, e.eval_labels])
         if len(labels) >= 500:  # a pool of at least 150 rows
             yield e.name, scores, labels, e.kind
+
+
+def imbalanced_models():
+    """Issue 48's failure, generated: 20,000 rows of ``RARE_SHARES`` positives, 3-fold
+    out-of-fold probabilities of class-balanced models (which over-predict the rare class)."""
+    from sklearn.datasets import make_classification
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+    makers = {"logreg": lambda: LogisticRegression(class_weight="balanced", max_iter=500),
+              "gb": lambda: HistGradientBoostingClassifier(class_weight="balanced",
+                                                           max_iter=50, random_state=0)}
+    for share in RARE_SHARES:
+        x, y = make_classification(n_samples=20000, n_features=10, n_informative=4,
+                                   weights=[1 - share], flip_y=0.0, class_sep=0.7,
+                                   random_state=0)
+        for model in RARE_MODELS:
+            probs = cross_val_predict(makers[model](), x, y, method="predict_proba",
+                                      cv=StratifiedKFold(3, shuffle=True, random_state=0))
+            yield f"rare{share:g}_{model}", probs, y.astype(np.int64), "probs"
 
 
 NANNYML_SCRIPT = r"""
@@ -196,13 +246,30 @@ for model, ref in refs.items():
             continue
         res = est.estimate(frame(pool[np.array(job["rows"])])).to_df()
         value = float(res[("accuracy", "value")].iloc[-1])
-        errs.setdefault(job["scenario"], []).append(abs(value - job["realised"]))
-    out[model] = {s: float(np.mean(v)) for s, v in errs.items()}
+        errs.setdefault(job["scenario"], []).append(value - job["realised"])
+    out[model] = errs
 print(json.dumps(out))
 """
 
 
+def nannyml_python(named: str | None) -> str | None:
+    """The interpreter that runs NannyML: ``--nannyml``, else this one when it has
+    nannyml; None (with a message) when neither."""
+    import importlib.util
+
+    if named:
+        return named
+    if importlib.util.find_spec("nannyml") is not None:
+        return sys.executable
+    print("NannyML is not installed here and --nannyml names no interpreter that has it: "
+          "its column is skipped (pip install nannyml into a separate environment and pass "
+          "--nannyml /that/env/bin/python; it is no dependency of cord-ops)")
+    return None
+
+
 def run_nannyml(python: str, jobs: list) -> dict:
+    """Per model and scenario, NannyML's signed errors (estimate - realised), in the
+    order of the batches."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "jobs.json"
         path.write_text(json.dumps(jobs))
@@ -214,20 +281,35 @@ def run_nannyml(python: str, jobs: list) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def wins(rows: list[dict], nannyml: dict) -> str:
+    """How often cord-ops's CBPE is at least as close to the realised accuracy as
+    NannyML's, per scenario and overall."""
+    parts, total, won = [], 0, 0
+    for s in SCENARIOS:
+        ours = np.abs(np.concatenate([r["cbpe_signed"][s] for r in rows]))
+        theirs = np.abs(np.concatenate([nannyml[r["model"]][s] for r in rows]))
+        parts.append(f"{s} {int(np.sum(ours <= theirs))}/{ours.size}")
+        total, won = total + ours.size, won + int(np.sum(ours <= theirs))
+    return f"wins (cbpe at least as close as nannyml): {won}/{total}; " + ", ".join(parts)
+
+
 def table(rows: list[dict], nannyml: dict, label: str) -> None:
     print(f"\n{label}: mean |estimate - realised accuracy| in points, alarm rate in %")
-    head = "scenario        " + "".join(f"{e:>11}" for e in ESTIMATORS)
+    head = "scenario        " + "".join(f"{e:>12}" for e in ESTIMATORS)
     print(head + ("    nannyml" if nannyml else "") + "   alarms  " +
           " ".join(f"{c:>8}" for c in CAUSES))
     for s in SCENARIOS:
         means = [100 * np.mean([r["error"][s][e] for r in rows]) for e in ESTIMATORS]
-        line = f"{s:<16}" + "".join(f"{m:>11.2f}" for m in means)
+        line = f"{s:<16}" + "".join(f"{m:>12.2f}" for m in means)
         if nannyml:
-            line += f"{100 * np.mean([nannyml[r['model']][s] for r in rows]):>11.2f}"
+            theirs = [np.mean(np.abs(nannyml[r["model"]][s])) for r in rows]
+            line += f"{100 * np.mean(theirs):>11.2f}"
         line += f"{100 * np.mean([r['alarm_rate'][s] for r in rows]):>9.1f}  "
         line += " ".join(f"{100 * np.mean([r['cause_rate'][s][c] for r in rows]):>8.1f}"
                          for c in CAUSES)
         print(line)
+    if nannyml:
+        print(wins(rows, nannyml))
 
 
 def main(argv=None) -> int:
@@ -240,7 +322,10 @@ def main(argv=None) -> int:
                         help="also the 20,000-row generated tabular outputs")
     parser.add_argument("--calibrator", default="vs",
                         help="the champion's calibrator (recalibrate's --calibrator) [vs]")
-    parser.add_argument("--nannyml", help="python interpreter with nannyml installed")
+    parser.add_argument("--no-imbalanced", action="store_true",
+                        help="leave out the generated imbalanced binary group")
+    parser.add_argument("--nannyml", help="python interpreter with nannyml installed "
+                        "[this one, if it has nannyml]")
     parser.add_argument("--json", type=Path, help="also write the per-model figures here")
     args = parser.parse_args(argv)
     print(f"load average {os.getloadavg()}, repeats {args.repeats}, batch {args.batch}, "
@@ -248,7 +333,8 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     rng = np.random.default_rng(1)
     groups = {}
-    jobs = [] if args.nannyml else None
+    python = nannyml_python(args.nannyml)
+    jobs = [] if python else None
     if DATA.is_dir():
         for name, scores, labels, kind in cifar_models(args.files):
             group = "CIFAR-100" if name.startswith("cifar100") else "CIFAR-10"
@@ -262,12 +348,17 @@ def main(argv=None) -> int:
             groups.setdefault("corpus", []).append(
                 run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
                          args.calibrator))
+    if not args.no_imbalanced:
+        for name, scores, labels, kind in imbalanced_models():
+            groups.setdefault("imbalanced binary", []).append(
+                run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
+                         args.calibrator))
     if args.large:
         for name, scores, labels, kind in corpus_models(large=True):
             groups.setdefault("tabular 20k", []).append(
                 run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
                          args.calibrator))
-    nannyml = run_nannyml(args.nannyml, jobs) if args.nannyml else {}
+    nannyml = run_nannyml(python, jobs) if python else {}
     for group, rows in groups.items():
         table(rows, nannyml, f"{group} ({len(rows)} models)")
     if args.json:
