@@ -20,9 +20,10 @@ Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
 For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
 probabilities), the champion's mean top-1 probability (``mean_conf``, CBPE without the
 reference split's isotonic maps), CBPE on the champion (``cbpe``: per-predicted-class
-maps; ``cbpe_pooled``: one map pooled over the predicted classes, the estimate before
-issue 48), ATC, DoC and CBPE after the EM
-prior correction; ``ref_floor``, the floor of every label-shift estimate whose per-class
+maps, ties ordered by the classifier's own probabilities as ``cord-ops monitor`` does;
+``cbpe_pooled``: one map pooled over the predicted classes, the estimate before issue
+48), ATC, DoC and CBPE after the EM prior correction; ``ref_floor``, the floor of every
+label-shift estimate whose per-class
 accuracies come from the labelled reference split (the batch's exact label shares times
 the reference's per-class accuracy: what is left is the difference between the reference's
 and the pool's rows of each class); ``oracle``, which is no estimator but the floor of
@@ -124,7 +125,7 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     cal_i, ref_i, pool_i = perm[:a], perm[a:b], perm[b:]
     cal, cord = champion(scores[cal_i], labels[cal_i], kind, calibrator)
     ref_p0, ref_q = outputs(cal, cord, scores[ref_i], kind)
-    profile = lf.ReferenceProfile().fit(ref_q, labels[ref_i])
+    profile = lf.ReferenceProfile().fit(ref_q, labels[ref_i], ref_p0)
     pooled = lf.ReferenceProfile(min_map_rows=np.inf).fit(ref_q, labels[ref_i]).maps_
     pool_p0, pool_q = outputs(cal, cord, scores[pool_i], kind)
     pool_y = labels[pool_i]
@@ -143,7 +144,7 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     for scenario in SCENARIOS:
         for _ in range(repeats):
             rows = draw(rng, scenario, pool_y, raw_conf, size, pool_top1)
-            est = profile.estimate(pool_q[rows])
+            est = profile.estimate(pool_q[rows], pool_p0[rows])
             realised = float(np.mean(pool_correct[rows]))
             shares = np.array([np.mean(pool_y[rows] == c) for c in present])
             values = {"cbpe_raw": lf.cbpe_accuracy(pool_p0[rows]),

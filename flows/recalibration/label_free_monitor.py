@@ -76,7 +76,7 @@ def score_champion(uri: str, model_name: str, batches: list[label_free.Batch]) -
 @compute_task
 def estimate_batch(profile: estimators.ReferenceProfile, scored: label_free.Scored,
                    thresholds: label_free.Thresholds):
-    est = profile.estimate(scored.repaired)
+    est = profile.estimate(scored.repaired, scored.original)
     cbpe_raw = estimators.cbpe_accuracy(scored.original)
     return est, cbpe_raw, label_free.alert_reasons(est, profile, thresholds)
 
@@ -161,8 +161,10 @@ def monitor_label_free(data: str | Path | list[str], model_name: str = "cord-ops
     batches = [label_free.read_batch(path, n_classes, input_kind)
                for path in (data if isinstance(data, list) else label_free.batch_files(data))]
     champion = score_champion(uri, model_name, batches)
+    # the classifier's own probabilities order the rows CORD repaired to a tie
     profile = estimators.ReferenceProfile().fit(champion.scored_reference.repaired,
-                                                champion.reference_labels)
+                                                champion.reference_labels,
+                                                champion.scored_reference.original)
     result = label_free.LabelFreeResult(champion.version, profile.accuracy_,
                                         champion.reference_rows)
     logger = get_run_logger()
