@@ -419,21 +419,28 @@ def test_class_maps_keep_the_reference_accuracy_and_stay_in_the_unit_interval(ca
     """Whatever the routes: each map keeps the mean of the rows it is fitted on, so on its
     own reference CBPE is the accuracy of every class's predicted rows; on any batch each
     row's mapped value (hence CBPE) is in [0, 1]; a route is a class's own map exactly
-    when the class is predicted on min_map_rows reference rows."""
+    when the class is predicted on min_map_rows reference rows. With or without the
+    classifier's own rows to order ties."""
     probs, labels = case
-    profile = lf.ReferenceProfile(min_map_rows=min_rows).fit(probs, labels)
+    n, k = probs.shape
+    # the classifier's own rows, when given, only order ties: any rows will do
+    original = data.draw(st.one_of(st.none(), probability_rows(k=k).map(
+        lambda r: np.resize(r, (n, k)))))
+    profile = lf.ReferenceProfile(min_map_rows=min_rows).fit(probs, labels, original)
     predicted = lf.top1(probs)
     correct = predicted == labels
-    mapped = profile.maps_.predict(predicted, probs.max(axis=1))
+    read = probs.max(axis=1) if original is None else \
+        probs.max(axis=1) + lf.TIE_BREAK * original[np.arange(n), predicted]
+    mapped = profile.maps_.predict(predicted, read)
     assert profile.cbpe_ == pytest.approx(correct.mean(), abs=1e-12)
     counts = np.bincount(predicted, minlength=probs.shape[1])
     assert profile.map_routes_ == tuple(lf.CLASS_MAP if c >= min_rows else lf.POOLED_MAP
                                         for c in counts)
-    for k in np.flatnonzero(counts >= min_rows):
-        assert mapped[predicted == k].mean() == pytest.approx(correct[predicted == k].mean(),
+    for c in np.flatnonzero(counts >= min_rows):
+        assert mapped[predicted == c].mean() == pytest.approx(correct[predicted == c].mean(),
                                                               abs=1e-12)
-    batch = data.draw(probability_rows(k=probs.shape[1]))
-    est = profile.estimate(batch)
+    batch = data.draw(probability_rows(k=k))
+    est = profile.estimate(batch, None if original is None else batch[::-1])
     assert 0.0 <= est.cbpe <= 1.0 and 0.0 <= est.prior_confidence <= 1.0
     values = profile.maps_.predict(lf.top1(batch), batch.max(axis=1))
     assert values.min() >= 0.0 and values.max() <= 1.0
@@ -474,3 +481,27 @@ def test_cbpe_meets_the_expected_accuracy_of_a_generator_with_per_class_reliabil
     ref_acc = np.bincount(ref_predicted, weights=ref_predicted == ref_y, minlength=k) / ref_counts
     se = np.sqrt(np.sum(shares ** 2 * ref_acc * (1 - ref_acc) / ref_counts))
     assert abs(profile.estimate(batch).cbpe - hit.mean()) < 4 * se + 0.005
+
+
+def test_ties_left_by_the_repair_are_ordered_by_the_classifiers_own_probabilities():
+    """Four reference rows predicting class 1, all repaired to 0.55 (as CORD leaves the
+    decisions its calibrator disagrees with), the classifier's own 0.7, 0.8, 0.9, 0.95,
+    right only on the last two. Without the classifier's rows the map is flat at 1/2; with
+    them it is 0, 0, 1, 1 along the classifier's order, so batch rows of its own 0.85 and
+    0.98 map to 1/2 (linear between 0.8 and 0.9) and 1 (clipped)."""
+    repaired = np.tile([0.45, 0.55], (4, 1))
+    original = np.array([[0.3, 0.7], [0.2, 0.8], [0.1, 0.9], [0.05, 0.95]])
+    labels = [0, 0, 1, 1]
+    batch = np.tile([0.45, 0.55], (2, 1))
+    batch_original = np.array([[0.15, 0.85], [0.02, 0.98]])
+    ordered = lf.ReferenceProfile(min_map_rows=4).fit(repaired, labels, original)
+    assert ordered.tie_break_ and ordered.map_routes_ == (lf.POOLED_MAP, lf.CLASS_MAP)
+    assert ordered.estimate(batch, batch_original).cbpe == pytest.approx(0.75, abs=1e-9)
+    flat = lf.ReferenceProfile(min_map_rows=4).fit(repaired, labels)
+    assert flat.estimate(batch).cbpe == pytest.approx(0.5, abs=1e-12)
+    with pytest.raises(ValueError, match="fitted with the classifier's own"):
+        ordered.estimate(batch)
+    with pytest.raises(ValueError, match="fitted without the classifier's own"):
+        flat.estimate(batch, batch_original)
+    with pytest.raises(ValueError, match="original: expected 2 rows"):
+        ordered.estimate(batch, original)
