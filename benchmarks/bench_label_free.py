@@ -19,24 +19,23 @@ Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
 
 For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
 probabilities), the champion's mean top-1 probability (``mean_conf``, CBPE without the
-reference split's isotonic maps), CBPE on the champion (``cbpe``: per-predicted-class
-maps, ties ordered by the classifier's own probabilities as ``cord-ops monitor`` does;
-``cbpe_pooled``: one map pooled over the predicted classes, the estimate before issue
-48), ATC, DoC and CBPE after the EM prior correction; ``ref_floor``, the floor of every
-label-shift estimate whose per-class
-accuracies come from the labelled reference split (the batch's exact label shares times
-the reference's per-class accuracy: what is left is the difference between the reference's
-and the pool's rows of each class); ``oracle``, which is no estimator but the floor of
-label-shift estimation: the accuracy of a batch whose label shares are known exactly and
-whose per-class accuracy is the pool's (sum over classes of batch share x pool accuracy of
-the class), so what is left is the batch's own sampling noise; and
-whether ``flows.monitoring.label_free.alert_reasons`` alarms at the default thresholds
-(false alarms on (i), detection on (ii)-(iv)). NannyML's CBPE (accuracy, its own
-isotonic calibration on the reference split's raw probabilities, defaults otherwise) runs
-on the same batches in the interpreter ``--nannyml PYTHON`` names, or in this one when it
-has nannyml installed; otherwise its column is skipped with a message. With it, each
-group's table is followed by ``wins``: the share of batches on which cord-ops's ``cbpe``
-is at least as close to the realised accuracy as NannyML's.
+reference split's isotonic maps), CBPE on the champion (``cbpe``: per-predicted-class maps,
+ties ordered by the classifier's own probabilities as ``cord-ops monitor`` does;
+``cbpe_pooled``: one map pooled over the predicted classes, the estimate before issue 48),
+ATC, DoC and CBPE after the EM prior correction; ``ref_floor``, the floor of every
+label-shift estimate whose per-class accuracies come from the labelled reference split (the
+batch's exact label shares times the reference's per-class accuracy: what is left is the
+difference between the reference's and the pool's rows of each class); ``oracle``, which is
+no estimator but the floor of label-shift estimation: the accuracy of a batch whose label
+shares are known exactly and whose per-class accuracy is the pool's (sum over classes of
+batch share x pool accuracy of the class), so what is left is the batch's own sampling
+noise; and whether ``flows.monitoring.label_free.alert_reasons`` alarms at the default
+thresholds (false alarms on (i), detection on (ii)-(iv)). NannyML's CBPE (accuracy, its own
+isotonic calibration on the reference split's raw probabilities, defaults otherwise) runs on
+the same batches in the interpreter ``--nannyml PYTHON`` names, or in this one when it has
+nannyml installed; otherwise its column is skipped with a message. With it, each group's
+table is followed by ``wins``: the share of batches on which cord-ops's ``cbpe`` is at least
+as close to the realised accuracy as NannyML's.
 
 Models: the shared CIFAR logits, the test corpus (``tests/corpus.py``: scikit-learn's
 bundled data sets, pools of at most 360 rows), the ``imbalanced binary`` group (issue 48:
