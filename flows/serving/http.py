@@ -648,7 +648,11 @@ def bind(host: str, port: int):
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only when the
+    # listening socket's proto is IPPROTO_TCP (0 does not count). Without it uvicorn's
+    # response, written as headers then body, met Nagle and the client's delayed ACK: every
+    # small answer on a keep-alive connection waited ~40 ms (docs/serving.md, issue 43).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
