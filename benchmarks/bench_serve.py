@@ -1,16 +1,26 @@
-"""HTTP scoring throughput and latency: ``cord-ops serve`` next to ``mlflow models serve``
-on the same registered model (VS + CORD, K = 100, float32), both on this machine.
+"""HTTP scoring throughput and latency: ``cord-ops serve`` against the floor of its own stack.
 
-    python benchmarks/bench_serve.py [--seconds 4] [--clients 1 8 64] [--rows 1 100]
+    nice python benchmarks/bench_serve.py [--seconds 4] [--clients 1 10] [--rows 1 100]
+                                          [--rounds 2] [--mlflow]
 
-Builds a throw-away MLflow store in a temp folder, registers one model with the pyfunc
-flavour of ``flows.pyfunc_model`` (the registered model of a recalibration), starts both
-servers as subprocesses on free ports of 127.0.0.1, and for every (clients, rows per
-request) cell keeps that many concurrent aiohttp clients posting the same ``inputs``
-payload for ``--seconds`` after a short warm-up. Prints requests/s, rows/s, p50 and p99
-latency and errors per cell, and the cord-ops / MLflow throughput ratio. The load
-generator shares the machine with the server under test (the same for both servers).
-Target: cord-ops serve >= 2x MLflow's requests/s at 8+ clients, with a lower p99.
+Builds a throw-away MLflow store in a temp folder, registers one model (VS + CORD, K = 100,
+float32 graph, the pyfunc flavour of ``flows.pyfunc_model``) and saves the same graph to a
+file. Starts, as subprocesses on free ports of 127.0.0.1:
+
+- ``cord-ops serve`` following ``@champion``;
+- the *minimal scorer*: this file run with ``--minimal-scorer``, about 30 lines of
+  starlette + uvicorn + orjson + onnxruntime on the same graph file with no validation, no
+  batching, no metrics: the floor this stack reaches on this machine;
+- with ``--mlflow``, ``mlflow models serve`` on the registered model as well.
+
+For every (rows per request, clients) cell it keeps that many concurrent aiohttp clients
+(one keep-alive connection each) posting the same ``inputs`` payload, in ``--rounds``
+rounds that alternate the servers (so a change of machine load hits both alike), each
+round ``--seconds / --rounds`` after a short warm-up. Prints per server and cell requests/s,
+rows/s, p50 and p99 latency, errors and the load average at the end of the cell, then
+cord-ops serve's ratios to the minimal scorer taken in the same run: requests/s (target
+>= 0.7x), p50 and p99 (target <= 1.5x). The load generator shares the machine with the
+servers (alike for all).
 """
 
 from __future__ import annotations
@@ -42,9 +52,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def register_model(uri: str, artifacts: Path) -> np.ndarray:
-    """Fit VS + CORD on synthetic K = 100 logits, log and register it as @champion;
-    returns rows to send."""
+def register_model(uri: str, artifacts: Path, graph_file: Path | None = None) -> np.ndarray:
+    """Fit VS + CORD on synthetic K = 100 logits, log and register it as @champion (and
+    save its graph to ``graph_file``); returns rows to send."""
     from mlflow import MlflowClient
     from scipy.special import softmax
 
@@ -61,6 +71,8 @@ def register_model(uri: str, artifacts: Path) -> np.ndarray:
     calibrator = make_calibrator("vs", max_iter=100).fit(logits, labels)
     cord = CORD().fit(softmax(logits, axis=1), calibrator.predict_proba(logits))
     graph = export_onnx(calibrator, cord, K, input_kind="logits", dtype="float32")
+    if graph_file is not None:
+        graph_file.write_bytes(graph.SerializeToString())
     client = MlflowClient(uri)
     # An explicit artifact folder: a fresh sqlite store would put them under ./mlruns.
     experiment = client.create_experiment(MODEL, artifact_location=artifacts.as_uri())
@@ -74,6 +86,34 @@ def register_model(uri: str, artifacts: Path) -> np.ndarray:
                                           model_id=info.model_id)
     client.set_registered_model_alias(MODEL, registry.CHAMPION, version.version)
     return logits[:100]
+
+
+def minimal_scorer(graph: str, port: int) -> None:
+    """The floor: one onnxruntime session on ``graph``, orjson in and out, nothing else."""
+    import onnxruntime as ort
+    import orjson
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    name, dtype = session.get_inputs()[0].name, np.float32
+    outputs = ["repaired", "label", "confidence"]
+
+    async def invocations(request):
+        scores = np.asarray(orjson.loads(await request.body())["inputs"], dtype=dtype)
+        values = session.run(outputs, {name: scores})
+        return Response(orjson.dumps({"predictions": dict(zip(outputs, values, strict=True))},
+                                     option=orjson.OPT_SERIALIZE_NUMPY),
+                        media_type="application/json")
+
+    async def health(request):
+        return Response(b"ok")
+
+    app = Starlette(routes=[Route("/invocations", invocations, methods=["POST"]),
+                            Route("/health", health)])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 def wait_ready(url: str, process: subprocess.Popen, timeout: float = 180.0) -> None:
@@ -133,16 +173,38 @@ async def load(url: str, body: bytes, clients: int, seconds: float, warmup: floa
     return latencies, errors, seconds
 
 
+def summarise(latencies: list[float], errors: int, window: float, rows: int) -> dict:
+    lat = np.asarray(latencies) * 1e3
+    return {"rps": len(lat) / window, "rows_s": len(lat) * rows / window,
+            "p50": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+            "p99": float(np.percentile(lat, 99)) if lat.size else float("nan"),
+            "errors": errors, "load": os.getloadavg()[0]}
+
+
 def measure(url: str, rows: np.ndarray, clients: int, seconds: float,
             keyed: bool = False) -> dict:
     body = json.dumps({"inputs": rows.tolist()}).encode()
     latencies, errors, window = asyncio.run(load(url, body, clients, seconds,
                                                  warmup=min(1.0, seconds / 4), keyed=keyed))
-    lat = np.asarray(latencies) * 1e3
-    return {"rps": len(lat) / window, "rows_s": len(lat) * rows.shape[0] / window,
-            "p50": float(np.percentile(lat, 50)) if lat.size else float("nan"),
-            "p99": float(np.percentile(lat, 99)) if lat.size else float("nan"),
-            "errors": errors}
+    return summarise(latencies, errors, window, rows.shape[0])
+
+
+def measure_alternating(urls: dict[str, str], rows: np.ndarray, clients: int, seconds: float,
+                        rounds: int) -> dict[str, dict]:
+    """``measure`` per server, in ``rounds`` rounds whose order alternates; latencies of all
+    rounds pooled."""
+    body = json.dumps({"inputs": rows.tolist()}).encode()
+    pooled = {name: ([], 0, 0.0) for name in urls}
+    names = list(urls)
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            latencies, errors, window = asyncio.run(load(
+                urls[name], body, clients, seconds / rounds,
+                warmup=min(0.5, seconds / rounds / 4)))
+            kept, failed, span = pooled[name]
+            pooled[name] = (kept + latencies, failed + errors, span + window)
+    return {name: summarise(lat, errors, window, rows.shape[0])
+            for name, (lat, errors, window) in pooled.items()}
 
 
 def start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
@@ -161,12 +223,23 @@ def stop(process: subprocess.Popen) -> None:
             process.wait(15)
 
 
+SERVE, FLOOR, MLFLOW = "cord-ops serve", "minimal scorer", "mlflow models serve"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell")
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell "
+                        "and server, over all rounds")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per cell")
+    parser.add_argument("--mlflow", action="store_true", help="also mlflow models serve")
+    parser.add_argument("--minimal-scorer", metavar="GRAPH", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.minimal_scorer:
+        minimal_scorer(args.minimal_scorer, args.port)
+        return 0
 
     bin_dir = Path(sys.executable).parent
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
@@ -175,48 +248,58 @@ def main() -> int:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                            os.environ.get("PYTHONPATH")]))}
         os.environ.update({"MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true"})
-        pool = register_model(uri, Path(tmp) / "artifacts")
-        ports = {"cord-ops serve": free_port(), "mlflow models serve": free_port()}
+        graph = Path(tmp) / "graph.onnx"
+        pool = register_model(uri, Path(tmp) / "artifacts", graph)
+        servers = [SERVE, FLOOR] + ([MLFLOW] if args.mlflow else [])
+        ports = {name: free_port() for name in servers}
         commands = {
-            "cord-ops serve": [str(bin_dir / "cord-ops"), "serve", "--model-name", MODEL,
-                               "--port", str(ports["cord-ops serve"])],
-            "mlflow models serve": [str(bin_dir / "mlflow"), "models", "serve", "-m",
-                                    f"models:/{MODEL}@champion", "--env-manager", "local",
-                                    "--host", "127.0.0.1", "--port",
-                                    str(ports["mlflow models serve"])],
+            SERVE: [str(bin_dir / "cord-ops"), "serve", "--model-name", MODEL,
+                    "--port", str(ports[SERVE])],
+            FLOOR: [sys.executable, __file__, "--minimal-scorer", str(graph),
+                    "--port", str(ports[FLOOR])],
+            MLFLOW: [str(bin_dir / "mlflow"), "models", "serve", "-m",
+                     f"models:/{MODEL}@champion", "--env-manager", "local",
+                     "--host", "127.0.0.1", "--port", str(ports.get(MLFLOW, 0))],
         }
-        ready = {"cord-ops serve": "/health", "mlflow models serve": "/ping"}
+        ready = {SERVE: "/health", FLOOR: "/health", MLFLOW: "/ping"}
+        processes = {}
         results: dict[tuple[str, int, int], dict] = {}
-        for name, command in commands.items():
-            process = start(command, env, Path(tmp) / f"{name.split()[0]}.log")
-            try:
-                base = f"http://127.0.0.1:{ports[name]}"
-                wait_ready(base + ready[name], process)
-                for rows in args.rows:
-                    for clients in args.clients:
-                        results[name, clients, rows] = measure(
-                            f"{base}/invocations", pool[:rows], clients, args.seconds)
-            finally:
+        try:
+            for name in servers:
+                processes[name] = start(commands[name], env,
+                                        Path(tmp) / f"{name.split()[0]}.log")
+            urls = {name: f"http://127.0.0.1:{ports[name]}" for name in servers}
+            for name in servers:
+                wait_ready(urls[name] + ready[name], processes[name])
+            for rows in args.rows:
+                for clients in args.clients:
+                    cell = measure_alternating({n: u + "/invocations" for n, u in urls.items()},
+                                               pool[:rows], clients, args.seconds, args.rounds)
+                    for name, figures in cell.items():
+                        results[name, clients, rows] = figures
+        finally:
+            for process in processes.values():
                 stop(process)
 
     print(f"HTTP scoring, K = {K}, VS + CORD float32, {os.cpu_count()} CPUs, "
-          f"{args.seconds:g} s per cell")
+          f"{args.seconds:g} s per cell and server in {args.rounds} alternating rounds")
     header = (f"{'server':<20}{'rows/req':>9}{'clients':>8}{'req/s':>9}{'rows/s':>10}"
-              f"{'p50 ms':>9}{'p99 ms':>9}{'errors':>7}")
+              f"{'p50 ms':>9}{'p99 ms':>9}{'errors':>7}{'load':>6}")
     print(header)
     print("-" * len(header))
-    for (name, clients, rows), r in sorted(results.items(), key=lambda x: (x[0][2], x[0][1],
-                                                                         x[0][0])):
+    for (name, clients, rows), r in sorted(results.items(),
+                                           key=lambda x: (x[0][2], x[0][1], x[0][0])):
         print(f"{name:<20}{rows:>9}{clients:>8}{r['rps']:>9.0f}{r['rows_s']:>10.0f}"
-              f"{r['p50']:>9.2f}{r['p99']:>9.2f}{r['errors']:>7}")
+              f"{r['p50']:>9.2f}{r['p99']:>9.2f}{r['errors']:>7}{r['load']:>6.1f}")
     print()
-    print(f"{'rows/req':>9}{'clients':>8}{'throughput ratio':>18}{'p99 ratio':>11}")
+    print("cord-ops serve / minimal scorer (targets: req/s >= 0.7x, p50 and p99 <= 1.5x)")
+    print(f"{'rows/req':>9}{'clients':>8}{'req/s':>8}{'p50':>8}{'p99':>8}{'load':>6}")
     for rows in args.rows:
         for clients in args.clients:
-            ours, theirs = results["cord-ops serve", clients, rows], \
-                results["mlflow models serve", clients, rows]
-            print(f"{rows:>9}{clients:>8}{ours['rps'] / max(theirs['rps'], 1e-9):>17.2f}x"
-                  f"{ours['p99'] / theirs['p99']:>10.2f}x")
+            ours, floor = results[SERVE, clients, rows], results[FLOOR, clients, rows]
+            print(f"{rows:>9}{clients:>8}{ours['rps'] / max(floor['rps'], 1e-9):>7.2f}x"
+                  f"{ours['p50'] / floor['p50']:>7.2f}x{ours['p99'] / floor['p99']:>7.2f}x"
+                  f"{ours['load']:>6.1f}")
     return 0
 
 
