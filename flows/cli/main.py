@@ -647,6 +647,10 @@ def validate_serve(args) -> None:
     label_free_cli.check_monitor_window(args.monitor_window)
     if args.shadow_queue < 0:
         raise ValueError(f"--shadow-queue: expected an integer >= 0, got {args.shadow_queue}")
+    if args.token_file:
+        from flows.serving.access import read_token_file
+
+        read_token_file(Path(args.token_file))
     try:
         bind(args.host, args.port).close()
     except OSError as exc:
@@ -662,7 +666,8 @@ def cmd_serve(args) -> int:
           port=args.port, poll_interval=args.poll_interval,
           batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
           provider=args.provider, monitor_window=args.monitor_window,
-          shadow_queue=args.shadow_queue)
+          shadow_queue=args.shadow_queue, token_file=args.token_file,
+          allowed_hosts=tuple(args.allowed_hosts), require_token=args.require_token)
     return 0
 
 

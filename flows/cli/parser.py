@@ -190,6 +190,15 @@ def add_serve(sub) -> None:
                    help="request copies waiting for the other version during a rollout; "
                         "more are dropped and counted (0: do not follow rollouts; "
                         "default: 1024)")
+    p.add_argument("--token-file", metavar="PATH",
+                   help="file (mode 600) holding the token POST /monitor/flush needs (default: "
+                        "CORD_OPS_SERVE_TOKEN, else a new one written to the store's state "
+                        "folder as serve-PORT.token)")
+    p.add_argument("--require-token", action="store_true",
+                   help="/invocations needs the token too (default: scoring is open)")
+    p.add_argument("--allowed-hosts", nargs="+", default=[], metavar="HOST",
+                   help="Host header names answered besides localhost, 127.0.0.1, ::1 and "
+                        "the bound address (*: any)")
 
 
 # ---------------------------------------------------------------- shared options

@@ -47,6 +47,7 @@ import numpy as np
 
 from flows.errors import CordOpsError
 from flows.redact import redact
+from flows.serving.access import Access
 from flows.serving.contract import (
     REASONS,
     InputContract,
@@ -68,7 +69,8 @@ OUTPUTS = ("repaired", "label", "confidence")
 PROBE_ROWS = 256
 #: The micro-batching lane of the served (champion) version's requests.
 MAIN_LANE = "main"
-ERROR_REASONS = (*REASONS, "bad_json", "unsupported_media_type", "no_model", "internal")
+ERROR_REASONS = (*REASONS, "bad_json", "unsupported_media_type", "no_model", "internal",
+                 "bad_host", "unauthorized")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -506,11 +508,12 @@ def _decode(body: bytes):
 
 
 def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
-              batch_max_rows: int, traffic=None, rollout=None):
-    """The Starlette application; the follower (and ``rollout``, a
+              batch_max_rows: int, traffic=None, rollout=None, access: Access | None = None):
+    """The ASGI application; the follower (and ``rollout``, a
     :class:`flows.serving.rollout.RolloutController`, when given) is started and stopped with
     it. ``traffic`` (a :class:`flows.serving.traffic.TrafficMonitor`) watches the answers
-    without labels."""
+    without labels. ``access`` (:mod:`flows.serving.access`; default: local host names and a
+    token nobody knows) says which Host names are answered and guards every POST."""
     import contextlib
 
     import orjson
@@ -530,16 +533,25 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
         metrics.requests.labels(str(status)).inc()
         return json_response({"error": message, "reason": reason}, status)
 
+    if access is None:
+        access = Access.local()
+
+    def guarded(endpoint):
+        """``endpoint`` (a POST that changes state) behind the token and JSON checks."""
+        async def checked(request: Request) -> Response:
+            refusal = access.post_refusal(request.headers)
+            return refuse(*refusal) if refusal is not None else await endpoint(request)
+        return checked
+
     async def invocations(request: Request) -> Response:
         batcher = state["batcher"]
         started = time.perf_counter()
         batcher.arriving += 1
         arrived = True
         try:
-            media = request.headers.get("content-type", "application/json").split(";")[0]
-            if media.strip().lower() not in ("application/json", ""):
-                return refuse(415, "unsupported_media_type",
-                              f"content-type {media!r}: expected application/json")
+            refusal = access.post_refusal(request.headers, token=access.require_token)
+            if refusal is not None:
+                return refuse(*refusal)
             model = follower.current
             if model is None:
                 return refuse(503, "no_model", f"no verified version of {follower.name}@"
@@ -622,11 +634,25 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
     if traffic is not None:
         metrics.registry.register(traffic.collector(lambda: follower.current))
         extra = traffic.routes(lambda: follower.current, json_response)
-    return Starlette(routes=[Route("/invocations", invocations, methods=["POST"]),
-                             Route("/health", health), Route("/ping", health),
-                             Route("/version", version), Route("/metrics", prometheus),
-                             Route("/rollout", rollout_state), *extra],
-                     lifespan=lifespan)
+    # Every POST but scoring changes state: each one needs the token.
+    extra = [Route(r.path, guarded(r.endpoint), methods=sorted(r.methods))
+             if "POST" in (r.methods or ()) else r for r in extra]
+    app = Starlette(routes=[Route("/invocations", invocations, methods=["POST"]),
+                            Route("/health", health), Route("/ping", health),
+                            Route("/version", version), Route("/metrics", prometheus),
+                            Route("/rollout", rollout_state), *extra],
+                    lifespan=lifespan)
+
+    async def host_checked(scope, receive, send):
+        # Before routing, so no endpoint answers a host it does not serve (DNS rebinding).
+        if scope["type"] == "http":
+            refusal = access.host_refusal(scope["headers"])
+            if refusal is not None:
+                await refuse(*refusal)(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return host_checked
 
 
 def check_options(port: int, poll_interval: float, batch_window: float,
@@ -666,7 +692,9 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
           port: int = DEFAULT_PORT, poll_interval: float = DEFAULT_POLL_INTERVAL,
           batch_window: float = DEFAULT_BATCH_WINDOW,
           batch_max_rows: int = DEFAULT_BATCH_MAX_ROWS, provider: str = "auto",
-          monitor_window: int = 0, shadow_queue: int | None = None) -> None:
+          monitor_window: int = 0, shadow_queue: int | None = None,
+          token_file: str | None = None, allowed_hosts: tuple[str, ...] = (),
+          require_token: bool = False) -> None:
     """Run the server until SIGTERM/SIGINT, then return (after "stopped serving"), as
     ``cord-ops schedule`` does: a stop asked for is a clean exit. Raises before binding
     when the options are bad, before loading anything when the port is taken, and before
@@ -675,7 +703,9 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
     (:mod:`flows.serving.traffic`: ``/monitor``, gauges in ``/metrics``).
     A staged rollout of the model (:mod:`flows.promotion.rollout`) is followed, with a
     shadow queue of ``shadow_queue`` request copies (default
-    :data:`flows.serving.rollout.DEFAULT_SHADOW_QUEUE`; 0: rollouts are not followed)."""
+    :data:`flows.serving.rollout.DEFAULT_SHADOW_QUEUE`; 0: rollouts are not followed).
+    ``token_file``, ``allowed_hosts`` and ``require_token``: :func:`flows.serving.access.
+    resolve`."""
     import signal
 
     check_options(port, poll_interval, batch_window, batch_max_rows)
@@ -684,7 +714,12 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
     if provider not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--provider: expected auto, cpu or cuda, got {provider!r}")
     sock = bind(host, port)  # held from here on: nothing can take the port meanwhile
+    access = None
     try:
+        from flows.serving import access as serve_access
+
+        access = serve_access.resolve(tracking_uri, sock.getsockname()[1], host, token_file,
+                                      tuple(allowed_hosts), require_token)
         import uvicorn
         from mlflow import MlflowClient
 
@@ -703,13 +738,15 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
         controller = RolloutController(follower, metrics, load_version, VersionRejected,
                                        OUTPUTS, queue_size) if queue_size else None
         app = build_app(follower, metrics, batch_window, batch_max_rows, traffic,
-                        controller)
+                        controller, access)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE,
                                 lifespan="on")
         server = uvicorn.Server(config)
         RegistryFollower._log(f"{name}@{alias} on http://{host}:{port} (tracking "
                               f"{redact(tracking_uri)}, polling every {poll_interval:g} s)")
+        RegistryFollower._log(f"token for POST /monitor/flush"
+                              f"{' and /invocations' if require_token else ''}: {access.source}")
         # uvicorn shuts down on SIGTERM/SIGINT and then re-raises the signal to the handler
         # in place before it ran; this one only records it, so the stop ends in a return.
         stops: list[int] = []
@@ -722,4 +759,6 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
                 signal.signal(signum, handler)
         RegistryFollower._log("stopped serving")
     finally:
+        if access is not None:
+            access.forget()
         sock.close()

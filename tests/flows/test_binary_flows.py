@@ -79,7 +79,8 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
     client.set_registered_model_alias("binary", "served", result.version)
     metrics = serve.Metrics()
     follower = serve.RegistryFollower(store, "binary", "served", 0.5, metrics, "cpu")
-    with TestClient(serve.build_app(follower, metrics, 0.0, 1000)) as http:
+    with TestClient(serve.build_app(follower, metrics, 0.0, 1000),
+                    base_url="http://127.0.0.1") as http:  # a host serve answers
         deadline = time.monotonic() + 60
         while http.get("/health").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.2)

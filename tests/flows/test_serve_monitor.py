@@ -4,6 +4,9 @@ never kept, and a flush to MLflow as a label-free monitoring run."""
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 import httpx
 import numpy as np
 import pytest
@@ -29,7 +32,17 @@ def test_serve_monitors_its_traffic_and_flushes_a_label_free_run(
     with running(command, log) as server, httpx.Client(timeout=30.0) as client:
         wait_until_ready(f"{url}/health", server, log, timeout=60)
         assert client.get(f"{url}/monitor").json()["rows"] == 0
-        assert client.post(f"{url}/monitor/flush").status_code == 409  # nothing yet
+        # flushing writes to the store: it takes the token serve made, owner-only in the
+        # store's state folder, and never printed
+        token_file = Path(store.removeprefix("sqlite:///")).parent / "prefect" / \
+            f"serve-{port}.token"
+        token = token_file.read_text()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert token not in log.read_text() and str(token_file) in log.read_text()
+        assert client.post(f"{url}/monitor/flush", json={}).status_code == 401
+        auth = {"authorization": f"Bearer {token}"}
+        assert client.post(f"{url}/monitor/flush", json={},
+                           headers=auth).status_code == 409  # nothing yet
 
         # steady traffic: 300 random rows in requests of 100
         rng = np.random.default_rng(0)
@@ -61,7 +74,8 @@ def test_serve_monitors_its_traffic_and_flushes_a_label_free_run(
         assert 'cord_serve_monitor_drift_p_value{test="ks"}' in gauges
         assert "cord_serve_monitor_rows 300.0" in gauges
 
-        flushed = client.post(f"{url}/monitor/flush").json()
+        flushed = client.post(f"{url}/monitor/flush", json={}, headers=auth).json()
+    assert not token_file.exists()  # a stopped server's token opens nothing
     run = MlflowClient().get_run(flushed["run_id"])
     assert run.data.tags["cord.kind"] == label_free.KIND
     assert run.data.tags["data.path"] == "serve:watched@1"
