@@ -643,7 +643,7 @@ def validate_serve(args) -> None:
     from flows.serving.http import bind, check_options
 
     check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
-                  args.batch_max_rows)
+                  args.batch_max_rows, args.max_inflight, args.max_body_bytes)
     label_free_cli.check_monitor_window(args.monitor_window)
     if args.shadow_queue < 0:
         raise ValueError(f"--shadow-queue: expected an integer >= 0, got {args.shadow_queue}")
@@ -667,7 +667,8 @@ def cmd_serve(args) -> int:
           batch_window=args.batch_window_ms / 1e3, batch_max_rows=args.batch_max_rows,
           provider=args.provider, monitor_window=args.monitor_window,
           shadow_queue=args.shadow_queue, token_file=args.token_file,
-          allowed_hosts=tuple(args.allowed_hosts), require_token=args.require_token)
+          allowed_hosts=tuple(args.allowed_hosts), require_token=args.require_token,
+          max_inflight=args.max_inflight, max_body_bytes=args.max_body_bytes)
     return 0
 
 

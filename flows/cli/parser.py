@@ -196,6 +196,12 @@ def add_serve(sub) -> None:
                         "folder as serve-PORT.token)")
     p.add_argument("--require-token", action="store_true",
                    help="/invocations needs the token too (default: scoring is open)")
+    p.add_argument("--max-inflight", type=int, default=128,
+                   help="scoring requests admitted at once; more are refused at once with "
+                        "503 and Retry-After (default: 128)")
+    p.add_argument("--max-body-bytes", type=int, default=64 * 2**20,
+                   help="largest request body; bigger: 413 before it is read whole "
+                        "(default: 64 MiB)")
     p.add_argument("--allowed-hosts", nargs="+", default=[], metavar="HOST",
                    help="Host header names answered besides localhost, 127.0.0.1, ::1 and "
                         "the bound address (*: any)")

@@ -70,7 +70,16 @@ PROBE_ROWS = 256
 #: The micro-batching lane of the served (champion) version's requests.
 MAIN_LANE = "main"
 ERROR_REASONS = (*REASONS, "bad_json", "unsupported_media_type", "no_model", "internal",
-                 "bad_host", "unauthorized")
+                 "bad_host", "unauthorized", "overloaded", "too_large", "slow_body")
+#: Scoring requests admitted at once (read, queued or being scored); more get 503 at once.
+DEFAULT_MAX_INFLIGHT = 128
+#: Largest request body; a bigger one is refused (413) before it is read whole.
+DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+#: Longest wait for a request's body once its headers arrived: a client sending it byte by
+#: byte would hold its admission slot for ever.
+BODY_TIMEOUT = 10.0
+#: What an overloaded server tells a client to wait before trying again (seconds).
+RETRY_AFTER = 1
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -508,12 +517,18 @@ def _decode(body: bytes):
 
 
 def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
-              batch_max_rows: int, traffic=None, rollout=None, access: Access | None = None):
+              batch_max_rows: int, traffic=None, rollout=None, access: Access | None = None,
+              max_inflight: int = DEFAULT_MAX_INFLIGHT,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """The ASGI application; the follower (and ``rollout``, a
     :class:`flows.serving.rollout.RolloutController`, when given) is started and stopped with
     it. ``traffic`` (a :class:`flows.serving.traffic.TrafficMonitor`) watches the answers
     without labels. ``access`` (:mod:`flows.serving.access`; default: local host names and a
-    token nobody knows) says which Host names are answered and guards every POST."""
+    token nobody knows) says which Host names are answered and guards every POST.
+    At most ``max_inflight`` scoring requests are admitted at once (more: 503 with
+    Retry-After, not a queue whose wait grows without bound), each body at most
+    ``max_body_bytes`` (413, judged from Content-Length before reading, else while
+    reading) and read within :data:`BODY_TIMEOUT` (408)."""
     import contextlib
 
     import orjson
@@ -528,10 +543,37 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
         return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
                         status_code=status, media_type="application/json", headers=headers)
 
-    def refuse(status: int, reason: str, message: str) -> Response:
+    def refuse(status: int, reason: str, message: str, headers=None) -> Response:
         metrics.errors.labels(reason).inc()
         metrics.requests.labels(str(status)).inc()
-        return json_response({"error": message, "reason": reason}, status)
+        return json_response({"error": message, "reason": reason}, status, headers)
+
+    admitted = {"now": 0}
+
+    async def read_body(request: Request) -> bytes | Response:
+        """The body, or the refusal of one too large (413) or too slow (408)."""
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
+            return refuse(413, "too_large", f"request body of {length} bytes: at most "
+                                            f"{max_body_bytes} (--max-body-bytes)")
+
+        async def read() -> bytes | None:
+            body = bytearray()
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > max_body_bytes:
+                    return None
+            return bytes(body)
+
+        try:
+            body = await asyncio.wait_for(read(), BODY_TIMEOUT)
+        except TimeoutError:
+            return refuse(408, "slow_body", f"request body not received within "
+                                            f"{BODY_TIMEOUT:g} s")
+        if body is None:
+            return refuse(413, "too_large", f"request body over {max_body_bytes} bytes "
+                                            f"(--max-body-bytes)")
+        return body
 
     if access is None:
         access = Access.local()
@@ -544,6 +586,11 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
         return checked
 
     async def invocations(request: Request) -> Response:
+        if admitted["now"] >= max_inflight:
+            return refuse(503, "overloaded", f"{max_inflight} requests in flight "
+                                             f"(--max-inflight); retry after {RETRY_AFTER} s",
+                          {"Retry-After": str(RETRY_AFTER)})
+        admitted["now"] += 1
         batcher = state["batcher"]
         started = time.perf_counter()
         batcher.arriving += 1
@@ -556,7 +603,9 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
             if model is None:
                 return refuse(503, "no_model", f"no verified version of {follower.name}@"
                                                f"{follower.alias} is loaded yet")
-            body = await request.body()
+            body = await read_body(request)
+            if isinstance(body, Response):
+                return body
             try:
                 payload = _decode(body)
             except ValueError as exc:
@@ -583,6 +632,7 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
                                   "model": {"name": model.name, "version": model.version}},
                                  headers={VERSION_HEADER: model.version})
         finally:
+            admitted["now"] -= 1
             if arrived:
                 batcher.arriving -= 1
             metrics.latency.observe(time.perf_counter() - started)
@@ -656,7 +706,8 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
 
 
 def check_options(port: int, poll_interval: float, batch_window: float,
-                  batch_max_rows: int) -> None:
+                  batch_max_rows: int, max_inflight: int = DEFAULT_MAX_INFLIGHT,
+                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
     """Raise ValueError naming the first bad option."""
     if not 0 <= port <= 65535:
         raise ValueError(f"--port: expected 0..65535, got {port}")
@@ -666,6 +717,10 @@ def check_options(port: int, poll_interval: float, batch_window: float,
         raise ValueError(f"--batch-window-ms: expected 0..1000, got {batch_window * 1e3:g}")
     if batch_max_rows < 1:
         raise ValueError(f"--batch-max-rows: expected a positive integer, got {batch_max_rows}")
+    if max_inflight < 1:
+        raise ValueError(f"--max-inflight: expected a positive integer, got {max_inflight}")
+    if max_body_bytes < 1:
+        raise ValueError(f"--max-body-bytes: expected a positive integer, got {max_body_bytes}")
 
 
 def bind(host: str, port: int):
@@ -694,7 +749,8 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
           batch_max_rows: int = DEFAULT_BATCH_MAX_ROWS, provider: str = "auto",
           monitor_window: int = 0, shadow_queue: int | None = None,
           token_file: str | None = None, allowed_hosts: tuple[str, ...] = (),
-          require_token: bool = False) -> None:
+          require_token: bool = False, max_inflight: int = DEFAULT_MAX_INFLIGHT,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
     """Run the server until SIGTERM/SIGINT, then return (after "stopped serving"), as
     ``cord-ops schedule`` does: a stop asked for is a clean exit. Raises before binding
     when the options are bad, before loading anything when the port is taken, and before
@@ -708,7 +764,8 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
     resolve`."""
     import signal
 
-    check_options(port, poll_interval, batch_window, batch_max_rows)
+    check_options(port, poll_interval, batch_window, batch_max_rows, max_inflight,
+                  max_body_bytes)
     if shadow_queue is not None and shadow_queue < 0:
         raise ValueError(f"--shadow-queue: expected an integer >= 0, got {shadow_queue}")
     if provider not in ("auto", "cpu", "cuda"):
@@ -738,7 +795,7 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
         controller = RolloutController(follower, metrics, load_version, VersionRejected,
                                        OUTPUTS, queue_size) if queue_size else None
         app = build_app(follower, metrics, batch_window, batch_max_rows, traffic,
-                        controller, access)
+                        controller, access, max_inflight, max_body_bytes)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE,
                                 lifespan="on")
