@@ -134,8 +134,10 @@ def wait_ready(url: str, process: subprocess.Popen, timeout: float = 180.0) -> N
 
 
 async def load(url: str, body: bytes, clients: int, seconds: float, warmup: float,
-               keyed: bool = False):
+               keyed: bool = False, refused: list | None = None):
     """(latencies of requests completed in the measured window, errors, window seconds).
+    ``refused``: a list that gets one entry per 503 answer in the window (not an error:
+    an overloaded server's refusal), which is then not waited on again at once.
     ``keyed``: every request carries its own ``X-Rollout-Key`` (benchmarks/bench_rollout.py),
     so a canary answers its share of requests rather than of clients."""
     import aiohttp
@@ -159,13 +161,17 @@ async def load(url: str, body: bytes, clients: int, seconds: float, warmup: floa
                 headers["X-Rollout-Key"] = f"request-{sent_count}"
             async with session.post(url, data=body, headers=headers) as response:
                 await response.read()
-                ok = response.status == 200
+                status = response.status
             done = time.perf_counter()
             if sent >= measure_from:
-                if ok:
+                if status == 200:
                     latencies.append(done - sent)
+                elif status == 503 and refused is not None:
+                    refused.append(done - sent)
                 else:
                     errors += 1
+            if status == 503 and refused is not None:
+                await asyncio.sleep(0.001)  # a real client backs off; 1 ms keeps the pressure
 
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -226,6 +232,34 @@ def stop(process: subprocess.Popen) -> None:
 SERVE, FLOOR, MLFLOW = "cord-ops serve", "minimal scorer", "mlflow models serve"
 
 
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set (VmHWM), MiB; nan where /proc has no such field."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def overload(url: str, rows: np.ndarray, clients: int, seconds: float, pid: int) -> dict:
+    """``clients`` one-row clients against serve's admission limit: admitted requests/s and
+    p99, the share answered 503, timeouts/errors, serve's peak RSS before and after."""
+    body = json.dumps({"inputs": rows.tolist()}).encode()
+    rss_before = peak_rss_mib(pid)
+    refused: list[float] = []
+    latencies, errors, window = asyncio.run(load(url, body, clients, seconds, warmup=1.0,
+                                                 refused=refused))
+    figures = summarise(latencies, errors, window, rows.shape[0])
+    answered = len(latencies) + len(refused)
+    figures.update(refused_share=len(refused) / max(answered, 1),
+                   refused_p99=float(np.percentile(np.asarray(refused) * 1e3, 99))
+                   if refused else float("nan"),
+                   rss_before=rss_before, rss_after=peak_rss_mib(pid))
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell "
@@ -234,6 +268,10 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per cell")
     parser.add_argument("--mlflow", action="store_true", help="also mlflow models serve")
+    parser.add_argument("--overload", type=int, default=256, metavar="CLIENTS",
+                        help="one-row clients of the overload cell (0: none)")
+    parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
+                        help="further options of cord-ops serve (last on the line)")
     parser.add_argument("--minimal-scorer", metavar="GRAPH", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -254,7 +292,7 @@ def main() -> int:
         ports = {name: free_port() for name in servers}
         commands = {
             SERVE: [str(bin_dir / "cord-ops"), "serve", "--model-name", MODEL,
-                    "--port", str(ports[SERVE])],
+                    "--port", str(ports[SERVE]), *args.serve_args],
             FLOOR: [sys.executable, __file__, "--minimal-scorer", str(graph),
                     "--port", str(ports[FLOOR])],
             MLFLOW: [str(bin_dir / "mlflow"), "models", "serve", "-m",
@@ -277,12 +315,15 @@ def main() -> int:
                                                pool[:rows], clients, args.seconds, args.rounds)
                     for name, figures in cell.items():
                         results[name, clients, rows] = figures
+            crowd = overload(urls[SERVE] + "/invocations", pool[:1], args.overload,
+                             args.seconds, processes[SERVE].pid) if args.overload else None
         finally:
             for process in processes.values():
                 stop(process)
 
     print(f"HTTP scoring, K = {K}, VS + CORD float32, {os.cpu_count()} CPUs, "
-          f"{args.seconds:g} s per cell and server in {args.rounds} alternating rounds")
+          f"{args.seconds:g} s per cell and server in {args.rounds} alternating rounds; "
+          f"serve options: {' '.join(args.serve_args) or 'defaults'}")
     header = (f"{'server':<20}{'rows/req':>9}{'clients':>8}{'req/s':>9}{'rows/s':>10}"
               f"{'p50 ms':>9}{'p99 ms':>9}{'errors':>7}{'load':>6}")
     print(header)
@@ -300,6 +341,14 @@ def main() -> int:
             print(f"{rows:>9}{clients:>8}{ours['rps'] / max(floor['rps'], 1e-9):>7.2f}x"
                   f"{ours['p50'] / floor['p50']:>7.2f}x{ours['p99'] / floor['p99']:>7.2f}x"
                   f"{ours['load']:>6.1f}")
+    if crowd is not None:
+        print()
+        print(f"overload: {args.overload} one-row clients on cord-ops serve for "
+              f"{args.seconds:g} s: admitted {crowd['rps']:.0f} req/s, p50 "
+              f"{crowd['p50']:.2f} ms, p99 {crowd['p99']:.2f} ms; 503 share "
+              f"{crowd['refused_share']:.1%} (p99 {crowd['refused_p99']:.2f} ms); other "
+              f"errors {crowd['errors']}; serve peak RSS {crowd['rss_before']:.0f} -> "
+              f"{crowd['rss_after']:.0f} MiB; load {crowd['load']:.1f}")
     return 0
 
 
