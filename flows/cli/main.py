@@ -647,6 +647,8 @@ def validate_serve(args) -> None:
     label_free_cli.check_monitor_window(args.monitor_window)
     if args.shadow_queue < 0:
         raise ValueError(f"--shadow-queue: expected an integer >= 0, got {args.shadow_queue}")
+    if args.workers < 1:
+        raise ValueError(f"--workers: expected a positive integer, got {args.workers}")
     if args.token_file:
         from flows.serving.access import read_token_file
 
@@ -668,7 +670,8 @@ def cmd_serve(args) -> int:
           provider=args.provider, monitor_window=args.monitor_window,
           shadow_queue=args.shadow_queue, token_file=args.token_file,
           allowed_hosts=tuple(args.allowed_hosts), require_token=args.require_token,
-          max_inflight=args.max_inflight, max_body_bytes=args.max_body_bytes)
+          max_inflight=args.max_inflight, max_body_bytes=args.max_body_bytes,
+          workers=args.workers)
     return 0
 
 

@@ -202,6 +202,9 @@ def add_serve(sub) -> None:
     p.add_argument("--max-body-bytes", type=int, default=64 * 2**20,
                    help="largest request body; bigger: 413 before it is read whole "
                         "(default: 64 MiB)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes on the one port, each following the alias "
+                        "(default: 1)")
     p.add_argument("--allowed-hosts", nargs="+", default=[], metavar="HOST",
                    help="Host header names answered besides localhost, 127.0.0.1, ::1 and "
                         "the bound address (*: any)")

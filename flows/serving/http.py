@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import tempfile
 import threading
 import time
@@ -281,6 +282,8 @@ class Metrics:
                              registry=r)
         self.swap_failures = Counter("cord_serve_swap_failures",
                                      "Versions that failed to load or verify", registry=r)
+        self.worker = Gauge("cord_serve_worker", "The worker process answering this "
+                            "scrape under --workers (value 1)", ["worker"], registry=r)
         self.poll_errors = Counter("cord_serve_poll_errors",
                                    "Registry polls that could not reach the store", registry=r)
         self._info_labels: tuple[str, ...] | None = None
@@ -750,7 +753,7 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
           monitor_window: int = 0, shadow_queue: int | None = None,
           token_file: str | None = None, allowed_hosts: tuple[str, ...] = (),
           require_token: bool = False, max_inflight: int = DEFAULT_MAX_INFLIGHT,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, workers: int = 1) -> None:
     """Run the server until SIGTERM/SIGINT, then return (after "stopped serving"), as
     ``cord-ops schedule`` does: a stop asked for is a clean exit. Raises before binding
     when the options are bad, before loading anything when the port is taken, and before
@@ -761,15 +764,16 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
     shadow queue of ``shadow_queue`` request copies (default
     :data:`flows.serving.rollout.DEFAULT_SHADOW_QUEUE`; 0: rollouts are not followed).
     ``token_file``, ``allowed_hosts`` and ``require_token``: :func:`flows.serving.access.
-    resolve`."""
-    import signal
-
+    resolve`. ``workers`` > 1 runs that many worker processes on the one listening socket
+    (:func:`_supervise`); each limit (``max_inflight``) is per worker."""
     check_options(port, poll_interval, batch_window, batch_max_rows, max_inflight,
                   max_body_bytes)
     if shadow_queue is not None and shadow_queue < 0:
         raise ValueError(f"--shadow-queue: expected an integer >= 0, got {shadow_queue}")
     if provider not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--provider: expected auto, cpu or cuda, got {provider!r}")
+    if workers < 1:
+        raise ValueError(f"--workers: expected a positive integer, got {workers}")
     sock = bind(host, port)  # held from here on: nothing can take the port meanwhile
     access = None
     try:
@@ -777,45 +781,151 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
 
         access = serve_access.resolve(tracking_uri, sock.getsockname()[1], host, token_file,
                                       tuple(allowed_hosts), require_token)
-        import uvicorn
         from mlflow import MlflowClient
 
         MlflowClient(tracking_uri).get_registered_model(name)  # a typo fails here, not later
-        metrics = Metrics()
-        follower = RegistryFollower(tracking_uri, name, alias, poll_interval, metrics,
-                                    provider)
-        traffic = None
-        if monitor_window:
-            from flows.serving.traffic import TrafficMonitor
-
-            traffic = TrafficMonitor(tracking_uri, name, monitor_window)
-        from flows.serving.rollout import DEFAULT_SHADOW_QUEUE, RolloutController
-
-        queue_size = DEFAULT_SHADOW_QUEUE if shadow_queue is None else shadow_queue
-        controller = RolloutController(follower, metrics, load_version, VersionRejected,
-                                       OUTPUTS, queue_size) if queue_size else None
-        app = build_app(follower, metrics, batch_window, batch_max_rows, traffic,
-                        controller, access, max_inflight, max_body_bytes)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE,
-                                lifespan="on")
-        server = uvicorn.Server(config)
+        settings = {"tracking_uri": tracking_uri, "name": name, "alias": alias, "host": host,
+                    "port": port, "poll_interval": poll_interval,
+                    "batch_window": batch_window, "batch_max_rows": batch_max_rows,
+                    "provider": provider, "monitor_window": monitor_window,
+                    "shadow_queue": shadow_queue, "max_inflight": max_inflight,
+                    "max_body_bytes": max_body_bytes, "hosts": sorted(access.hosts),
+                    "require_token": require_token}
         RegistryFollower._log(f"{name}@{alias} on http://{host}:{port} (tracking "
-                              f"{redact(tracking_uri)}, polling every {poll_interval:g} s)")
+                              f"{redact(tracking_uri)}, polling every {poll_interval:g} s"
+                              f"{f', {workers} workers' if workers > 1 else ''})")
         RegistryFollower._log(f"token for POST /monitor/flush"
                               f"{' and /invocations' if require_token else ''}: {access.source}")
-        # uvicorn shuts down on SIGTERM/SIGINT and then re-raises the signal to the handler
-        # in place before it ran; this one only records it, so the stop ends in a return.
-        stops: list[int] = []
-        previous = {signum: signal.signal(signum, lambda signum, frame: stops.append(signum))
-                    for signum in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            server.run(sockets=[sock])
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        if workers == 1:
+            _serve_on(sock, settings, access)
+        else:
+            _supervise(sock, settings, access, workers)
         RegistryFollower._log("stopped serving")
     finally:
         if access is not None:
             access.forget()
         sock.close()
+
+
+def _serve_on(sock, settings: dict, access: Access, worker: int | None = None) -> None:
+    """Serve on the listening ``sock`` until SIGTERM/SIGINT (one process, or one worker)."""
+    import signal
+
+    import uvicorn
+
+    tracking_uri, name = settings["tracking_uri"], settings["name"]
+    metrics = Metrics()
+    if worker is not None:
+        metrics.worker.labels(str(worker)).set(1)
+    follower = RegistryFollower(tracking_uri, name, settings["alias"],
+                                settings["poll_interval"], metrics, settings["provider"])
+    traffic = None
+    if settings["monitor_window"]:
+        from flows.serving.traffic import TrafficMonitor
+
+        traffic = TrafficMonitor(tracking_uri, name, settings["monitor_window"])
+    from flows.serving.rollout import DEFAULT_SHADOW_QUEUE, RolloutController
+
+    shadow_queue = settings["shadow_queue"]
+    queue_size = DEFAULT_SHADOW_QUEUE if shadow_queue is None else shadow_queue
+    controller = RolloutController(follower, metrics, load_version, VersionRejected,
+                                   OUTPUTS, queue_size) if queue_size else None
+    app = build_app(follower, metrics, settings["batch_window"], settings["batch_max_rows"],
+                    traffic, controller, access, settings["max_inflight"],
+                    settings["max_body_bytes"])
+    config = uvicorn.Config(app, host=settings["host"], port=settings["port"],
+                            log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE, lifespan="on")
+    server = uvicorn.Server(config)
+    # uvicorn shuts down on SIGTERM/SIGINT and then re-raises the signal to the handler
+    # in place before it ran; this one only records it, so the stop ends in a return.
+    stops: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: stops.append(signum))
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+#: The environment variable that hands a worker its settings (JSON, no secret in it).
+WORKER_ENV = "CORD_OPS_SERVE_WORKER"
+#: A worker whose supervisor is gone stops within this many seconds.
+ORPHAN_CHECK_S = 1.0
+
+
+def _supervise(sock, settings: dict, access: Access, workers: int) -> None:
+    """Run ``workers`` worker processes on the one listening ``sock`` (the kernel hands
+    each new connection to one of the processes waiting on it) until SIGTERM/SIGINT;
+    a worker that dies is started again.
+
+    A worker is a fresh interpreter (:func:`worker_main`), not a fork: this process has
+    talked to the store, and a forked copy of its open connections is not safe to use.
+    The token goes to the workers in their environment (readable by this user only), the
+    settings in :data:`WORKER_ENV`."""
+    import json as json_module
+    import signal
+    import subprocess
+    import sys
+
+    from flows.serving.access import TOKEN_ENV
+
+    stops: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: stops.append(signum))
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def start(index: int) -> subprocess.Popen:
+        env = {**os.environ, TOKEN_ENV: access.token,
+               WORKER_ENV: json_module.dumps({**settings, "fd": sock.fileno(),
+                                              "worker": index})}
+        return subprocess.Popen([sys.executable, "-c",
+                                 "from flows.serving.http import worker_main; worker_main()"],
+                                pass_fds=(sock.fileno(),), env=env)
+
+    running = {index: start(index) for index in range(workers)}
+    try:
+        while not stops:
+            for index, process in list(running.items()):
+                if process.poll() is not None and not stops:
+                    RegistryFollower._log(f"worker {index} exited with {process.returncode}; "
+                                          f"starting it again")
+                    running[index] = start(index)
+            time.sleep(0.2)
+    finally:
+        for process in running.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + SHUTDOWN_GRACE + 2.0
+        for process in running.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def worker_main() -> None:
+    """One worker of :func:`_supervise`: serve on the inherited socket; stop when the
+    supervisor is gone (killed outright, it cannot tell its workers)."""
+    import signal
+    import socket
+
+    from flows.serving.access import TOKEN_ENV
+
+    settings = json.loads(os.environ.pop(WORKER_ENV))
+    token = os.environ.pop(TOKEN_ENV)
+    access = Access(token=token, hosts=frozenset(settings["hosts"]),
+                    require_token=settings["require_token"])
+    sock = socket.socket(fileno=settings["fd"])
+    supervisor = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == supervisor:
+            time.sleep(ORPHAN_CHECK_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True, name="supervisor-watch").start()
+    _serve_on(sock, settings, access, worker=settings["worker"])
