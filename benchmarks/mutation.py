@@ -124,6 +124,7 @@ MODULES: dict[str, list[str]] = {
     # starts Prefect's test server once per process)
     "flows/runtime/warm_access.py": ["tests/flows/test_warm_access.py"],
     "flows/runtime/credential.py": ["tests/flows/test_credential.py"],
+    "flows/serving/access.py": ["tests/flows/test_serve_access.py"],
     "flows/runtime/pinned.py": [
         "tests/flows/test_schedule.py::test_differences_name_every_parameter_changed_added_or_left_out",  # noqa: E501
         "tests/flows/test_schedule.py::test_outside_a_flow_run_there_is_nothing_to_check",
@@ -280,6 +281,11 @@ _P_ETA_ONE = ("at eta = 1 both forms are sqrt(g) to rounding, an estimate the sc
               "for (7.5 u per row)")
 
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
+# Reasons shared by flows/serving/access.py's equivalent survivors.
+_ONE_COLON = ("under host.count(':') == 1 split and rsplit, with any maxsplit, cut at the "
+              "same colon")
+_HEADERS_ANY_CASE = "Starlette's Headers look names up case-insensitively"
+
 ACCEPTED: dict[str, str] = {
     # cord_ops/cord_solve.py: the screen is an optimisation; the exact mean decides the same
     # way
@@ -730,6 +736,27 @@ ACCEPTED: dict[str, str] = {
         _ARGPARSE_SILENT,
     "flows/runtime/warm_access.py::command_of::with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink): -> with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(None):":  # noqa: E501 - a key is one source line
         _ARGPARSE_SILENT,
+    # flows/serving/access.py (issue 42 item 3)
+    'flows/serving/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.rsplit(":", )[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
+        _ONE_COLON,
+    'flows/serving/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.split(":", 1)[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
+        _ONE_COLON,
+    'flows/serving/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.rsplit(":", 2)[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
+        _ONE_COLON,
+    'flows/serving/access.py::resolve::token = secrets.token_urlsafe(32) -> token = secrets.token_urlsafe(None)':  # noqa: E501 - a key is one source line
+        "secrets' default entropy is 32 bytes: the same 43-character token",
+    'flows/serving/access.py::Access.local::return cls(token=token or secrets.token_urlsafe(32), hosts=frozenset(hosts), -> return cls(token=token or secrets.token_urlsafe(None), hosts=frozenset(hosts),':  # noqa: E501 - a key is one source line
+        "secrets' default entropy is 32 bytes: the same 43-character token",
+    'flows/serving/access.py::Access.authorized::scheme, _, given = (authorization or "").partition(" ") -> scheme, _, given = (authorization or "XXXX").partition(" ")':  # noqa: E501 - a key is one source line
+        "no header: scheme \"\" or \"XXXX\", neither is bearer, refused either way",
+    'flows/serving/access.py::Access.host_refusal::name = _host_name(host.decode("latin-1")) -> name = _host_name(host.decode("LATIN-1"))':  # noqa: E501 - a key is one source line
+        "codec names are case-insensitive",
+    'flows/serving/access.py::Access.local::hosts = set(LOCAL_HOSTS) | {h.strip().lower().strip("[]") for h in allowed_hosts -> hosts = set(LOCAL_HOSTS) | {h.strip().lower().strip("XX[]XX") for h in allowed_hosts':  # noqa: E501 - a key is one source line
+        "the name is lowercased first: no \"X\" is left to strip",
+    'flows/serving/access.py::Access.post_refusal::media = headers.get("content-type", "").split(";")[0].strip().lower() -> media = headers.get("CONTENT-TYPE", "").split(";")[0].strip().lower()':  # noqa: E501 - a key is one source line
+        _HEADERS_ANY_CASE,
+    'flows/serving/access.py::Access.post_refusal::if token and not self.authorized(headers.get("authorization")): -> if token and not self.authorized(headers.get("AUTHORIZATION")):':  # noqa: E501 - a key is one source line
+        _HEADERS_ANY_CASE,
     # flows/runtime/credential.py (issue 42)
     'flows/runtime/credential.py::new::return f"{USER}:{secrets.token_urlsafe(32)}" -> return f"{USER}:{secrets.token_urlsafe(None)}"':  # noqa: E501 - a key is one source line
         "secrets' default entropy is 32 bytes: the same 43-character password",

@@ -65,7 +65,7 @@ class Access:
         hosts = set(LOCAL_HOSTS) | {h.strip().lower().strip("[]") for h in allowed_hosts
                                     if h.strip()}
         if bound and bound not in ("0.0.0.0", "::"):
-            hosts.add(bound.lower().strip("[]"))
+            hosts.add(bound.lower())
         return cls(token=token or secrets.token_urlsafe(32), hosts=frozenset(hosts),
                    require_token=require_token)
 
@@ -108,10 +108,13 @@ class Access:
 
 
 def _host_name(host: str) -> str:
-    """The name of a Host header, without the port: ``[::1]:5005`` -> ``::1``."""
+    """The name of a Host header, without the port: ``[::1]:5005`` -> ``::1``. A header
+    that is neither ``name[:port]`` nor ``[address][:port]`` comes back whole (and so
+    matches no allowed name)."""
     host = host.strip().lower()
     if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
+        name, bracket, rest = host[1:].partition("]")
+        return name if bracket and (not rest or rest.startswith(":")) else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 

@@ -777,13 +777,13 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
     sock = bind(host, port)  # held from here on: nothing can take the port meanwhile
     access = None
     try:
-        from flows.serving import access as serve_access
-
-        access = serve_access.resolve(tracking_uri, sock.getsockname()[1], host, token_file,
-                                      tuple(allowed_hosts), require_token)
         from mlflow import MlflowClient
 
+        from flows.serving import access as serve_access
+
         MlflowClient(tracking_uri).get_registered_model(name)  # a typo fails here, not later
+        access = serve_access.resolve(tracking_uri, sock.getsockname()[1], host, token_file,
+                                      tuple(allowed_hosts), require_token)
         settings = {"tracking_uri": tracking_uri, "name": name, "alias": alias, "host": host,
                     "port": port, "poll_interval": poll_interval,
                     "batch_window": batch_window, "batch_max_rows": batch_max_rows,

@@ -125,7 +125,7 @@ def test_a_new_token_is_owner_only_in_the_state_folder_and_removed(tmp_path, mon
     access = serve_access.resolve(uri, 5123, "127.0.0.1", None, (), False)
     made = tmp_path / "store" / "prefect" / "serve-5123.token"
     assert access.made == made and access.source == str(made)
-    assert made.read_text() == access.token and len(access.token) >= 40
+    assert made.read_text() == access.token and len(access.token) == 43  # 256 bits
     assert stat.S_IMODE(made.stat().st_mode) == 0o600
     assert stat.S_IMODE(made.parent.stat().st_mode) == 0o700
     assert access.token not in repr(access)
@@ -133,6 +133,7 @@ def test_a_new_token_is_owner_only_in_the_state_folder_and_removed(tmp_path, mon
     assert again.token != access.token  # one per start
     access.forget()
     assert not made.exists()
+    access.forget()  # twice: nothing left to remove is no error
 
 
 def test_a_token_from_the_environment_or_a_file(tmp_path, monkeypatch):
@@ -155,3 +156,81 @@ def test_a_token_from_the_environment_or_a_file(tmp_path, monkeypatch):
         serve_access.resolve(uri, 5123, "127.0.0.1", str(path), (), False)
     with pytest.raises(serve_access.AccessError, match="cannot read"):
         serve_access.read_token_file(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(("header", "name"), [
+    ("Example.COM", "example.com"), ("example.com:80", "example.com"), ("::1", "::1"),
+    ("[::1]", "::1"), ("[::1]:5005", "::1"), ("[fe80::1]:80", "fe80::1"),
+    ("[::1", "[::1"), ("[::1]x]", "[::1]x]"), ("[::1]]:80", "[::1]]:80")])
+def test_host_names_are_read_without_the_port(header, name):
+    assert serve_access._host_name(header) == name
+
+
+def test_which_hosts_are_answered():
+    assert len(serve_access.Access.local().token) == 43  # none given: 256 unknown bits
+    local = serve_access.Access.local(TOKEN)
+    assert local.hosts == serve_access.LOCAL_HOSTS and not local.require_token
+    for wildcard in ("0.0.0.0", "::"):  # every address: no name of its own
+        assert serve_access.Access.local(TOKEN, wildcard).hosts == serve_access.LOCAL_HOSTS
+    named = serve_access.Access.local(TOKEN, "Scorer.Local", (" [FE80::1] ", "", "b.example"))
+    assert named.hosts == serve_access.LOCAL_HOSTS | {"scorer.local", "fe80::1", "b.example"}
+    assert named.host_refusal([(b"host", b"[fe80::1]:80")]) is None
+    assert named.host_refusal([(b"host", b"SCORER.local:5005")]) is None
+    assert serve_access.Access.local(TOKEN).host_refusal([]) == (
+        400, "bad_host", "the request has no Host header")
+    assert serve_access.Access.local(TOKEN).host_refusal([(b"host", b"a.example:1")]) == (
+        421, "bad_host", "host 'a.example' is not one this server answers to; start serve "
+                         "with --allowed-hosts a.example to allow it")
+
+
+def test_the_refusals_of_a_post_name_what_to_send():
+    from starlette.datastructures import Headers
+
+    access = serve_access.Access.local(TOKEN)
+    assert access.post_refusal(Headers({"content-type": "application/json"})) == (
+        401, "unauthorized", "missing or wrong token: send 'Authorization: Bearer <token>' "
+                             "(the token serve printed the place of)")
+    authorized = {"authorization": f"bearer  {TOKEN}"}  # any case, more than one space
+    assert access.post_refusal(Headers(authorized)) == (
+        415, "unsupported_media_type", "content-type 'missing': expected application/json")
+    assert access.post_refusal(Headers({**authorized, "content-type": "Text/Plain; a=b"})) \
+        == (415, "unsupported_media_type", "content-type 'text/plain': expected "
+                                            "application/json")
+    assert access.post_refusal(Headers({**authorized, "content-type":
+                                        "application/json; charset=utf-8"})) is None
+    assert access.post_refusal(Headers({"content-type": "application/json"}),
+                               token=False) is None
+    assert not access.authorized(None) and not access.authorized(f"Basic {TOKEN}")
+
+
+def test_resolve_keeps_the_options(tmp_path, monkeypatch):
+    monkeypatch.setenv(serve_access.TOKEN_ENV, TOKEN)
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    access = serve_access.resolve(uri, 5123, "10.0.0.5", None, ("b.example",), True)
+    assert access.require_token is True
+    assert access.hosts == serve_access.LOCAL_HOSTS | {"10.0.0.5", "b.example"}
+    access.forget()  # not serve's file: nothing to remove, nothing removed
+    monkeypatch.setenv(serve_access.TOKEN_ENV, "x" * (serve_access.MIN_TOKEN_CHARS - 1))
+    with pytest.raises(serve_access.AccessError) as refused:
+        serve_access.resolve(uri, 5123, "127.0.0.1", None, (), False)
+    assert str(refused.value) == (f"{serve_access.TOKEN_ENV}: expected a token of at least "
+                                  f"16 characters without spaces")
+    monkeypatch.setenv(serve_access.TOKEN_ENV, "x" * serve_access.MIN_TOKEN_CHARS)
+    assert serve_access.resolve(uri, 5123, "127.0.0.1", None, (), False).token == "x" * 16
+    monkeypatch.setenv(serve_access.TOKEN_ENV, "x" * 10 + " " + "x" * 10)
+    with pytest.raises(serve_access.AccessError, match="without spaces"):
+        serve_access.resolve(uri, 5123, "127.0.0.1", None, (), False)
+
+
+def test_token_file_refusals_name_the_file(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("short")
+    path.chmod(0o600)
+    with pytest.raises(serve_access.AccessError) as refused:
+        serve_access.read_token_file(path)
+    assert str(refused.value) == (f"--token-file {path}: expected a token of at least 16 "
+                                  f"characters without spaces")
+    with pytest.raises(serve_access.AccessError) as missing:
+        serve_access.read_token_file(tmp_path / "missing")
+    assert str(missing.value) == (f"--token-file {tmp_path / 'missing'}: cannot read it "
+                                  f"(No such file or directory)")
