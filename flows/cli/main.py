@@ -643,7 +643,8 @@ def validate_serve(args) -> None:
     from flows.serving.http import bind, check_options
 
     check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
-                  args.batch_max_rows, args.max_inflight, args.max_body_bytes)
+                  args.batch_max_rows, args.max_inflight, args.max_body_bytes,
+                  args.max_rows)
     label_free_cli.check_monitor_window(args.monitor_window)
     if args.shadow_queue < 0:
         raise ValueError(f"--shadow-queue: expected an integer >= 0, got {args.shadow_queue}")
@@ -671,7 +672,7 @@ def cmd_serve(args) -> int:
           shadow_queue=args.shadow_queue, token_file=args.token_file,
           allowed_hosts=tuple(args.allowed_hosts), require_token=args.require_token,
           max_inflight=args.max_inflight, max_body_bytes=args.max_body_bytes,
-          workers=args.workers)
+          workers=args.workers, max_rows=args.max_rows)
     return 0
 
 

@@ -202,6 +202,9 @@ def add_serve(sub) -> None:
     p.add_argument("--max-body-bytes", type=int, default=64 * 2**20,
                    help="largest request body; bigger: 413 before it is read whole "
                         "(default: 64 MiB)")
+    p.add_argument("--max-rows", type=int, default=65536,
+                   help="most rows in one request; more: 413 before any row is converted "
+                        "(default: 65536)")
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes on the one port, each following the alias "
                         "(default: 1)")

@@ -71,11 +71,15 @@ PROBE_ROWS = 256
 #: The micro-batching lane of the served (champion) version's requests.
 MAIN_LANE = "main"
 ERROR_REASONS = (*REASONS, "bad_json", "unsupported_media_type", "no_model", "internal",
-                 "bad_host", "unauthorized", "overloaded", "too_large", "slow_body")
+                 "bad_host", "unauthorized", "overloaded", "too_large", "slow_body",
+                 "too_many_rows")
 #: Scoring requests admitted at once (read, queued or being scored); more get 503 at once.
 DEFAULT_MAX_INFLIGHT = 128
 #: Largest request body; a bigger one is refused (413) before it is read whole.
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+#: Most rows in one request, counted in the decoded JSON before any row is converted or
+#: checked.
+DEFAULT_MAX_ROWS = 65536
 #: Longest wait for a request's body once its headers arrived: a client sending it byte by
 #: byte would hold its admission slot for ever.
 BODY_TIMEOUT = 10.0
@@ -519,10 +523,18 @@ def _decode(body: bytes):
         return json.loads(body)
 
 
+def _row_count(batch) -> int:
+    """Rows of a :func:`flows.serving.contract.from_payload` batch: a list of rows, or a
+    one-input dict of them (what is not a list counts as one row; the contract judges it)."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    return len(batch) if isinstance(batch, list) else 1
+
+
 def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
               batch_max_rows: int, traffic=None, rollout=None, access: Access | None = None,
               max_inflight: int = DEFAULT_MAX_INFLIGHT,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_rows: int = DEFAULT_MAX_ROWS):
     """The ASGI application; the follower (and ``rollout``, a
     :class:`flows.serving.rollout.RolloutController`, when given) is started and stopped with
     it. ``traffic`` (a :class:`flows.serving.traffic.TrafficMonitor`) watches the answers
@@ -531,7 +543,8 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
     At most ``max_inflight`` scoring requests are admitted at once (more: 503 with
     Retry-After, not a queue whose wait grows without bound), each body at most
     ``max_body_bytes`` (413, judged from Content-Length before reading, else while
-    reading) and read within :data:`BODY_TIMEOUT` (408)."""
+    reading) and read within :data:`BODY_TIMEOUT` (408), with at most ``max_rows`` rows
+    (413, counted before the rows are converted)."""
     import contextlib
 
     import orjson
@@ -614,7 +627,12 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
             except ValueError as exc:
                 return refuse(400, "bad_json", f"request body is not JSON ({exc})")
             try:
-                scores = score_matrix(from_payload(payload), model.contract)
+                batch = from_payload(payload)
+                rows = _row_count(batch)
+                if rows > max_rows:
+                    return refuse(413, "too_many_rows", f"{rows} rows in one request: at most "
+                                                        f"{max_rows} (--max-rows)")
+                scores = score_matrix(batch, model.contract)
             except ScoringInputError as exc:
                 return refuse(400, exc.reason, str(exc))
             batcher.arriving -= 1
@@ -710,7 +728,8 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
 
 def check_options(port: int, poll_interval: float, batch_window: float,
                   batch_max_rows: int, max_inflight: int = DEFAULT_MAX_INFLIGHT,
-                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                  max_rows: int = DEFAULT_MAX_ROWS) -> None:
     """Raise ValueError naming the first bad option."""
     if not 0 <= port <= 65535:
         raise ValueError(f"--port: expected 0..65535, got {port}")
@@ -724,6 +743,8 @@ def check_options(port: int, poll_interval: float, batch_window: float,
         raise ValueError(f"--max-inflight: expected a positive integer, got {max_inflight}")
     if max_body_bytes < 1:
         raise ValueError(f"--max-body-bytes: expected a positive integer, got {max_body_bytes}")
+    if max_rows < 1:
+        raise ValueError(f"--max-rows: expected a positive integer, got {max_rows}")
 
 
 def bind(host: str, port: int):
@@ -753,7 +774,8 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
           monitor_window: int = 0, shadow_queue: int | None = None,
           token_file: str | None = None, allowed_hosts: tuple[str, ...] = (),
           require_token: bool = False, max_inflight: int = DEFAULT_MAX_INFLIGHT,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, workers: int = 1) -> None:
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, workers: int = 1,
+          max_rows: int = DEFAULT_MAX_ROWS) -> None:
     """Run the server until SIGTERM/SIGINT, then return (after "stopped serving"), as
     ``cord-ops schedule`` does: a stop asked for is a clean exit. Raises before binding
     when the options are bad, before loading anything when the port is taken, and before
@@ -767,7 +789,7 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
     resolve`. ``workers`` > 1 runs that many worker processes on the one listening socket
     (:func:`_supervise`); each limit (``max_inflight``) is per worker."""
     check_options(port, poll_interval, batch_window, batch_max_rows, max_inflight,
-                  max_body_bytes)
+                  max_body_bytes, max_rows)
     if shadow_queue is not None and shadow_queue < 0:
         raise ValueError(f"--shadow-queue: expected an integer >= 0, got {shadow_queue}")
     if provider not in ("auto", "cpu", "cuda"):
@@ -789,7 +811,8 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
                     "batch_window": batch_window, "batch_max_rows": batch_max_rows,
                     "provider": provider, "monitor_window": monitor_window,
                     "shadow_queue": shadow_queue, "max_inflight": max_inflight,
-                    "max_body_bytes": max_body_bytes, "hosts": sorted(access.hosts),
+                    "max_body_bytes": max_body_bytes, "max_rows": max_rows,
+                    "hosts": sorted(access.hosts),
                     "require_token": require_token}
         RegistryFollower._log(f"{name}@{alias} on http://{host}:{port} (tracking "
                               f"{redact(tracking_uri)}, polling every {poll_interval:g} s"
@@ -832,7 +855,7 @@ def _serve_on(sock, settings: dict, access: Access, worker: int | None = None) -
                                    OUTPUTS, queue_size) if queue_size else None
     app = build_app(follower, metrics, settings["batch_window"], settings["batch_max_rows"],
                     traffic, controller, access, settings["max_inflight"],
-                    settings["max_body_bytes"])
+                    settings["max_body_bytes"], settings["max_rows"])
     config = uvicorn.Config(app, host=settings["host"], port=settings["port"],
                             log_level="warning", access_log=False,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE, lifespan="on")

@@ -181,3 +181,22 @@ def test_a_slow_client_holds_no_one_up_and_times_out(session, digits, monkeypatc
             assert _status(slow) == 408
         assert 'cord_serve_errors_total{reason="slow_body"} 1.0' in \
             httpx.get(f"{url}/metrics").text
+
+
+def test_too_many_rows_are_refused_before_they_are_converted(session, digits):
+    rows = digits.scores[:4].tolist()
+    with _serving(session, max_rows=3) as (url, metrics):
+        for payload in ({"inputs": rows}, {"inputs": {"scores": rows}},
+                        {"dataframe_split": {"columns": [f"c{j}" for j in range(10)],
+                                             "data": rows}}):
+            refused = httpx.post(f"{url}/invocations", json=payload, timeout=WAIT)
+            assert refused.status_code == 413, (payload.keys(), refused.text)
+            assert refused.json() == {"error": "4 rows in one request: at most 3 (--max-rows)",
+                                      "reason": "too_many_rows"}
+        # a row the contract would refuse (NaN) is not looked at: the count refuses first
+        assert httpx.post(f"{url}/invocations", json={"inputs": [[None] * 10] * 4},
+                          timeout=WAIT).json()["reason"] == "too_many_rows"
+        assert httpx.post(f"{url}/invocations", json={"inputs": rows[:3]},
+                          timeout=WAIT).status_code == 200
+        assert 'cord_serve_errors_total{reason="too_many_rows"} 4.0' in \
+            httpx.get(f"{url}/metrics").text
