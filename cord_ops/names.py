@@ -11,6 +11,22 @@ order and refuses to import if a family's ``name`` is missing here (or the other
 CALIBRATOR_NAMES = ("vs", "svs", "ms", "sms", "dir-odir", "irova", "irova-ts", "ts", "irm",
                     "ts-tva", "mcct-i")
 
+#: The map with no parameters: the classifier's own probabilities (softmax of its logits,
+#: or its probability rows renormalised). Not one of the paper's families, so not in
+#: CALIBRATOR_NAMES (the reproduction and the per-family tables iterate those); it is what
+#: every family is compared against and what is served when none improves a model.
+IDENTITY = "identity"
+
+#: Every calibrator that can be fitted, registered and exported: the families and identity.
+FAMILY_NAMES = (*CALIBRATOR_NAMES, IDENTITY)
+
+#: ``--calibrator auto``: the family is chosen per model by cross-validation on the
+#: calibration split (``cord_ops.select``).
+AUTO = "auto"
+
+#: What ``--calibrator`` and ``CORDCalibratedClassifier(calibrator=...)`` accept.
+CALIBRATOR_CHOICES = (AUTO, *FAMILY_NAMES)
+
 #: Calibrators whose map never changes a row's top-1 class (up to float64 ties).
 TOP1_PRESERVING = ("ts", "irm", "ts-tva", "mcct-i")
 

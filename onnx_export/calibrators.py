@@ -48,6 +48,16 @@ def _temperature(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
     return _tempered(gb, x, cal, cal.beta_, out=out)
 
 
+def _identity(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
+    """``identity``: softmax(z) of logits (the row max subtracted first, as ``_tempered``
+    does, in float32), or p / sum p of probabilities (no log, so an exact zero stays 0)."""
+    if cal.input_kind == "probs":
+        return gb.op("Div", x, gb.row_sum(x, hint="p_sum"), hint="renormalised", out=out)
+    if gb.dtype == np.float32:
+        x = gb.sub(x, gb.row_max(x), hint="z_shifted")
+    return gb.softmax(x, out=out)
+
+
 def _affine_map(gb: GraphBuilder, features: str, cal, out: str | None) -> str:
     """softmax(x * w + b) for a weight vector, softmax(x @ W.T + b) for a matrix."""
     weights = np.asarray(cal.weights_)
@@ -154,6 +164,7 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
+    "identity": Family(_identity, keeps_top1=True, float64_inside=False),
     "ts": Family(_temperature, keeps_top1=True, float64_inside=False),
     "vs": Family(_affine, keeps_top1=False, float64_inside=False),
     "ms": Family(_affine, keeps_top1=False, float64_inside=True),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from cord_ops.calibrators._base import PROB_FLOOR, Calibrator, ConvergenceWarning, NotFittedError
 from cord_ops.calibrators.dirichlet import DirichletODIR
+from cord_ops.calibrators.identity import IdentityCalibrator
 from cord_ops.calibrators.isotonic import (
     IsotonicMultiClass,
     IsotonicOneVsRest,
@@ -24,7 +25,7 @@ from cord_ops.calibrators.structured import StructuredMatrixScaling, StructuredV
 from cord_ops.calibrators.temperature import TemperatureScaling
 from cord_ops.calibrators.topversusall import TemperatureScalingTvA
 from cord_ops.calibrators.vector import VectorScaling
-from cord_ops.names import CALIBRATOR_NAMES, TOP1_PRESERVING
+from cord_ops.names import CALIBRATOR_NAMES, FAMILY_NAMES, IDENTITY, TOP1_PRESERVING
 
 _FAMILIES: dict[str, type[Calibrator]] = {
     cls.name: cls
@@ -46,16 +47,19 @@ _FAMILIES: dict[str, type[Calibrator]] = {
 if set(_FAMILIES) != set(CALIBRATOR_NAMES):
     raise ImportError(f"cord_ops.names.CALIBRATOR_NAMES {CALIBRATOR_NAMES} does not match the "
                       f"calibrator families {tuple(_FAMILIES)}")
-#: The registry, in the paper's order (``cord_ops.names.CALIBRATOR_NAMES``).
+#: The paper's families, in the paper's order (``cord_ops.names.CALIBRATOR_NAMES``).
 CALIBRATORS: dict[str, type[Calibrator]] = {name: _FAMILIES[name] for name in CALIBRATOR_NAMES}
+#: Everything ``make_calibrator`` builds: the families, then the identity map
+#: (``cord_ops.names.FAMILY_NAMES``).
+REGISTRY: dict[str, type[Calibrator]] = {**CALIBRATORS, IDENTITY: IdentityCalibrator}
 
 
 def _lookup(name) -> type[Calibrator]:
     try:
-        return CALIBRATORS[name]
+        return REGISTRY[name]
     except (KeyError, TypeError):
         raise ValueError(
-            f"unknown calibrator {name!r}; expected one of {', '.join(CALIBRATOR_NAMES)}"
+            f"unknown calibrator {name!r}; expected one of {', '.join(FAMILY_NAMES)}"
         ) from None
 
 
@@ -82,11 +86,15 @@ def calibrator_from_dict(d: dict) -> Calibrator:
 __all__ = [
     "CALIBRATORS",
     "CALIBRATOR_NAMES",
+    "FAMILY_NAMES",
+    "IDENTITY",
     "PROB_FLOOR",
+    "REGISTRY",
     "TOP1_PRESERVING",
     "Calibrator",
     "ConvergenceWarning",
     "DirichletODIR",
+    "IdentityCalibrator",
     "IsotonicMultiClass",
     "IsotonicOneVsRest",
     "IsotonicOneVsRestTS",

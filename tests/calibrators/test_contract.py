@@ -12,6 +12,8 @@ import pytest
 from cord_ops.calibrators import (
     CALIBRATOR_NAMES,
     CALIBRATORS,
+    FAMILY_NAMES,
+    REGISTRY,
     ConvergenceWarning,
     calibrator_from_dict,
     make_calibrator,
@@ -19,7 +21,7 @@ from cord_ops.calibrators import (
 from cord_ops.metrics import nll
 from cord_ops.softmax import softmax
 
-NAMES = list(CALIBRATOR_NAMES)
+NAMES = list(FAMILY_NAMES)  # the paper's families and identity
 
 
 def test_every_listed_name_builds_the_family_of_that_name():
@@ -28,7 +30,8 @@ def test_every_listed_name_builds_the_family_of_that_name():
     for name in NAMES:
         cal = make_calibrator(name)
         assert cal.name == name and cal.input_kind == "logits"
-    assert [cls.name for cls in CALIBRATORS.values()] == NAMES
+    assert [cls.name for cls in REGISTRY.values()] == NAMES
+    assert list(CALIBRATORS) == list(CALIBRATOR_NAMES) == NAMES[:-1]
     assert len(set(NAMES)) == len(NAMES)
 
 
@@ -38,9 +41,10 @@ def test_the_command_line_offers_exactly_the_registry():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     recalibrate = sub.choices["recalibrate"]
     option = next(a for a in recalibrate._actions if a.dest == "calibrator")
-    assert list(option.choices) == NAMES
+    assert list(option.choices) == ["auto", *NAMES]
+    # The reproduction runs the paper's families only.
     reproduce = next(a for a in sub.choices["reproduce"]._actions if a.dest == "calibrators")
-    assert list(reproduce.choices) == NAMES
+    assert list(reproduce.choices) == list(CALIBRATOR_NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -57,7 +61,19 @@ def test_predictions_are_float64_simplex_rows(name, input_kind, synthetic):
     assert cal.n_classes_ == 4
 
 
-@pytest.mark.parametrize("name", NAMES)
+def test_identity_is_the_classifiers_own_probabilities(synthetic):
+    zc, yc, ze, _ = synthetic
+    e = np.exp(ze - ze.max(axis=1, keepdims=True))
+    assert np.array_equal(make_calibrator("identity").fit(zc, yc).predict_proba(ze),
+                          e / e.sum(axis=1, keepdims=True))
+    p = np.array([[0.0, 0.25, 0.75, 0.0], [0.5, 0.5, 0.0, 0.0]], dtype=np.float32) * 1.00001
+    got = make_calibrator("identity", input_kind="probs").fit(p, [2, 0]).predict_proba(p)
+    assert np.array_equal(got, p.astype(np.float64) / p.astype(np.float64).sum(
+        axis=1, keepdims=True))
+    assert got[0, 0] == 0.0  # no floor: an exact zero stays zero
+
+
+@pytest.mark.parametrize("name", CALIBRATOR_NAMES)
 def test_each_calibrator_lowers_nll_on_miscalibrated_synthetic_logits(name, synthetic):
     zc, yc, ze, ye = synthetic
     q = make_calibrator(name).fit(zc, yc).predict_proba(ze)
