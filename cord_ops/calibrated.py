@@ -35,8 +35,10 @@ from sklearn.utils import get_tags
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d
 
-from cord_ops.calibrators import CALIBRATOR_NAMES, Calibrator, make_calibrator
+from cord_ops.calibrators import Calibrator, make_calibrator
 from cord_ops.cord import CORD, check_cord_params
+from cord_ops.names import AUTO, CALIBRATOR_CHOICES
+from cord_ops.select import select_calibrator
 from cord_ops.softmax import softmax
 from cord_ops.validation import check_labels, check_probabilities, check_scores, top1
 
@@ -55,9 +57,12 @@ class CORDCalibratedClassifier(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         ``cv`` set. Must have ``classes_`` after fitting and ``decision_function`` or
         ``predict_proba``.
     calibrator : str or cord_ops calibrator, default="vs"
-        A name from ``cord_ops.calibrators.CALIBRATOR_NAMES`` or an unfitted calibrator
-        (cloned; its ``input_kind`` is set from ``method``). Searchable by ``GridSearchCV``
-        like any parameter, and ``calibrator__<option>`` when an instance is given.
+        A name from ``cord_ops.names.FAMILY_NAMES`` (the families and ``identity``),
+        ``"auto"`` (the family chosen by 5-fold cross-validation on the calibration rows,
+        identity included: ``cord_ops.select``; the decision is ``selection_``), or an
+        unfitted calibrator (cloned; its ``input_kind`` is set from ``method``).
+        Searchable by ``GridSearchCV`` like any parameter, and ``calibrator__<option>``
+        when an instance is given.
     method : {"auto", "decision_function", "predict_proba"}, default="auto"
         The classifier's response used as scores: "auto" takes ``decision_function`` when
         the classifier has it (logits, what the parametric calibrators are defined on),
@@ -72,6 +77,7 @@ class CORDCalibratedClassifier(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     ----------
     estimator_ : the classifier used at predict time
     calibrator_ : the fitted calibrator
+    selection_ : ``cord_ops.select.Selection`` when ``calibrator="auto"``, else None
     cord_ : the fitted ``CORD``
     classes_ : ndarray, the classifier's ``classes_`` (any label type)
     method_ : str, the response method used
@@ -92,9 +98,9 @@ class CORDCalibratedClassifier(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         if not isinstance(self.method, str) or self.method not in METHODS:
             raise ValueError(f"method: expected one of {METHODS}, got {self.method!r}")
         if isinstance(self.calibrator, str):
-            if self.calibrator not in CALIBRATOR_NAMES:
+            if self.calibrator not in CALIBRATOR_CHOICES:
                 raise ValueError(f"calibrator: unknown calibrator {self.calibrator!r}; "
-                                 f"expected one of {', '.join(CALIBRATOR_NAMES)}")
+                                 f"expected one of {', '.join(CALIBRATOR_CHOICES)}")
         elif not isinstance(self.calibrator, Calibrator):
             raise ValueError("calibrator: expected a calibrator name or a cord_ops "
                              f"calibrator, got {type(self.calibrator).__name__}")
@@ -150,7 +156,11 @@ class CORDCalibratedClassifier(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         codes = self._encode(y)
         scores = self._as_scores(raw, method)
         kind = INPUT_KIND[method]
-        if isinstance(self.calibrator, str):
+        self.selection_ = None
+        if isinstance(self.calibrator, str) and self.calibrator == AUTO:
+            self.selection_ = select_calibrator(scores, codes, kind)
+            calibrator = make_calibrator(self.selection_.chosen, input_kind=kind)
+        elif isinstance(self.calibrator, str):
             calibrator = make_calibrator(self.calibrator, input_kind=kind)
         else:
             calibrator = clone(self.calibrator).set_params(input_kind=kind)

@@ -35,15 +35,15 @@ from sklearn.utils.validation import check_is_fitted
 
 from cord_ops import CORD, CORDCalibratedClassifier
 from cord_ops.calibrators import (
-    CALIBRATOR_NAMES,
-    CALIBRATORS,
+    FAMILY_NAMES,
+    REGISTRY,
     ConvergenceWarning,
     calibrator_from_dict,
     make_calibrator,
 )
 from cord_ops.softmax import softmax
 
-NAMES = list(CALIBRATOR_NAMES)
+NAMES = list(FAMILY_NAMES)
 API_CHECKS = (check_estimator_cloneable, check_estimator_repr, check_get_params_invariance,
               check_no_attributes_set_in_init, check_parameters_default_constructible,
               check_set_params)
@@ -55,7 +55,7 @@ def test_calibrators_pass_the_api_checks_that_need_no_data(name):
     # The data-driven checks feed X of one width and y with another number of classes,
     # which no calibrator of n x K scores can fit; CORDCalibratedClassifier runs them all.
     for check in API_CHECKS:
-        check(name, CALIBRATORS[name]())
+        check(name, REGISTRY[name]())
     for check in API_CHECKS:
         check("CORD", CORD())
 
@@ -73,7 +73,7 @@ def test_the_public_fitted_state_checks_and_parameter_list(name, synthetic):
         cal.fit(zc, yc)
     assert cal.check_is_fitted() is None
     state = cal.to_dict()["params"]
-    assert set(CALIBRATORS[name].param_shapes) == set(state)
+    assert set(REGISTRY[name].param_shapes) == set(state)
     for key in state:
         assert hasattr(cal, key + "_")
 
@@ -85,7 +85,7 @@ def test_calibrator_clone_params_and_fitted_state(name, synthetic):
     with pytest.raises(NotFittedError):
         check_is_fitted(cal)
     params = cal.get_params()
-    assert set(params) == {"input_kind", "prob_floor", *CALIBRATORS[name]._options}
+    assert set(params) == {"input_kind", "prob_floor", *REGISTRY[name]._options}
     twin = clone(cal)
     assert twin is not cal and twin.get_params() == params
     cal.fit(zc, yc)
@@ -315,7 +315,8 @@ def _expected_failed_checks(estimator):
     return {}
 
 
-@parametrize_with_checks([CORDCalibratedClassifier(LogisticRegression(), cv=3)],
+@parametrize_with_checks([CORDCalibratedClassifier(LogisticRegression(), cv=3),
+                          CORDCalibratedClassifier(LogisticRegression(), "auto", cv=3)],
                          expected_failed_checks=_expected_failed_checks)
 def test_scikit_learn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
