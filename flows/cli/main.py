@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import shlex
 import signal
@@ -147,7 +148,26 @@ def _print_result(result, started: float, data=None) -> None:
         return
     print(summary_table(result))
     print()
+    chosen = selection_lines(result)
+    if chosen:
+        print("\n".join(chosen))
+        print()
     print(next_steps(result, time.perf_counter() - started, data))
+
+
+def selection_lines(result) -> list[str]:
+    """The family fitted and how it was chosen; when it was cross-validated, every
+    candidate best first, the fitted one marked ``*`` (:mod:`flows.recalibration.selection`)."""
+    choice = getattr(result, "choice", None)
+    if choice is None:
+        return []
+    lines = [f"family:   {choice.family} ({choice.how})"]
+    if choice.selection is not None:
+        table = choice.selection.table().splitlines()
+        # The table marks the cross-validation's choice; after a fall-back, identity's row.
+        lines += ["          " + (("*" + line[1:]) if line[2:].split()[:1] == [choice.family]
+                                 else (" " + line[1:])) for line in table]
+    return lines
 
 
 def _server_hint(args) -> str:
@@ -270,6 +290,9 @@ def _check_flow_options(args) -> None:
     inputs.fraction_in_unit_interval(args.fraction)
     if args.seed < 0:
         raise inputs.InputError(f"--seed: expected a non-negative integer, got {args.seed}")
+    budget = getattr(args, "select_budget", None)
+    if budget is not None and not (budget > 0 and math.isfinite(budget)):
+        raise inputs.InputError(f"--select-budget: expected seconds > 0, got {budget}")
 
 
 def _on_shards(args) -> bool:
@@ -398,9 +421,13 @@ def validate_ui(args) -> None:
 
 # ---------------------------------------------------------------- commands
 def _flow_options(args) -> dict:
-    return {"calibrator": args.calibrator, "fraction": args.fraction, "seed": args.seed,
-            "model_name": args.model_name, "input_kind": args.input_kind, "dtype": args.dtype,
-            "lock_timeout": args.lock_timeout, "store_timeout": args.store_timeout}
+    options = {"calibrator": args.calibrator, "fraction": args.fraction, "seed": args.seed,
+               "model_name": args.model_name, "input_kind": args.input_kind,
+               "dtype": args.dtype, "lock_timeout": args.lock_timeout,
+               "store_timeout": args.store_timeout}
+    if getattr(args, "select_budget", None) is not None:
+        options["select_budget"] = args.select_budget
+    return options
 
 
 def _gate_options(args) -> dict:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from cord_ops.names import CALIBRATOR_NAMES, INPUT_KINDS
+from cord_ops.names import CALIBRATOR_CHOICES, INPUT_KINDS
 from flows.cli import label_free as label_free_cli
 from flows.cli import operator as operator_cli
 from flows.cli import rollout as rollout_cli
@@ -235,8 +235,14 @@ def add_common(parser: argparse.ArgumentParser, top: bool) -> None:
 
 
 def add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-ops") -> None:
-    parser.add_argument("--calibrator", default="vs", choices=CALIBRATOR_NAMES,
-                        help="calibration map fitted before the CORD repair (default: vs)")
+    parser.add_argument("--calibrator", default="vs", choices=CALIBRATOR_CHOICES,
+                        help="calibration map fitted before the CORD repair: a family, "
+                             "identity (the classifier's own probabilities), or auto (the "
+                             "family chosen by 5-fold cross-validation on the calibration "
+                             "split, identity included; docs/calibrators.md) (default: vs)")
+    parser.add_argument("--select-budget", type=float, default=None, metavar="SECONDS",
+                        help="with --calibrator auto: start no further family after this "
+                             "many seconds of cross-validation (default: no limit)")
     parser.add_argument("--fraction", type=float, default=0.5,
                         help="share of --data used for calibration (default: 0.5)")
     parser.add_argument("--seed", type=int, default=0, help="split seed (default: 0)")

@@ -19,7 +19,7 @@ import sqlite3
 import zipfile
 from pathlib import Path
 
-from cord_ops.names import CALIBRATOR_NAMES
+from cord_ops.names import CALIBRATOR_CHOICES
 from flows.errors import CordOpsError
 from flows.files import GLOB_CHARS
 from flows.registry import store_reads
@@ -151,17 +151,23 @@ def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
         raise InputError(str(exc)) from exc
     # By name, not by building one: that would import scikit-learn (seconds on a busy
     # machine) in a check meant to answer at once. Every family reads both input kinds.
-    if calibrator not in CALIBRATOR_NAMES:
+    if calibrator not in CALIBRATOR_CHOICES:
         raise InputError(f"calibrator {calibrator!r}: expected one of "
-                         f"{', '.join(CALIBRATOR_NAMES)}")
+                         f"{', '.join(CALIBRATOR_CHOICES)}")
     return policy
 
 
 def shard_options(calibrator: str, eval_sample: int) -> None:
     """A calibrator that cannot be fitted from partition sums is refused naming the ones
     that can; the evaluation sample must hold a row (no imports: checked first)."""
-    from cord_ops.names import REDUCIBLE
+    from cord_ops.names import AUTO, REDUCIBLE
 
+    if calibrator == AUTO:
+        # Choosing needs every candidate fitted k times on held-out folds; on shards only
+        # TS and VS reduce over partitions, so auto is refused rather than half-done.
+        raise InputError(f"--calibrator auto: not supported on shards (the choice "
+                         f"cross-validates families that need every row in one process); "
+                         f"name one of {', '.join(REDUCIBLE)}")
     if calibrator not in REDUCIBLE:
         raise InputError(f"--calibrator {calibrator}: cannot be fitted on shards (it needs "
                          f"every row in one process); expected one of {', '.join(REDUCIBLE)}")

@@ -123,6 +123,9 @@ class Status:
     history: list[dict]
     rows: list[VersionRow]
     rollout: dict | None = None
+    #: the champion's calibrator family and how it was chosen (version tags
+    #: ``cord.calibrator`` and ``cord.select.how``), or None without a champion
+    family: str | None = None
 
 
 def _short(value: str | None) -> str:
@@ -198,9 +201,14 @@ def status(client, name: str, limit: int = 10, rollout: dict | None = None) -> S
             tags.get(registry.REGISTRATION_TAG, "-"), decision + ("!" if harms else ""),
             _short(tags.get(registry.CANDIDATE_NLL_TAG)),
             _short(tags.get(registry.CHAMPION_NLL_TAG)), ref, reason, harms))
+    family = None
+    if holder is not None:
+        tags = holder.tags or {}
+        family = (f"{tags.get('cord.calibrator', 'unknown')} "
+                  f"({tags.get('cord.select.how', 'how it was chosen is not recorded')})")
     return Status(name, None if holder is None else str(holder.version),
                   model.tags.get(HEALTH_TAG, "unknown (not checked yet)"),
-                  read_history(client, name), rows, rollout)
+                  read_history(client, name), rows, rollout, family)
 
 
 def _fit(line: str, width: int | None) -> tuple[str, bool]:
@@ -223,6 +231,7 @@ def format_status(report: Status, width: int | None = None, rollout_line: str | 
                         for h in report.history[-8:]) or "-"
     lines = [f"model:    {report.name}",
              f"champion: {champion}",
+             *([f"family:   {report.family}"] if report.family is not None else []),
              f"health:   {report.health}",
              f"history:  {trail}",
              *([f"rollout:  {rollout_line}"] if rollout_line is not None else []),

@@ -50,6 +50,7 @@ from flows.promotion import rules
 from flows.promotion.champion import ChampionUnhealthyError
 from flows.recalibration.artifacts import run_params
 from flows.recalibration.failure import Failure, RecalibrationError, uri_if_store
+from flows.recalibration.selection import choose_family, harm_reason
 from flows.recalibration.store_tasks import (
     ensure_model,
     finish_run,
@@ -118,6 +119,9 @@ class RecalibrationResult:
     #: Why nothing was fitted or registered (:func:`skip_if_unchanged`); then ``version``
     #: and ``decision`` are None and the reports empty.
     skipped: str | None = None
+    #: The family fitted and how it was chosen
+    #: (:class:`flows.recalibration.selection.Choice`; None on shards).
+    choice: object | None = None
 
 
 class Steps:
@@ -152,7 +156,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 max_label_shift: float | None = None,
                 tracking_uri: str | None = None, dask_address: str | None = None,
                 dask_workers: int = 2,
-                eval_sample: int = DEFAULT_EVAL_SAMPLE) -> RecalibrationResult:
+                eval_sample: int = DEFAULT_EVAL_SAMPLE,
+                select_budget: float | None = None) -> RecalibrationResult:
     """Recalibrate the classifier outputs in ``data`` (.npz or Parquet) and register the
     result.
 
@@ -174,6 +179,12 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     ``dask_workers`` processes) over a seeded per-row split inside each shard, with
     ``eval_sample`` evaluation rows gathered for parity, the reference split and the gate
     (docs/scale.md).
+
+    ``calibrator="auto"``: the family is chosen by cross-validation on the calibration
+    split, identity included (:mod:`flows.recalibration.selection`; no family is started
+    after ``select_budget`` seconds); when the chosen family does harm on the evaluation
+    split, identity is fitted instead before anything is registered. A forced family is
+    cross-validated against identity, and a loss is a warning. Shards refuse ``auto``.
 
     A run of a deployment whose parameters are not the deployment's is refused first
     (:func:`flows.runtime.pinned.check`).
@@ -233,14 +244,27 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             if session is None:
                 calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed,
                                                 fraction)
-                fitted, calibrator_warnings = steps(fit_calibrator, calibration, calibrator)
+                choice = steps(choose_family, calibration, calibrator, seed, select_budget)
+                fitted, calibrator_warnings = steps(fit_calibrator, calibration, choice.family)
                 repair, cord_warnings = steps(fit_cord, calibration, fitted)
                 cord_warnings = cord_warnings + steps(check_no_harm, calibration, fitted,
                                                       repair)
                 report = steps(evaluate_reports, evaluation, fitted, repair)
+                harm = harm_reason(report, policy) if calibrator == "auto" else None
+                if harm is not None and choice.family != "identity":
+                    # A first version must not be left without a champion because no
+                    # calibrator helped: the classifier's own probabilities are served.
+                    choice.fall_back(harm)
+                    get_run_logger().warning("select: %s", choice.how)
+                    fitted, calibrator_warnings = steps(fit_calibrator, calibration,
+                                                        choice.family)
+                    repair, cord_warnings = steps(fit_cord, calibration, fitted)
+                    report = steps(evaluate_reports, evaluation, fitted, repair)
+                calibrator_warnings = choice.warnings + calibrator_warnings
                 counts = (rules.label_counts(calibration.labels, dataset.n_classes),
                           rules.label_counts(evaluation.labels, dataset.n_classes))
             else:
+                choice = None
                 with session:  # the cluster is released once the metrics are reduced
                     fitted, calibrator_warnings = steps(fit_calibrator_on_shards, session,
                                                        calibrator)
@@ -259,9 +283,9 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                               n_shards=str(len(dataset.files) + (
                                   0 if eval_dataset is None else len(eval_dataset.files))))
             steps(log_params_and_metrics, uri, run_id, params, report, repair, parity, fit_warnings,
-                  policy)
+                  policy, choice)
             checkpoints.checkpoint("log_params")
-            digests = steps(log_report_artifacts, uri, run_id, report, fitted, repair)
+            digests = steps(log_report_artifacts, uri, run_id, report, fitted, repair, choice)
             digests.update(steps(log_reference, uri, run_id, evaluation))
             checkpoints.checkpoint("log_artifacts")
             model_info = steps(log_onnx_model, uri, run_id, experiment, model, evaluation,
@@ -279,7 +303,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 try:
                     failure.version, failure.previous = steps(
                         register, uri, run_id, experiment, model_name, model_info, parity,
-                        dataset, repair, calibrator)
+                        dataset, repair, fitted.name, choice)
                     checkpoints.checkpoint("registered")
                     decision = steps(gate, uri, model_name, failure.version, failure.previous,
                                      counts, evaluation, report, parity, model, dtype,
@@ -309,7 +333,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         version=failure.version, decision=decision, eta_star=repair.eta_,
         reports=report.reports, changes=report.changes,
         onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings, warnings=fit_warnings,
-        input_notes=[note for source in (dataset, eval_dataset)
+        choice=choice, input_notes=[note for source in (dataset, eval_dataset)
                      if (note := getattr(source, "load_note", lambda: None)()) is not None],
     )
 

@@ -115,7 +115,7 @@ def skip_if_unchanged(uri: str, run_id: str, model_name: str) -> str | None:
 def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
                            evaluation: Evaluation,
                            repair: CORD, parity: Parity, fit_warnings: list[str] | None = None,
-                           policy: rules.Policy | None = None) -> None:
+                           policy: rules.Policy | None = None, choice=None) -> None:
     """Every param and metric the MLflow contract (docs/contract.md) names, in one batch,
     with the fit's
     warnings (tag ``cord.fit.warnings``, "none" when clean) and the gate's thresholds."""
@@ -133,6 +133,9 @@ def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
             "cord.fit.warning_count": str(len(fit_warnings or [])),
             "cord.fit.harm": harm[0][:5000] if harm else "none",
             **(policy.as_tags() if policy is not None else {})}
+    if choice is not None:  # the family's choice (flows.recalibration.selection)
+        values.update(choice.metrics())
+        tags.update(choice.tags())
     tracking.log_values(tracking.client(uri), run_id, metrics=values, params=params,
                         tags=tags)
 
@@ -150,8 +153,9 @@ def log_reference(uri: str, run_id: str, evaluation: data.Dataset) -> dict[str, 
 
 @store_task
 def log_report_artifacts(uri: str, run_id: str, evaluation: Evaluation, calibrator,
-                         repair: CORD) -> dict[str, str]:
-    """Reliability PNGs, the metrics table (Markdown and JSON) and both fitted states.
+                         repair: CORD, choice=None) -> dict[str, str]:
+    """Reliability PNGs, the metrics table (Markdown and JSON), both fitted states and the
+    family's selection table when one was cross-validated (``select/selection.json``).
 
     Returns the SHA-256 of every file as written here, by artifact path, for
     :func:`verify_artifacts`.
@@ -171,6 +175,11 @@ def log_report_artifacts(uri: str, run_id: str, evaluation: Evaluation, calibrat
         (root / "state" / "calibrator.json").write_text(
             json.dumps(calibrator.to_dict(), indent=2) + "\n")
         (root / "state" / "cord.json").write_text(json.dumps(repair.to_dict(), indent=2) + "\n")
+        record = None if choice is None else choice.record()
+        if record is not None:
+            (root / "select").mkdir()
+            (root / "select" / "selection.json").write_text(json.dumps(record, indent=2)
+                                                            + "\n")
         digests = file_digests(root)
         tracking.client(uri).log_artifacts(run_id, str(root))
     return digests
@@ -246,7 +255,7 @@ def ensure_model(uri: str, model_name: str) -> None:
 @store_task
 def register(uri: str, run_id: str, experiment: str, model_name: str, model_info,
              parity: Parity, dataset: data.Dataset, repair: CORD,
-             calibrator_name: str) -> tuple[str, str | None]:
+             calibrator_name: str, choice=None) -> tuple[str, str | None]:
     """Under the registry lock: clean up after dead runs, read the champion, and create the
     model version, pending, only for a graph whose parity was verified.
 
@@ -269,7 +278,8 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
             client, model_name, run_id, model_info.model_uri, model_info.model_id,
             tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
                   registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256,
-                  registry.N_CLASSES_TAG: str(dataset.n_classes)},
+                  registry.N_CLASSES_TAG: str(dataset.n_classes),
+                  **({} if choice is None else {"cord.select.how": choice.how[:5000]})},
             previous_champion=previous,
         )
     return str(version.version), previous

@@ -1,0 +1,123 @@
+"""Choosing the calibrator family by cross-validation (``cord_ops.select``, issue 41): the
+identity map on an exactly calibrated generator, temperature scaling on a copy distorted by
+a temperature, never matrix scaling on a separable 26-class problem, the near-tie rule as
+documented, and determinism given the seed."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cord_ops.select import SIMPLICITY, candidate_families, choose, select_calibrator
+from flows.recalibration.selection import forced_warning
+
+
+def calibrated(k: int, n: int, seed: int, scale: float = 1.0):
+    """Logits z and labels drawn from softmax(z) (an exactly calibrated classifier), the
+    logits returned multiplied by ``scale`` (a temperature distortion)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(0.0, 2.0, (n, k))
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    p = e / e.sum(axis=1, keepdims=True)
+    y = (p.cumsum(axis=1) > rng.uniform(size=(n, 1))).argmax(axis=1)
+    return z * scale, y
+
+
+def test_auto_keeps_identity_on_an_exactly_calibrated_classifier():
+    z, y = calibrated(5, 3000, seed=0)
+    selection = select_calibrator(z, y, "logits", seed=0)
+    assert selection.chosen == "identity"
+    # every family was scored, none ruled out at K = 5 on 3,000 rows
+    assert {c.name for c in selection.candidates} == set(SIMPLICITY)
+    assert selection.skipped == {}
+
+
+def test_auto_picks_temperature_scaling_on_a_temperature_distorted_copy():
+    z, y = calibrated(5, 3000, seed=0, scale=3.0)
+    selection = select_calibrator(z, y, "logits", seed=0)
+    assert selection.chosen == "ts"
+    identity, ts = selection.candidate("identity"), selection.candidate("ts")
+    assert ts.nll < identity.nll - 10 * identity.nll_se
+
+
+def test_auto_never_picks_matrix_scaling_on_a_separable_26_class_problem():
+    rng = np.random.default_rng(0)
+    n, k = 4400, 26
+    y = rng.integers(0, k, n)
+    z = rng.normal(0.0, 1.0, (n, k))
+    z[np.arange(n), y] += 6.0  # every row's top-1 is its label
+    selection = select_calibrator(z, y, "logits", families=["ms", "ts", "vs"], seed=0)
+    assert selection.candidate("ms") is not None and selection.chosen != "ms"
+    # the default candidates include ms only with 5 rows per parameter in a training fold
+    assert "ms" in candidate_families(k, n)[0]
+    assert "ms" not in candidate_families(k, 4000)[0]
+
+
+def test_a_forced_family_that_loses_to_identity_is_warned():
+    z, y = calibrated(26, 900, seed=1)  # calibrated: 702 MS parameters can only overfit
+    selection = select_calibrator(z, y, "logits", families=["ms"], seed=0)
+    ms, identity = selection.candidate("ms"), selection.candidate("identity")
+    assert ms.nll > identity.nll
+    text = forced_warning(selection, "ms")
+    assert text.startswith(f"ForcedFamilyWarning: ms's cross-validated NLL {ms.nll:.6g} is "
+                           f"worse than identity's {identity.nll:.6g}")
+    z, y = calibrated(5, 900, seed=1, scale=3.0)
+    assert forced_warning(select_calibrator(z, y, families=["ts"]), "ts") is None
+
+
+def test_the_choice_is_deterministic_given_the_seed_and_records_every_figure():
+    z, y = calibrated(2, 600, seed=3, scale=2.0)
+    first = select_calibrator(z, y, "logits", seed=7)
+    again = select_calibrator(z, y, "logits", seed=7)
+    assert first.record()["candidates"] == [
+        {**c, "fit_seconds": a["fit_seconds"]}
+        for c, a in zip(again.record()["candidates"], first.record()["candidates"],
+                        strict=True)]
+    assert first.chosen == again.chosen
+    nlls = [c.nll for c in first.candidates]
+    assert nlls == sorted(nlls)  # best first
+    assert all(c.auc is not None and 0.5 < c.auc <= 1.0 for c in first.candidates)
+
+
+def test_probabilities_with_exact_zeros_and_too_few_rows():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.full(4, 0.3), 400)
+    p[p < 0.05] = 0.0
+    p /= p.sum(axis=1, keepdims=True)
+    y = rng.integers(0, 4, 400)
+    selection = select_calibrator(p, y, "probs", seed=0)
+    assert all(math.isfinite(c.nll) for c in selection.candidates)
+    assert select_calibrator(p[:1], y[:1], "probs").chosen == "identity"
+
+
+def _paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    d = a - b
+    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(SIMPLICITY), min_size=1, max_size=6, unique=True),
+       st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+       st.integers(2, 60))
+def test_near_ties_go_to_the_simplest_family_within_tie_se_paired_errors(names, seed,
+                                                                         tie_se, n):
+    rng = np.random.default_rng(seed)
+    base = rng.exponential(1.0, n)
+    # some families share rows' losses exactly (ties), others differ by small shifts
+    losses = {name: base + (0.0 if rng.uniform() < 0.3 else rng.normal(0.0, 0.05, n))
+              for name in names}
+    chosen, _ = choose(losses, tie_se)
+    means = {name: float(np.mean(v)) for name, v in losses.items()}
+    lowest = min(means.values())
+    best = min((name for name in names if means[name] == lowest), key=SIMPLICITY.index)
+    assert SIMPLICITY.index(chosen) <= SIMPLICITY.index(best)
+    if chosen != best:
+        gap, se = _paired(losses[chosen], losses[best])
+        assert gap <= tie_se * se
+    for name in names:  # no simpler family than the chosen one is within the width
+        if SIMPLICITY.index(name) < SIMPLICITY.index(chosen):
+            gap, se = _paired(losses[name], losses[best])
+            assert gap > tie_se * se
