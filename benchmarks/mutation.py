@@ -101,6 +101,8 @@ MODULES: dict[str, list[str]] = {
         "tests/flows/test_registry.py::test_register_version_is_idempotent_per_run",
         "tests/flows/test_registry.py::test_withdraw_restores_the_alias_and_deletes_the_version"],
     "cord_ops/label_free.py": ["tests/core/test_label_free.py"],
+    # issue 41: choosing the calibrator family by cross-validation
+    "cord_ops/select.py": ["tests/calibrators/test_select.py"],
     # issue 42 items 7 and 4: the read budget and the redaction of credentials
     "cord_ops/read_budget.py": [
         "tests/core/test_read_budget.py",
