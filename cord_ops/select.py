@@ -20,7 +20,8 @@ included:
    rows, not how noisy the NLL is. ``tie_se=0`` is "lowest mean wins" (an exact tie still
    goes to the simpler family).
 
-Everything is deterministic given ``seed`` (fits run single-threaded BLAS; folds are seeded).
+Everything is deterministic given ``seed`` (fits run single-threaded BLAS; folds are seeded)
+unless a time ``budget`` leaves a family out.
 A family that fails to fit in some fold (an error, not a warning) is dropped from the
 choice and named in :attr:`Selection.skipped` with the error; so is a family not started
 because the time budget was spent.
@@ -62,6 +63,11 @@ FULL_MATRIX = ("ms", "dir-odir")
 RULES = (f"identity and every family of cord_ops.names.CALIBRATOR_NAMES; "
          f"{' and '.join(FULL_MATRIX)} only when a training fold has at least "
          f"{ROWS_PER_MATRIX_PARAMETER} rows per parameter (K^2 + K)")
+
+
+def _clock() -> float:
+    """Seconds (``time.perf_counter``): fit times and the budget's deadline."""
+    return time.perf_counter()
 
 
 def rank(name: str) -> int:
@@ -187,7 +193,7 @@ def _folds(labels: np.ndarray, n_splits: int, seed: int) -> list[tuple[np.ndarra
 def _one_fold(name: str, scores: np.ndarray, labels: np.ndarray, original: np.ndarray,
               input_kind: str, train: np.ndarray, test: np.ndarray):
     """(repaired held-out rows, calibrated held-out rows, seconds, warnings) of one fold."""
-    start = time.perf_counter()
+    start = _clock()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         calibrator = make_calibrator(name, input_kind=input_kind)
@@ -196,14 +202,25 @@ def _one_fold(name: str, scores: np.ndarray, labels: np.ndarray, original: np.nd
         calibrated = calibrator.predict_proba(scores[test])
         repaired = repair.transform(original[test], calibrated)
     seen = tuple(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
-    return repaired, calibrated, time.perf_counter() - start, seen
+    return repaired, calibrated, _clock() - start, seen
 
 
-def _score(name: str, folds, scores, labels, original, input_kind, n_classes, n_jobs):
-    """A family's :class:`Candidate` over every fold (folds in parallel when n_jobs > 1)."""
+class _OutOfTime(Exception):
+    """A family's folds ran past the selection's deadline."""
+
+
+def _score(name: str, folds, scores, labels, original, input_kind, n_classes, n_jobs,
+           deadline: float | None = None):
+    """A family's :class:`Candidate` over every fold (folds in parallel when n_jobs > 1).
+    One fold at a time, the family is abandoned (:class:`_OutOfTime`) when a fold ends
+    past ``deadline`` (a ``_clock()`` value) with folds still to fit."""
     if n_jobs == 1:
-        results = [_one_fold(name, scores, labels, original, input_kind, train, test)
-                   for train, test in folds]
+        results = []
+        for i, (train, test) in enumerate(folds):
+            results.append(_one_fold(name, scores, labels, original, input_kind, train, test))
+            if deadline is not None and i + 1 < len(folds) and _clock() > deadline:
+                raise _OutOfTime(f"stopped after fold {i + 1} of {len(folds)}: the budget "
+                                 "ran out")
     else:
         from joblib import Parallel, delayed
 
@@ -239,8 +256,11 @@ def select_calibrator(scores, labels, input_kind: str = "logits", *,
     and choose one (module docstring). ``scores`` are validated n x K logits or
     probabilities (``input_kind``). ``families``: the candidates (default
     :func:`candidate_families`; identity is always added). ``budget``: seconds after
-    which no further family is started (simplest first, so the costly ones are the ones
-    left out, each named in ``skipped``). ``n_jobs``: folds fitted in parallel (joblib).
+    which no further family is started, and a family still fitting its folds one at a
+    time is abandoned after the fold that ends past it (families go simplest first, so
+    the costly ones are the ones left out, each named in ``skipped``); the choice is then
+    deterministic only as long as nothing is left out for time. ``n_jobs``: folds fitted
+    in parallel (joblib threads; the budget is then checked between families only).
     """
     scores = np.asarray(scores, dtype=np.float64)
     labels = np.asarray(labels)
@@ -259,16 +279,19 @@ def select_calibrator(scores, labels, input_kind: str = "logits", *,
                          (), skipped, splits, seed, float(tie_se))
     folds = _folds(labels, splits, seed)
     original = softmax(scores) if input_kind == "logits" else scores
-    start = time.perf_counter()
+    start = _clock()
     scored = []
+    deadline = None if budget is None else start + budget
     for name in sorted(names, key=rank):
-        spent = time.perf_counter() - start
+        spent = _clock() - start
         if budget is not None and spent > budget and name != IDENTITY:
             skipped[name] = f"not started: the {budget:g} s budget was spent ({spent:.1f} s)"
             continue
         try:
             scored.append(_score(name, folds, scores, labels, original, input_kind, k,
-                                 n_jobs))
+                                 n_jobs, None if name == IDENTITY else deadline))
+        except _OutOfTime as exc:
+            skipped[name] = f"{exc} ({budget:g} s)"
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             skipped[name] = f"failed: {exc}"
     chosen, reason = choose({c.name: c.losses for c in scored}, tie_se)

@@ -241,8 +241,9 @@ def add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-op
                              "family chosen by 5-fold cross-validation on the calibration "
                              "split, identity included; docs/calibrators.md) (default: vs)")
     parser.add_argument("--select-budget", type=float, default=None, metavar="SECONDS",
-                        help="with --calibrator auto: start no further family after this "
-                             "many seconds of cross-validation (default: no limit)")
+                        help="with --calibrator auto: start no further family (and abandon "
+                             "one still fitting) after this many seconds of cross-validation; "
+                             "each family left out is named (default: 60)")
     parser.add_argument("--fraction", type=float, default=0.5,
                         help="share of --data used for calibration (default: 0.5)")
     parser.add_argument("--seed", type=int, default=0, help="split seed (default: 0)")

@@ -50,6 +50,7 @@ from flows.promotion import rules
 from flows.promotion.champion import ChampionUnhealthyError
 from flows.recalibration.artifacts import run_params
 from flows.recalibration.failure import Failure, RecalibrationError, uri_if_store
+from flows.recalibration.selection import DEFAULT_BUDGET as DEFAULT_SELECT_BUDGET
 from flows.recalibration.selection import choose_family, harm_reason
 from flows.recalibration.store_tasks import (
     ensure_model,
@@ -157,7 +158,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 tracking_uri: str | None = None, dask_address: str | None = None,
                 dask_workers: int = 2,
                 eval_sample: int = DEFAULT_EVAL_SAMPLE,
-                select_budget: float | None = None) -> RecalibrationResult:
+                select_budget: float | None = DEFAULT_SELECT_BUDGET) -> RecalibrationResult:
     """Recalibrate the classifier outputs in ``data`` (.npz or Parquet) and register the
     result.
 

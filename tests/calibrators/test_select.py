@@ -121,3 +121,21 @@ def test_near_ties_go_to_the_simplest_family_within_tie_se_paired_errors(names, 
         if SIMPLICITY.index(name) < SIMPLICITY.index(chosen):
             gap, se = _paired(losses[name], losses[best])
             assert gap > tie_se * se
+
+
+def test_a_family_past_the_budget_is_named_and_left_out(monkeypatch):
+    import itertools
+
+    import cord_ops.select as select
+
+    z, y = calibrated(5, 600, seed=2, scale=2.0)
+    # A clock that advances one second per reading: start 0; identity's check 1 and its
+    # five folds 2-11; ts's check 12, its first fold 13-14 and the deadline check 15 > 14.
+    clock = itertools.count(0.0)
+    monkeypatch.setattr(select, "_clock", lambda: float(next(clock)))
+    selection = select_calibrator(z, y, "logits", families=["ts", "vs"], budget=14.0)
+    assert [c.name for c in selection.candidates] == ["identity"]  # always scored
+    assert selection.skipped == {
+        "ts": "stopped after fold 1 of 5: the budget ran out (14 s)",
+        "vs": "not started: the 14 s budget was spent (16.0 s)"}
+    assert selection.chosen == "identity"
