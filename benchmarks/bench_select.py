@@ -43,6 +43,12 @@ from cord_ops.names import FAMILY_NAMES, IDENTITY  # noqa: E402
 from cord_ops.select import choose, select_calibrator  # noqa: E402
 from cord_ops.softmax import softmax  # noqa: E402
 
+#: Near-tie rules compared on the same folds: (tie_se, identity_se) of cord_ops.select.choose.
+RULES = {"1se": (1.0, 1.0), "lowest": (0.0, 0.0), "id1se": (0.0, 1.0),
+         "half": (0.5, 0.5), "id2se": (0.0, 2.0)}
+#: The rule cord_ops.select uses by default (the per-entry table shows it).
+DEFAULT_RULE = "1se"
+
 #: The gate's relative tolerance for "no worse than uncalibrated".
 HARM_TOLERANCE = 1e-6
 
@@ -88,8 +94,9 @@ def run_case(case):
     selection = select_calibrator(cs, cy, kind, seed=0)
     select_seconds = time.perf_counter() - start
     auto = {}
-    for rule, tie_se in (("1se", 1.0), ("lowest", 0.0)):
-        chosen, _ = choose({c.name: c.losses for c in selection.candidates}, tie_se)
+    for rule, (tie_se, identity_se) in RULES.items():
+        chosen, _ = choose({c.name: c.losses for c in selection.candidates}, tie_se,
+                           identity_se)
         value = nll[chosen]
         fell_back = value > uncal + HARM_TOLERANCE * abs(uncal) and chosen != IDENTITY
         auto[rule] = {"chosen": chosen, "nll": nll[IDENTITY] if fell_back else value,
@@ -107,9 +114,9 @@ def summarise(rows) -> str:
     out = []
     families = [f for f in FAMILY_NAMES]
     regrets = {f: [] for f in families}
-    auto_regret = {"1se": [], "lowest": []}
+    auto_regret = {rule: [] for rule in RULES}
     harms = {f: 0 for f in families}
-    auto_harm = {"1se": 0, "lowest": 0}
+    auto_harm = {rule: 0 for rule in RULES}
     out.append(f"{'entry':<44}{'K':>4}{'n_cal':>7}{'uncal':>9}{'oracle':>9}{'(family)':>10}"
                f"{'auto':>9}{'(chosen)':>12}{'regret%':>9}")
     for r in rows:
@@ -125,18 +132,20 @@ def summarise(rows) -> str:
             auto_regret[rule].append(_regret(a["nll"], best))
             if a["nll"] > r["uncal"] + HARM_TOLERANCE * abs(r["uncal"]):
                 auto_harm[rule] += 1
-        a = r["auto"]["1se"]
+        a = r["auto"][DEFAULT_RULE]
         chosen = a["chosen"] + ("->id" if a["fell_back"] else "")
         out.append(f"{r['name'][:43]:<44}{r['k']:>4}{r['n_cal']:>7}{r['uncal']:>9.4f}"
                    f"{best:>9.4f}{best_family:>10}{a['nll']:>9.4f}{chosen:>12}"
                    f"{100 * _regret(a['nll'], best):>9.3f}")
     out.append("")
-    for rule, label in (("1se", "auto (near-ties to the simpler family, 1 paired SE)"),
-                        ("lowest", "auto (lowest mean wins, tie_se=0)")):
+    for rule, (tie_se, identity_se) in RULES.items():
+        label = f"auto {rule} (tie_se={tie_se:g}, identity_se={identity_se:g})"
         x = 100 * np.asarray(auto_regret[rule])
         out.append(f"{label}: regret to oracle median {np.median(x):.3f} %, p90 "
                    f"{np.percentile(x, 90):.3f} %, max {x.max():.3f} %, mean {x.mean():.3f} %;"
-                   f" worse than uncalibrated on {auto_harm[rule]} of {len(x)} entries")
+                   f" worse than uncalibrated on {auto_harm[rule]} of {len(x)} entries;"
+                   f" fell back to identity on "
+                   f"{sum(r['auto'][rule]['fell_back'] for r in rows)}")
     out.append("")
     out.append(f"{'fixed family':<14}{'mean regret %':>14}{'max %':>10}"
                f"{'worse than uncal':>18}{'entries':>9}")
@@ -144,9 +153,6 @@ def summarise(rows) -> str:
         x = 100 * np.asarray(regrets[f])
         if len(x):
             out.append(f"{f:<14}{x.mean():>14.3f}{x.max():>10.3f}{harms[f]:>18}{len(x):>9}")
-    fell = sum(r["auto"]["1se"]["fell_back"] for r in rows)
-    out.append(f"auto fell back to identity (chosen family did harm on evaluation) on {fell} "
-               f"of {len(rows)} entries")
     return "\n".join(out)
 
 
@@ -157,7 +163,7 @@ def timing(rows) -> str:
             continue
         if not r["name"].startswith("cifar"):
             continue
-        chosen = r["auto"]["1se"]["chosen"]
+        chosen = r["auto"][DEFAULT_RULE]["chosen"]
         auto = r["select_seconds"] + r["seconds"][chosen]
         out.append(f"  {r['name']:<32} auto {auto:7.2f} s   vs {r['seconds']['vs']:6.2f} s   "
                    f"ts {r['seconds']['ts']:6.2f} s   sms {r['seconds']['sms']:6.2f} s   "
@@ -221,7 +227,7 @@ def main(argv=None) -> int:
     for case in cases:
         rows.append(run_case(case))
         r = rows[-1]
-        print(f"  {r['name']}: auto {r['auto']['1se']['chosen']} "
+        print(f"  {r['name']}: auto {r['auto'][DEFAULT_RULE]['chosen']} "
               f"({r['select_seconds']:.1f} s)", file=sys.stderr, flush=True)
     print(summarise(rows))
     print(timing(rows))

@@ -169,14 +169,19 @@ class Selection:
         return "\n".join(lines)
 
 
-def choose(losses: dict[str, np.ndarray], tie_se: float = TIE_SE) -> tuple[str, str]:
+def choose(losses: dict[str, np.ndarray], tie_se: float = TIE_SE,
+           identity_se: float | None = None) -> tuple[str, str]:
     """(chosen family, why) from each family's per-row held-out losses (same rows, same
-    order): the lowest mean, or the simplest family within ``tie_se`` paired standard
-    errors of it (module docstring, step 3)."""
+    order): the lowest mean; identity instead when its mean is within ``identity_se``
+    paired standard errors of the lowest (default ``tie_se``); else the simplest family
+    within ``tie_se`` paired standard errors of the lowest (module docstring, step 3)."""
     if not losses:
         raise ValueError("choose: no family was scored")
     means = {name: float(np.mean(rows)) for name, rows in losses.items()}
     best = min(means, key=lambda name: (means[name], rank(name), name))
+    widths = {name: tie_se for name in means}
+    if IDENTITY in widths:
+        widths[IDENTITY] = tie_se if identity_se is None else identity_se
     for name in sorted(means, key=lambda name: (rank(name), name)):
         if name == best or (rank(name), name) > (rank(best), best):
             break
@@ -184,9 +189,9 @@ def choose(losses: dict[str, np.ndarray], tie_se: float = TIE_SE) -> tuple[str, 
         gap = float(np.mean(difference))
         se = (float(np.std(difference, ddof=1)) / math.sqrt(len(difference))
               if len(difference) > 1 else 0.0)
-        if gap <= tie_se * se:
-            return name, (f"{name}'s CV NLL {means[name]:.6g} is within {tie_se:g} paired "
-                          f"standard error ({se:.3g}) of {best}'s {means[best]:.6g}; "
+        if gap <= widths[name] * se:
+            return name, (f"{name}'s CV NLL {means[name]:.6g} is within {widths[name]:g} "
+                          f"paired standard error ({se:.3g}) of {best}'s {means[best]:.6g}; "
                           f"the simpler family is kept")
     return best, f"lowest CV NLL ({means[best]:.6g})"
 
