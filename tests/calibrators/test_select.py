@@ -139,3 +139,20 @@ def test_a_family_past_the_budget_is_named_and_left_out(monkeypatch):
         "ts": "stopped after fold 1 of 5: the budget ran out (14 s)",
         "vs": "not started: the 14 s budget was spent (16.0 s)"}
     assert selection.chosen == "identity"
+
+
+def test_identity_may_have_its_own_near_tie_width():
+    rng = np.random.default_rng(4)
+    base = rng.exponential(1.0, 400)
+    noise = rng.normal(0.0, 0.05, 400)
+    noise -= noise.mean()  # gaps of exactly 0.001 to sms, paired SEs 0.0025 and 0.00125
+    losses = {"identity": base + 0.001 + noise, "ts": base + 0.001 + noise / 2, "sms": base}
+    gap = float(np.mean(losses["identity"] - losses["sms"]))
+    se = float(np.std(losses["identity"] - losses["sms"], ddof=1) / math.sqrt(400))
+    assert 0 < gap < se  # identity is within one paired SE of the lowest (sms)
+    assert choose(losses, 0.0, identity_se=1.0)[0] == "identity"
+    assert choose(losses, 0.0, identity_se=0.0)[0] == "sms"
+    ts_gap = float(np.mean(losses["ts"] - losses["sms"]))
+    ts_se = float(np.std(losses["ts"] - losses["sms"], ddof=1) / math.sqrt(400))
+    assert ts_gap < ts_se
+    assert choose(losses, 1.0, identity_se=0.0)[0] == "ts"
