@@ -45,8 +45,10 @@ from cord_ops.softmax import softmax
 
 #: Folds of the cross-validation.
 N_SPLITS = 5
-#: Default near-tie width, in paired standard errors (module docstring, step 3).
+#: Default near-tie widths, in paired standard errors (module docstring, step 3): between
+#: families, and between identity and the lowest family.
 TIE_SE = 1.0
+IDENTITY_SE = 1.0
 
 #: From simplest to most flexible, by what the map can change (and how many parameters it
 #: fits): the near-tie rule prefers the earlier one. Families not listed rank after these.
@@ -143,6 +145,7 @@ class Selection:
     n_splits: int
     seed: int
     tie_se: float
+    identity_se: float
 
     def candidate(self, name: str) -> Candidate | None:
         return next((c for c in self.candidates if c.name == name), None)
@@ -150,7 +153,8 @@ class Selection:
     def record(self) -> dict:
         """JSON-safe: the table, the choice and the rule (the run's artifact)."""
         return {"chosen": self.chosen, "reason": self.reason, "n_splits": self.n_splits,
-                "seed": self.seed, "tie_se": self.tie_se, "rules": RULES,
+                "seed": self.seed, "tie_se": self.tie_se, "identity_se": self.identity_se,
+                "rules": RULES,
                 "candidates": [c.record() for c in self.candidates],
                 "skipped": dict(self.skipped)}
 
@@ -266,7 +270,8 @@ def _score(name: str, folds, scores, labels, original, input_kind, n_classes, n_
 
 def select_calibrator(scores, labels, input_kind: str = "logits", *,
                       families: list[str] | None = None, n_splits: int = N_SPLITS,
-                      seed: int = 0, tie_se: float = TIE_SE, budget: float | None = None,
+                      seed: int = 0, tie_se: float = TIE_SE,
+                      identity_se: float = IDENTITY_SE, budget: float | None = None,
                       n_jobs: int = 1) -> Selection:
     """Cross-validate the candidate families on (``scores``, integer ``labels`` in [0, K))
     and choose one (module docstring). ``scores`` are validated n x K logits or
@@ -282,8 +287,9 @@ def select_calibrator(scores, labels, input_kind: str = "logits", *,
     scores = np.asarray(scores, dtype=np.float64)
     labels = np.asarray(labels)
     n, k = scores.shape
-    if not (isinstance(tie_se, int | float) and math.isfinite(tie_se) and tie_se >= 0):
-        raise ValueError(f"tie_se: expected a finite number >= 0, got {tie_se!r}")
+    for key, width in (("tie_se", tie_se), ("identity_se", identity_se)):
+        if not (isinstance(width, int | float) and math.isfinite(width) and width >= 0):
+            raise ValueError(f"{key}: expected a finite number >= 0, got {width!r}")
     if budget is not None and not (isinstance(budget, int | float) and budget > 0):
         raise ValueError(f"budget: expected seconds > 0 or None, got {budget!r}")
     if families is None:
@@ -293,7 +299,7 @@ def select_calibrator(scores, labels, input_kind: str = "logits", *,
     splits = min(n_splits, n)
     if splits < 2:
         return Selection(IDENTITY, f"{n} row(s): too few to cross-validate; identity kept",
-                         (), skipped, splits, seed, float(tie_se))
+                         (), skipped, splits, seed, float(tie_se), float(identity_se))
     folds = _folds(labels, splits, seed)
     original = softmax(scores) if input_kind == "logits" else scores
     start = _clock()
@@ -311,6 +317,7 @@ def select_calibrator(scores, labels, input_kind: str = "logits", *,
             skipped[name] = f"{exc} ({budget:g} s)"
         except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             skipped[name] = f"failed: {exc}"
-    chosen, reason = choose({c.name: c.losses for c in scored}, tie_se)
+    chosen, reason = choose({c.name: c.losses for c in scored}, tie_se, identity_se)
     ordered = tuple(sorted(scored, key=lambda c: (c.nll, rank(c.name))))
-    return Selection(chosen, reason, ordered, skipped, splits, seed, float(tie_se))
+    return Selection(chosen, reason, ordered, skipped, splits, seed, float(tie_se),
+                     float(identity_se))
