@@ -47,7 +47,7 @@ from cord_ops.softmax import softmax  # noqa: E402
 RULES = {"1se": (1.0, 1.0), "lowest": (0.0, 0.0), "id1se": (0.0, 1.0),
          "half": (0.5, 0.5), "id2se": (0.0, 2.0)}
 #: The rule cord_ops.select uses by default (the per-entry table shows it).
-DEFAULT_RULE = "1se"
+DEFAULT_RULE = "half"
 
 #: The gate's relative tolerance for "no worse than uncalibrated".
 HARM_TOLERANCE = 1e-6
