@@ -302,3 +302,79 @@ def evaluate(probs, labels, reference=None) -> dict[str, float]:
         "accuracy": accuracy(q, y),
         "tpcr": 0.0 if reference is None else tpcr(reference, q),
     }
+
+
+#: A row counts as moved by the repair when some entry moved by more than this, and as
+#: on the decision boundary when its top-1 leads the runner-up by at most this: far below
+#: any calibration signal (a reliability bin is 1/15 wide), far above float64 rounding,
+#: and above the float32 graph's nudges (a few ulps of 1/2), so the graph's outputs and
+#: cord_ops' count alike.
+REPAIR_ATOL = 1e-6
+#: The summary warns when more than this share of the outputs were repaired to one value.
+FLAT_WARNING_SHARE = 0.01
+
+
+def repair_effect(original, calibrated, repaired, labels=None) -> dict[str, float]:
+    """What the CORD repair did to a calibrator's outputs (issue 44), keyed as MLflow's
+    ``cord.{key}``:
+
+    - ``moved_share``: rows where some entry of ``repaired`` differs from ``calibrated``
+      by more than :data:`REPAIR_ATOL`;
+    - ``boundary_share``: rows the repair moved whose repaired top-1 leads the runner-up
+      by at most REPAIR_ATOL: pinned onto the decision boundary (a binary row whose
+      calibrated decision flipped gets exactly min I = 1/2 + EPS_NUM, eq. 4);
+    - ``flat_share`` and ``flat_value``: the one repaired top-1 probability the most moved
+      rows share exactly, among values the repair gave to rows whose calibrated
+      probabilities differed, and the share of all rows holding it (0.0 and NaN when
+      there is none): the outputs the repair made one constant, which a ranking metric, a
+      reliability bin or a threshold-based monitor then sees as a tie. Rows a tree model
+      already gave one value (its leaves) and the repair moved alike are not counted;
+    - for K = 2 with both classes in ``labels``: ``auc_uncal``, ``auc_base``,
+      ``auc_cord``, the ROC AUC of the positive-class column of each report (ties count
+      one half), the ranking the repair's constant can cost.
+
+    Shares are over all n rows of the split.
+    """
+    p0 = check_probabilities(original, "original")
+    q = check_probabilities(calibrated, "calibrated")
+    r = check_probabilities(repaired, "repaired")
+    check_pair(p0, q, ("original", "calibrated"))
+    check_pair(p0, r, ("original", "repaired"))
+    n = r.shape[0]
+    moved = np.abs(r - q).max(axis=1) > REPAIR_ATOL
+    ranked = np.sort(r, axis=1)
+    top = ranked[:, -1]
+    on_boundary = moved & (top - ranked[:, -2] <= REPAIR_ATOL)
+    values, group, counts = np.unique(top[moved], return_inverse=True, return_counts=True)
+    # how many distinct calibrated values (of the repaired top-1 class) each group gathers
+    rows = np.flatnonzero(moved)
+    before = q[rows, np.argmax(r[rows], axis=1)]
+    pairs = np.unique(np.column_stack([group.reshape(-1), before]), axis=0)
+    gathered = np.bincount(pairs[:, 0].astype(np.int64), minlength=values.size)
+    collapsed = np.where(gathered > 1, counts, 0)
+    flat = int(np.argmax(collapsed)) if collapsed.size else None
+    shared = flat is not None and collapsed[flat] > 1
+    out = {"moved_share": float(moved.mean()),
+           "boundary_share": float(on_boundary.mean()),
+           "flat_share": float(counts[flat] / n) if shared else 0.0,
+           "flat_value": float(values[flat]) if shared else float("nan")}
+    if labels is not None and r.shape[1] == 2:
+        y = check_labels(labels, n, 2)
+        if 0 < y.sum() < n:
+            from sklearn.metrics import roc_auc_score  # here: scikit-learn takes a while
+
+            for name, probs in (("uncal", p0), ("base", q), ("cord", r)):
+                out[f"auc_{name}"] = float(roc_auc_score(y, probs[:, 1]))
+    return out
+
+
+def flat_warning(effect: dict[str, float]) -> str | None:
+    """The summary's warning when the repair set more than FLAT_WARNING_SHARE of the
+    outputs to one value (:func:`repair_effect`), else None."""
+    share = effect.get("flat_share", 0.0)
+    if not share > FLAT_WARNING_SHARE:
+        return None
+    return (f"FlatRepairWarning: CORD repaired {share:.1%} of the outputs to one value "
+            f"({effect['flat_value']!r}): they keep their decision but tie with each other "
+            "(a ranking, a reliability bin or a monitor's threshold sees one point); a "
+            "top-1-preserving calibrator (ts, irm) never needs the repair")

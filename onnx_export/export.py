@@ -173,9 +173,9 @@ def input_widths(metadata: dict[str, str]) -> tuple[int, ...]:
 
 def _two_columns(gb: GraphBuilder, input_kind: str) -> str:
     """A binary graph's input as its two columns: the input itself when it has two, and
-    one score column as ``cord_ops.validation.two_columns`` reads it (p -> [1 - p, p],
-    margin m -> logits [0, m]), chosen by the input's width with Where (no branch, exact:
-    either column is copied or computed, never mixed).
+    one score column as ``cord_ops.validation.two_columns`` reads it (p clipped to [0, 1]
+    -> [1 - p, p], margin m -> logits [0, m]), chosen by the input's width with Where (no
+    branch, exact: either column is copied or computed, never mixed).
 
     Whether the input is one column is looked up in a table indexed by its width
     ([-, yes, no]), so a width above 2 fails in onnxruntime (index out of bounds) instead
@@ -193,9 +193,16 @@ def _two_columns(gb: GraphBuilder, input_kind: str) -> str:
                                            dtype=np.int64),
                   gb.const(np.array([1], dtype=np.int64), "stop", dtype=np.int64), slice_axes,
                   hint="first")
-    negative = (gb.sub(gb.const(1.0), last, hint="one_minus_p") if input_kind == "probs"
-                else gb.sub(last, last, hint="zero_logit"))
-    column0 = gb.op("Where", one_column, negative, first, hint="negative")
+    if input_kind == "probs":
+        # p within its rounding outside [0, 1] is clipped, as the loaders clip it
+        # (cord_ops.validation.one_column_probabilities); Max/Min are exact.
+        p = gb.op("Min", gb.op("Max", last, gb.const(0.0)), gb.const(1.0), hint="p_clipped")
+        column0 = gb.op("Where", one_column, gb.sub(gb.const(1.0), p, hint="one_minus_p"),
+                        first, hint="negative")
+        column1 = gb.op("Where", one_column, p, last, hint="positive_column")
+        return gb.op("Concat", column0, column1, hint="two_columns", axis=1)
+    column0 = gb.op("Where", one_column, gb.sub(last, last, hint="zero_logit"), first,
+                    hint="negative")
     return gb.op("Concat", column0, last, hint="two_columns", axis=1)
 
 

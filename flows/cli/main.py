@@ -97,6 +97,7 @@ def next_steps(result, total_seconds: float, data=None) -> str:
         f"          candidate NLL {decision.candidate_nll:.6g}, champion NLL "
         f"{'-' if decision.champion_nll is None else f'{decision.champion_nll:.6g}'}",
         *_reference_line(decision),
+        *_repair_lines(result),
         *_warning_lines(result),
         *[f"{'input:' if i == 0 else '':<10}{note}"
           for i, note in enumerate(getattr(result, "input_notes", None) or [])],
@@ -132,6 +133,24 @@ def _reference_line(decision) -> list[str]:
         return [f"          champion v{ref.version}'s reference split not used: {ref.problem}"]
     return [f"          on champion v{ref.version}'s reference split: candidate NLL "
             f"{ref.candidate_nll:.6g}, champion NLL {ref.champion_nll:.6g}"]
+
+
+def _repair_lines(result) -> list[str]:
+    """What the CORD repair did on the evaluation split (issue 44): rows moved, pinned onto
+    the decision boundary, made one constant, and a binary model's AUC before and after."""
+    effect = getattr(result, "repair", None) or {}
+    if not effect:
+        return []
+    line = (f"repair:   moved {effect['moved_share']:.1%} of the outputs, "
+            f"{effect['boundary_share']:.1%} onto the decision boundary")
+    if effect["flat_share"] > 0:
+        line += f", {effect['flat_share']:.1%} to one value {effect['flat_value']!r}"
+    lines = [line]
+    if "auc_uncal" in effect:
+        lines.append(f"          AUC {effect['auc_uncal']:.4f} uncalibrated, "
+                     f"{effect['auc_base']:.4f} calibrated, {effect['auc_cord']:.4f} "
+                     "after CORD")
+    return lines
 
 
 def _warning_lines(result) -> list[str]:
@@ -405,7 +424,8 @@ def _flow_options(args) -> dict:
 
 def _gate_options(args) -> dict:
     return {"min_calibration": args.min_calibration, "min_evaluation": args.min_evaluation,
-            "max_class_share": args.max_class_share, "max_label_shift": args.max_label_shift}
+            "max_class_share": args.max_class_share, "max_label_shift": args.max_label_shift,
+            "min_class_rows": args.min_class_rows}
 
 
 def cmd_recalibrate(args) -> int:
@@ -577,6 +597,7 @@ def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
 def cmd_predict(args) -> int:
     import tempfile
 
+    from cord_ops.data import clip_note
     from onnx_export.predict import predict_file
 
     if _batch_predict_requested(args):
@@ -588,8 +609,8 @@ def cmd_predict(args) -> int:
     print(f"wrote {summary['rows']} rows x {summary['n_classes']} classes to "
           f"{summary['output']} (providers: {', '.join(summary['providers'])})")
     if summary["sum_error"] > 0:
-        print(f"input: probability rows renormalised, worst row {summary['sum_error_row']} "
-              f"summed to 1 +- {summary['sum_error']:.3g}")
+        print("input: " + clip_note(summary["input_width"], summary["sum_error"],
+                                    summary["sum_error_row"]))
     return 0
 
 

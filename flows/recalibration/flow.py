@@ -45,6 +45,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from cord_ops import metrics
 from flows.preflight import checks as inputs
 from flows.promotion import rules
 from flows.promotion.champion import ChampionUnhealthyError
@@ -113,6 +114,8 @@ class RecalibrationResult:
     onnx_max_abs_diff: float
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: what the repair did on the evaluation split (``cord_ops.metrics.repair_effect``)
+    repair: dict[str, float] = field(default_factory=dict)
     #: what loading changed in the input files (``data.Dataset.load_note``)
     input_notes: list[str] = field(default_factory=list)
     #: Why nothing was fitted or registered (:func:`skip_if_unchanged`); then ``version``
@@ -149,7 +152,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 store_timeout: float = tracking.DEFAULT_STORE_TIMEOUT,
                 lock: str = "auto", min_calibration: int | None = None,
                 min_evaluation: int | None = None, max_class_share: float | None = None,
-                max_label_shift: float | None = None,
+                max_label_shift: float | None = None, min_class_rows: int | None = None,
                 tracking_uri: str | None = None, dask_address: str | None = None,
                 dask_workers: int = 2,
                 eval_sample: int = DEFAULT_EVAL_SAMPLE) -> RecalibrationResult:
@@ -163,11 +166,12 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     ``store_timeout``: seconds a store that is down may take to fail the flow; ``lock``:
     the registry lock's kind (``auto``: :func:`flows.registry.lock.choose`). Raises
     :class:`RecalibrationError` naming the failed step. ``min_calibration``,
-    ``min_evaluation``, ``max_class_share`` and ``max_label_shift`` override the gate's
-    defaults for K (:class:`flows.promotion.rules.Policy`). When the champion could not be scored,
-    the candidate is registered as rejected, the run finished, and then
-    :class:`flows.promotion.champion.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
-    store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
+    ``min_evaluation``, ``max_class_share``, ``max_label_shift`` and ``min_class_rows``
+    override the gate's defaults for K (:class:`flows.promotion.rules.Policy`). When the
+    champion could not be scored, the candidate is registered as rejected, the run
+    finished, and then :class:`flows.promotion.champion.ChampionUnhealthyError` is raised.
+    ``tracking_uri``: the MLflow store (default: MLFLOW_TRACKING_URI, else
+    ``./mlruns/mlflow.db``).
 
     ``data`` a folder or glob of Parquet shards, or ``dask_address`` given: the fits and
     metrics run on Dask (the scheduler at ``dask_address``, else a local cluster of
@@ -186,7 +190,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     steps = Steps()
     session = None  # the Dask session when ``data`` is shards
     gate_options = {"min_calibration": min_calibration, "min_evaluation": min_evaluation,
-                    "max_class_share": max_class_share, "max_label_shift": max_label_shift}
+                    "max_class_share": max_class_share, "max_label_shift": max_label_shift,
+                    "min_class_rows": min_class_rows}
     options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
                "dtype": dtype, "promote": str(promote)}
     try:
@@ -308,7 +313,9 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         run_id=run_id, experiment_id=experiment, tracking_uri=uri, model_name=model_name,
         version=failure.version, decision=decision, eta_star=repair.eta_,
         reports=report.reports, changes=report.changes,
-        onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings, warnings=fit_warnings,
+        onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings,
+        warnings=fit_warnings + [w for w in [metrics.flat_warning(report.effect)] if w],
+        repair=report.effect,
         input_notes=[note for source in (dataset, eval_dataset)
                      if (note := getattr(source, "load_note", lambda: None)()) is not None],
     )

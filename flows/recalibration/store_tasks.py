@@ -111,6 +111,19 @@ def skip_if_unchanged(uri: str, run_id: str, model_name: str) -> str | None:
     return reason
 
 
+def repair_metrics(effect: dict[str, float]) -> dict[str, float]:
+    """The repair's effect as run metrics: ``cord.moved_share``, ``cord.boundary_share``,
+    ``cord.flat_share``, ``cord.flat_value`` (left out when no value is shared) and, for
+    K = 2, ``{uncal,base,cord}.auc``."""
+    out = {}
+    for key, value in effect.items():
+        if key.startswith("auc_"):
+            out[f"{key[4:]}.auc"] = value
+        elif value == value:  # NaN: no flat value to record
+            out[f"cord.{key}"] = value
+    return out
+
+
 @store_task
 def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
                            evaluation: Evaluation,
@@ -125,11 +138,13 @@ def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
             values[f"{report}.{name}"] = evaluation.reports[report][name]
     for name, count in evaluation.changes.items():
         values[f"base.{name}"] = count
+    values.update(repair_metrics(evaluation.effect))
     values["onnx.max_abs_diff"] = parity.max_abs_diff
     values["onnx.argmax_agreement"] = parity.argmax_agreement
     values["onnx.tolerance"] = parity.tolerance
     harm = [w for w in fit_warnings or [] if w.startswith("DoNoHarmWarning")]
     tags = {"cord.fit.warnings": "; ".join(fit_warnings or [])[:8000] or "none",
+            "cord.repair.warning": metrics.flat_warning(evaluation.effect) or "none",
             "cord.fit.warning_count": str(len(fit_warnings or [])),
             "cord.fit.harm": harm[0][:5000] if harm else "none",
             **(policy.as_tags() if policy is not None else {})}
@@ -164,6 +179,7 @@ def log_report_artifacts(uri: str, run_id: str, evaluation: Evaluation, calibrat
             plots.reliability_png(getattr(evaluation, report), evaluation.labels,
                                   root / "plots" / f"reliability_{report}.png", title=report)
         table = {"reports": evaluation.reports, "base_prediction_changes": evaluation.changes,
+                 "repair": {k: (v if v == v else None) for k, v in evaluation.effect.items()},
                  "eta_star": repair.eta_, "eta_star_repr": repr(repair.eta_)}
         (root / "report" / "metrics.json").write_text(json.dumps(table, indent=2) + "\n")
         (root / "report" / "metrics.md").write_text(metrics_markdown(evaluation.reports,

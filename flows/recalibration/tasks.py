@@ -8,7 +8,7 @@ None of them talks to the tracking store (those are in :mod:`flows.recalibration
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from prefect import get_run_logger
@@ -32,6 +32,8 @@ class Evaluation:
     cord: np.ndarray
     reports: dict[str, dict[str, float]]
     changes: dict[str, int]
+    #: what the repair did (``cord_ops.metrics.repair_effect``)
+    effect: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ def evaluate_reports(evaluation: data.Dataset, calibrator, repair: CORD) -> Eval
         "cord": metrics.evaluate(repaired, y, reference=uncal),
     }
     changes = metrics.prediction_changes(uncal, base, y)
-    return Evaluation(y, uncal, base, repaired, reports, changes)
+    return Evaluation(y, uncal, base, repaired, reports, changes,
+                      metrics.repair_effect(uncal, base, repaired, y))
 
 
 # ---------------------------------------------------------------- compute tasks on shards
@@ -242,7 +245,8 @@ def evaluate_shards(session, calibrator, repair: CORD, eval_sample: int):
             "brier": full["brier"], "accuracy": full["accuracy"],
             "tpcr": full.get("tpcr", 0.0)}
     changes = found.metrics["calibrated"]["changes"]
-    evaluation = Evaluation(sample.labels, uncal, base, repaired, reports, changes)
+    evaluation = Evaluation(sample.labels, uncal, base, repaired, reports, changes,
+                            metrics.repair_effect(uncal, base, repaired, sample.labels))
     return evaluation, sample, (found.calibration_counts, found.evaluation_counts)
 
 

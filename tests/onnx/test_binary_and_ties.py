@@ -114,3 +114,21 @@ def test_ties_go_to_the_smallest_index_in_numpy_and_in_both_graph_dtypes(name):
         assert np.array_equal(np.argmax(out["repaired"], axis=1), smallest), dtype
         assert np.abs(out["repaired"].astype(np.float64) - repaired).max() <= (
             1e-5 if dtype == "float32" else 1e-12)
+
+
+@pytest.mark.parametrize("name", ["ts", "vs", "irova"])
+def test_a_graph_clips_a_column_over_one_by_its_rounding_as_the_loaders_do(name, cases):
+    # p a few float32 ulps above 1 and a rounded 1 - p just below 0, fed to the graph raw
+    # (as a server's payload can be): the graph's rows are [0, 1] and [1, 0], the loaders'
+    cal, cord = cases.fitted(name, 2, "probs")
+    column = np.array([1 + 10 * np.finfo(np.float32).eps, -2e-7, 0.3, 1.0],
+                      dtype=np.float32)
+    clipped = np.array([[0.0, 1.0], [1.0, 0.0], [0.7, 0.3], [0.0, 1.0]])
+    clipped[2] = [1.0 - np.float64(column[2]), np.float64(column[2])]
+    expected = cases.reference(cal, cord, clipped)
+    for dtype in DTYPES:
+        model = export_onnx(cal, cord, 2, input_kind="probs", dtype=dtype)
+        out = _run(model, column[:, None].astype(dtype))
+        assert np.isfinite(out["repaired"]).all()
+        cases.assert_parity(out, expected, dtype)
+        assert out["original"][:2].tolist() == [[0.0, 1.0], [1.0, 0.0]]
