@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cord_ops.threshold import decisions, to_decision_space
 from cord_ops.validation import check_labels, check_pair, check_probabilities, top1
 
 #: The one floor for log-probabilities (float64 machine epsilon, 2.2e-16): the reported NLL
@@ -229,10 +230,11 @@ def brier(probs, labels) -> float:
     return float(np.mean(np.sum(residual**2, axis=1)))
 
 
-def accuracy(probs, labels) -> float:
-    """Fraction of rows whose top-1 class (smallest maximizing index) equals the label."""
+def accuracy(probs, labels, threshold: float | None = None) -> float:
+    """Fraction of rows whose top-1 class (smallest maximizing index) equals the label; with
+    a binary ``threshold`` t, whose decision at t (:func:`cord_ops.threshold.decisions`)."""
     q, y = _validated(probs, labels)
-    return float(np.mean(top1(q) == y))
+    return float(np.mean(decisions(q, threshold) == y))
 
 
 def _validated_reports(reference, probs) -> tuple[np.ndarray, np.ndarray]:
@@ -242,23 +244,26 @@ def _validated_reports(reference, probs) -> tuple[np.ndarray, np.ndarray]:
     return ref, q
 
 
-def tpcr(reference, probs) -> float:
+def tpcr(reference, probs, threshold: float | None = None) -> float:
     """Top-1 Prediction Change Rate (paper eq. 10): fraction of rows whose top-1 class
-    under ``probs`` differs from that under ``reference`` (the original classifier)."""
+    under ``probs`` differs from that under ``reference`` (the original classifier); with
+    a binary ``threshold`` t, the decisions at t are compared instead."""
     ref, q = _validated_reports(reference, probs)
-    return float(np.mean(top1(ref) != top1(q)))
+    return float(np.mean(decisions(ref, threshold) != decisions(q, threshold)))
 
 
-def prediction_changes(reference, probs, labels) -> dict[str, int]:
+def prediction_changes(reference, probs, labels,
+                       threshold: float | None = None) -> dict[str, int]:
     """Counts of the top-1 changes from ``reference`` to ``probs`` by effect (paper Sec. 4).
 
     ``c_plus``: incorrect -> correct, ``c_minus``: correct -> incorrect, ``c_zero``:
     incorrect -> another incorrect class. Their sum divided by n is :func:`tpcr` and
-    (c_plus - c_minus) / n is the accuracy change.
+    (c_plus - c_minus) / n is the accuracy change. With a binary ``threshold`` t, of the
+    decisions at t.
     """
     ref, q = _validated_reports(reference, probs)
     y = check_labels(labels, q.shape[0], q.shape[1])
-    before, after = top1(ref), top1(q)
+    before, after = decisions(ref, threshold), decisions(q, threshold)
     changed = before != after
     return {
         "c_plus": int(np.sum(changed & (after == y))),
@@ -286,11 +291,13 @@ def reliability_diagram(probs, labels, n_bins: int = 15) -> dict[str, np.ndarray
             "accuracy": mean_acc}
 
 
-def evaluate(probs, labels, reference=None) -> dict[str, float]:
+def evaluate(probs, labels, reference=None, threshold: float | None = None) -> dict[str, float]:
     """Every scalar metric of one probability report, keyed as in MLflow's ``{report}.{metric}``.
 
     Keys: ece, ece_em, smece, nll, brier, accuracy, tpcr; tpcr is measured against
     ``reference`` (the original classifier's probabilities) or 0.0 when it is None.
+    With a binary decision ``threshold``, accuracy and tpcr are of the decisions at it
+    (the confidence metrics stay on the top-1 probability).
     """
     q, y = _validated(probs, labels)
     return {
@@ -299,8 +306,8 @@ def evaluate(probs, labels, reference=None) -> dict[str, float]:
         "smece": smece(q, y),
         "nll": nll(q, y),
         "brier": brier(q, y),
-        "accuracy": accuracy(q, y),
-        "tpcr": 0.0 if reference is None else tpcr(reference, q),
+        "accuracy": accuracy(q, y, threshold),
+        "tpcr": 0.0 if reference is None else tpcr(reference, q, threshold),
     }
 
 
@@ -314,7 +321,8 @@ REPAIR_ATOL = 1e-6
 FLAT_WARNING_SHARE = 0.01
 
 
-def repair_effect(original, calibrated, repaired, labels=None) -> dict[str, float]:
+def repair_effect(original, calibrated, repaired, labels=None,
+                  threshold: float | None = None) -> dict[str, float]:
     """What the CORD repair did to a calibrator's outputs (issue 44), keyed as MLflow's
     ``cord.{key}``:
 
@@ -322,7 +330,9 @@ def repair_effect(original, calibrated, repaired, labels=None) -> dict[str, floa
       by more than :data:`REPAIR_ATOL`;
     - ``boundary_share``: rows the repair moved whose repaired top-1 leads the runner-up
       by at most REPAIR_ATOL: pinned onto the decision boundary (a binary row whose
-      calibrated decision flipped gets exactly min I = 1/2 + EPS_NUM, eq. 4);
+      calibrated decision flipped gets exactly min I = 1/2 + EPS_NUM, eq. 4); with a
+      binary ``threshold`` t, measured in the reweighted space whose argmax is the
+      decision at t (:mod:`cord_ops.threshold`), i.e. p1 pinned next to t;
     - ``flat_share`` and ``flat_value``: the one repaired top-1 probability the most moved
       rows share exactly, among values the repair gave to rows whose calibrated
       probabilities differed, and the share of all rows holding it (0.0 and NaN when
@@ -342,9 +352,9 @@ def repair_effect(original, calibrated, repaired, labels=None) -> dict[str, floa
     check_pair(p0, r, ("original", "repaired"))
     n = r.shape[0]
     moved = np.abs(r - q).max(axis=1) > REPAIR_ATOL
-    ranked = np.sort(r, axis=1)
-    top = ranked[:, -1]
-    on_boundary = moved & (top - ranked[:, -2] <= REPAIR_ATOL)
+    ranked = np.sort(to_decision_space(r, threshold), axis=1)
+    on_boundary = moved & (ranked[:, -1] - ranked[:, -2] <= REPAIR_ATOL)
+    top = r.max(axis=1)
     values, group, counts = np.unique(top[moved], return_inverse=True, return_counts=True)
     # how many distinct calibrated values (of the repaired top-1 class) each group gathers
     rows = np.flatnonzero(moved)
