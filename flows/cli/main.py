@@ -141,11 +141,16 @@ def _repair_lines(result) -> list[str]:
     effect = getattr(result, "repair", None) or {}
     if not effect:
         return []
+    t = getattr(result, "decision_threshold", None)
+    boundary = "the decision boundary" if t is None else f"the threshold p1 = {t:g}"
     line = (f"repair:   moved {effect['moved_share']:.1%} of the outputs, "
-            f"{effect['boundary_share']:.1%} onto the decision boundary")
+            f"{effect['boundary_share']:.1%} onto {boundary}")
     if effect["flat_share"] > 0:
         line += f", {effect['flat_share']:.1%} to one value {effect['flat_value']!r}"
     lines = [line]
+    if t is not None:
+        lines.append(f"          decisions kept at p1 >= {t:g} (label, accuracy and TPCR are "
+                     "of those decisions)")
     if "auc_uncal" in effect:
         lines.append(f"          AUC {effect['auc_uncal']:.4f} uncalibrated, "
                      f"{effect['auc_base']:.4f} calibrated, {effect['auc_cord']:.4f} "
@@ -300,6 +305,9 @@ def _on_shards(args) -> bool:
 def validate_shard_recalibrate(args):
     """Shards (footers only), options, the scheduler's address; returns the shard set."""
     _check_flow_options(args)
+    if args.decision_threshold is not None:
+        raise inputs.InputError("--decision-threshold: not available on shards (the repair "
+                                "in the threshold's space is fitted on one process's rows)")
     if args.dask_workers < 1:
         raise inputs.InputError(f"--dask-workers: expected a positive integer, got "
                                 f"{args.dask_workers}")
@@ -329,7 +337,8 @@ def validate_recalibrate(args):
     evaluation = (None if args.eval_data is None
                   else inputs.load_data(args.eval_data, dataset.input_kind))
     inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed,
-                               _gate_options(args) if hasattr(args, "min_calibration") else None)
+                               _gate_options(args) if hasattr(args, "min_calibration") else None,
+                               getattr(args, "decision_threshold", None))
     inputs.champion_reads(args.tracking_uri, args.model_name, dataset)
     return dataset
 
@@ -436,8 +445,8 @@ def cmd_recalibrate(args) -> int:
     result = recalibrate(data=str(args.data),
                          eval_data=None if args.eval_data is None else str(args.eval_data),
                          promote=not args.no_promote, tracking_uri=args.tracking_uri,
-                         lock=args.lock, **_flow_options(args), **_gate_options(args),
-                         **shards)
+                         lock=args.lock, decision_threshold=args.decision_threshold,
+                         **_flow_options(args), **_gate_options(args), **shards)
     _print_result(result, args.started, args.data)
     return 0
 

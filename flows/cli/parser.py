@@ -82,6 +82,10 @@ def add_recalibrate(sub) -> None:
     add_gate_options(p)
     p.add_argument("--no-promote", action="store_true",
                    help="record the gate decision but never move @champion")
+    p.add_argument("--decision-threshold", type=float, default=None, metavar="T",
+                   help="binary models: keep the decision p1 >= T the operator takes "
+                        "instead of the argmax (0.5); baked into the graph and its label "
+                        "(default: the argmax)")
 
 
 def add_monitor(sub) -> None:

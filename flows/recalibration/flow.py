@@ -116,6 +116,8 @@ class RecalibrationResult:
     warnings: list[str] = field(default_factory=list)
     #: what the repair did on the evaluation split (``cord_ops.metrics.repair_effect``)
     repair: dict[str, float] = field(default_factory=dict)
+    #: the binary decision threshold kept (None: the argmax)
+    decision_threshold: float | None = None
     #: what loading changed in the input files (``data.Dataset.load_note``)
     input_notes: list[str] = field(default_factory=list)
     #: Why nothing was fitted or registered (:func:`skip_if_unchanged`); then ``version``
@@ -153,6 +155,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 lock: str = "auto", min_calibration: int | None = None,
                 min_evaluation: int | None = None, max_class_share: float | None = None,
                 max_label_shift: float | None = None, min_class_rows: int | None = None,
+                decision_threshold: float | None = None,
                 tracking_uri: str | None = None, dask_address: str | None = None,
                 dask_workers: int = 2,
                 eval_sample: int = DEFAULT_EVAL_SAMPLE) -> RecalibrationResult:
@@ -179,6 +182,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     ``eval_sample`` evaluation rows gathered for parity, the reference split and the gate
     (docs/scale.md).
 
+    ``decision_threshold`` (binary models): CORD keeps the decision ``p1 > t`` instead of
+    the argmax (``cord_ops.threshold``), the graph's label is that decision, and the
+    gate's TPCR and the parity's agreement are measured on it; not on shards.
+
     A run of a deployment whose parameters are not the deployment's is refused first
     (:func:`flows.runtime.pinned.check`).
     """
@@ -196,6 +203,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                "dtype": dtype, "promote": str(promote)}
     try:
         if is_shard_input(data, dask_address):
+            if decision_threshold is not None:
+                raise ValueError("decision_threshold: not available on shards")
             plan = steps(plan_shard_inputs, str(data), _text(eval_data), input_kind, seed,
                          fraction)
             policy = steps(check_shard_options, calibrator, dtype, eval_sample, plan,
@@ -209,7 +218,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             eval_dataset = (steps(load_dataset, str(eval_data), dataset.input_kind)
                             if eval_data is not None else None)
             policy = steps(check_options, calibrator, dtype, seed, fraction, dataset,
-                           eval_dataset, gate_options)
+                           eval_dataset, gate_options, decision_threshold)
         steps(prepare_store, uri, store_timeout)
         run_id, experiment = steps(start_run, uri, model_name, dataset, eval_dataset, options)
     except Exception as exc:
@@ -239,7 +248,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed,
                                                 fraction)
                 fitted, calibrator_warnings = steps(fit_calibrator, calibration, calibrator)
-                repair, cord_warnings = steps(fit_cord, calibration, fitted)
+                repair, cord_warnings = steps(fit_cord, calibration, fitted,
+                                              decision_threshold)
                 cord_warnings = cord_warnings + steps(check_no_harm, calibration, fitted,
                                                       repair)
                 report = steps(evaluate_reports, evaluation, fitted, repair)
@@ -315,7 +325,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         reports=report.reports, changes=report.changes,
         onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings,
         warnings=fit_warnings + [w for w in [metrics.flat_warning(report.effect)] if w],
-        repair=report.effect,
+        repair=report.effect, decision_threshold=repair.decision_threshold,
         input_notes=[note for source in (dataset, eval_dataset)
                      if (note := getattr(source, "load_note", lambda: None)()) is not None],
     )

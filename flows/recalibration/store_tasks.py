@@ -285,7 +285,9 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
             client, model_name, run_id, model_info.model_uri, model_info.model_id,
             tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
                   registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256,
-                  registry.N_CLASSES_TAG: str(dataset.n_classes)},
+                  registry.N_CLASSES_TAG: str(dataset.n_classes),
+                  **({} if repair.decision_threshold is None else
+                     {"cord.decision_threshold": repr(float(repair.decision_threshold))})},
             previous_champion=previous,
         )
     return str(version.version), previous
@@ -332,7 +334,7 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
                                                            ref_split.n_classes))
     decision = rules.decide(
         candidate_nll=metrics.nll(parity.repaired, evaluation.labels),
-        candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired),
+        candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired, report.threshold),
         parity_ok=parity.ok, champion=champion,
         uncalibrated_nll=metrics.nll(report.uncal, evaluation.labels),
         evidence=evidence, policy=policy,
