@@ -101,6 +101,8 @@ MODULES: dict[str, list[str]] = {
         "tests/flows/test_registry.py::test_register_version_is_idempotent_per_run",
         "tests/flows/test_registry.py::test_withdraw_restores_the_alias_and_deletes_the_version"],
     "cord_ops/label_free.py": ["tests/core/test_label_free.py"],
+    # issue 44: decisions at a binary threshold (the derivation lives in the module)
+    "cord_ops/threshold.py": ["tests/core/test_threshold.py"],
     # issue 42 items 7 and 4: the read budget and the redaction of credentials
     "cord_ops/read_budget.py": [
         "tests/core/test_read_budget.py",
