@@ -10,7 +10,7 @@ instead. The derivation, beside the paper's eqs. 2-5 (docs/calibrators.md links 
    ``W_t(p)`` iff ``(1 - t) p1 > t p0 = t (1 - p1)`` iff ``p1 > t``. ``W_t`` is the
    prior-shift map of Saerens et al. (eq. 2.4; :func:`cord_ops.label_free.reweighted`
    with weights w) and a bijection of the open simplex, its inverse the reweighting by
-   ``(1 / t, 1 / (1 - t))``.
+   ``(1 / t, 1 / (1 - t))``, i.e. by ``(1 - t, t)`` once renormalised.
 2. **Repair in the reweighted space, map back.** With ``p0`` the classifier's and ``q``
    the calibrator's rows, CORD (eqs. 2-6, 18) runs unchanged on ``W_t(p0)`` and
    ``W_t(q)``: its label ``a = argmax W_t(p0)`` is the decision at t, rows whose
@@ -23,8 +23,8 @@ instead. The derivation, beside the paper's eqs. 2-5 (docs/calibrators.md links 
    just on the classifier's side of t (``W_t^-1`` of min I = 1/2 + EPS_NUM), as the
    paper's closed form pins it just above 1/2.
 3. **t = 1/2 is the paper's CORD.** ``W_{1/2}`` is the identity (equal weights), so with
-   t = 1/2 the repair is ``CORD.transform`` itself, bit for bit: no reweighting is
-   computed at all.
+   t = 1/2 the repair is ``CORD.transform`` itself, bit for bit (``reweighted`` returns
+   rows under equal weights unchanged).
 
 Ties: ``p1 == t`` exactly (in the reweighted row's rounding) goes to class 0, the tie
 rule of the argmax, which at t = 1/2 is today's rule; otherwise the decision is
@@ -60,18 +60,25 @@ def weights(threshold: float) -> np.ndarray:
     return np.array([threshold, 1.0 - threshold])
 
 
+def back_weights(threshold: float) -> np.ndarray:
+    """(1 - t, t): proportional to (1 / t, 1 / (1 - t)), the inverse reweighting (the
+    renormalisation removes the factor t (1 - t))."""
+    return np.array([1.0 - threshold, threshold])
+
+
 def to_decision_space(probs: np.ndarray, threshold: float | None) -> np.ndarray:
-    """``W_t(probs)`` (module docstring); the rows themselves when t is None or 1/2."""
-    if threshold is None or threshold == 0.5:
+    """``W_t(probs)`` (module docstring); the rows themselves when t is None. At t = 1/2
+    the weights are equal and ``reweighted`` returns the rows unchanged (a copy)."""
+    if threshold is None:
         return probs
-    return reweighted(np.asarray(probs, dtype=np.float64), weights(threshold))
+    return reweighted(np.asarray(probs), weights(threshold))
 
 
 def from_decision_space(rows: np.ndarray, threshold: float | None) -> np.ndarray:
-    """``W_t^-1(rows)``: the inverse reweighting by (1 / t, 1 / (1 - t))."""
-    if threshold is None or threshold == 0.5:
+    """``W_t^-1(rows)``: the reweighting by :func:`back_weights`."""
+    if threshold is None:
         return rows
-    return reweighted(rows, 1.0 / weights(threshold))
+    return reweighted(rows, back_weights(threshold))
 
 
 def decisions(probs: np.ndarray, threshold: float | None = None) -> np.ndarray:

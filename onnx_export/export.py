@@ -225,8 +225,8 @@ def _threshold_pipeline(gb: GraphBuilder, source: str, calibrator, input_kind: s
 
     The rows are reweighted by w = (t, 1 - t) and renormalised (``label_free.reweighted``'s
     operations in its order), the label is their argmax, the repair runs on the reweighted
-    rows and its output is reweighted by 1 / w back. A float32 graph casts the result
-    down and then checks each row's decision at t (in float64, as cord_ops decides it):
+    rows and its output is reweighted back by (1 - t, t) (proportional to 1 / w). A float32
+    graph casts the result down and then checks each row's decision at t (in float64, as cord_ops decides it):
     where the cast moved p1 across t (the repair leaves a margin of about 1e-12, far below
     float32's resolution), p1 and p0 are moved one float32 ulp or two apart toward the
     label's side (x (1 + 2^-23) up, x (1 - 2^-23) down: the exact product lies at least
@@ -239,7 +239,8 @@ def _threshold_pipeline(gb: GraphBuilder, source: str, calibrator, input_kind: s
     x = wide.cast(source, np.float64) if narrow else source
     original = x if input_kind == "probs" else wide.softmax(x)
     w = wide.const(np.array([[t, 1.0 - t]]), "threshold_weights")
-    w_back = wide.const(1.0 / np.array([[t, 1.0 - t]]), "threshold_weights_back")
+    # (1 - t, t): proportional to (1 / t, 1 / (1 - t)), as cord_ops.threshold.back_weights
+    w_back = wide.const(np.array([[1.0 - t, t]]), "threshold_weights_back")
 
     def reweight(rows: str, by: str, hint: str) -> str:
         moved = wide.mul(rows, by)

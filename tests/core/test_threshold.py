@@ -16,7 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cord_ops import CORD, metrics
-from cord_ops.threshold import check_threshold, decisions
+from cord_ops.threshold import (
+    check_threshold,
+    decisions,
+    from_decision_space,
+    to_decision_space,
+)
 
 THRESHOLDS = st.one_of(st.sampled_from([0.1, 0.8, 0.05, 0.95, 0.3]),
                        st.floats(0.01, 0.99, allow_nan=False))
@@ -88,6 +93,20 @@ def test_the_repair_is_the_papers_cord_on_rows_reweighted_by_hand(t):
     assert crossed.sum() >= 3
     repaired = repair.transform(original, calibrated)
     assert np.all(_by_comparison(repaired, t) == _by_comparison(original, t))
+
+
+def test_without_a_threshold_the_decision_is_the_argmax_and_nothing_is_reweighted():
+    rows = np.array([[0.5, 0.5], [0.3, 0.7], [0.9, 0.1], [0.4, 0.6]], dtype=np.float32)
+    assert decisions(rows).tolist() == [0, 1, 0, 1]
+    assert to_decision_space(rows, None) is rows and from_decision_space(rows, None) is rows
+    # the weights, by hand: (t, 1 - t) forward, (1 - t, t) back
+    forward = to_decision_space(rows, 0.25)
+    expected = rows * np.array([0.25, 0.75])
+    np.testing.assert_allclose(forward, expected / expected.sum(axis=1, keepdims=True),
+                               rtol=1e-7)
+    np.testing.assert_allclose(from_decision_space(forward, 0.25), rows, rtol=1e-6)
+    assert decisions(rows, 0.25).tolist() == [1, 1, 0, 1]
+    assert decisions(rows, 0.65).tolist() == [0, 1, 0, 0]
 
 
 def test_the_threshold_is_saved_and_only_when_given():
