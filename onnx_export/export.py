@@ -226,13 +226,13 @@ def _threshold_pipeline(gb: GraphBuilder, source: str, calibrator, input_kind: s
     The rows are reweighted by w = (t, 1 - t) and renormalised (``label_free.reweighted``'s
     operations in its order), the label is their argmax, the repair runs on the reweighted
     rows and its output is reweighted back by (1 - t, t) (proportional to 1 / w). A float32
-    graph casts the result down and then checks each row's decision at t (in float64, as cord_ops decides it):
-    where the cast moved p1 across t (the repair leaves a margin of about 1e-12, far below
-    float32's resolution), p1 and p0 are moved one float32 ulp or two apart toward the
-    label's side (x (1 + 2^-23) up, x (1 - 2^-23) down: the exact product lies at least
-    one ulp away, so it rounds past x); since the float64 row was on the label's side,
-    the nudged entries are at least as far on it as the float64 ones, and the decision
-    holds on every row."""
+    graph casts the result down and then checks each row's decision at t (in float64, as
+    cord_ops decides it): where the cast moved p1 across t (the repair leaves a margin of
+    about 1e-12, far below float32's resolution), p1 and p0 are moved one float32 ulp or two
+    apart toward the label's side (x (1 + 2^-23) up, x (1 - 2^-23) down: the exact product
+    lies at least one ulp away, so it rounds past x); since the float64 row was on the
+    label's side, the nudged entries are at least as far on it as the float64 ones, and the
+    decision holds on every row."""
     family = family_of(calibrator)
     wide = gb if gb.dtype == np.float64 else gb.retyped("float64")
     narrow = wide is not gb
