@@ -60,7 +60,7 @@ _GATE_TESTS = ["tests/flows/test_gate.py", "tests/flows/test_gate_units.py",
 #: module when these were written, and test_reduce.py reaches the estimator's fit helpers.
 _CORD_TESTS = ["tests/core/test_cord_mutants.py", "tests/core/test_cord.py",
                "tests/core/test_cord_blocks.py", "tests/core/test_mutation_gaps.py",
-               "tests/core/test_reduce.py"]
+               "tests/core/test_reduce.py", "tests/core/test_threshold.py"]
 
 #: module -> its own fast tests (files or node ids; ``-m "not slow"`` is added).
 MODULES: dict[str, list[str]] = {
@@ -75,7 +75,10 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/partition_sums.py": ["tests/core/test_reduce_mutants.py",
                                    "tests/core/test_reduce.py",
                                    "tests/core/test_mutation_gaps.py"],
-    "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py"],
+    "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py",
+                            # issue 44: the repair's effect and the metrics at a threshold
+                            "tests/core/test_binary_production.py",
+                            "tests/core/test_threshold.py"],
     "cord_ops/calibrators/temperature.py": [
         "tests/calibrators/test_closed_forms.py", "tests/core/test_mutation_gaps.py",
         "tests/calibrators/test_bounded_refit.py",
