@@ -378,13 +378,17 @@ def repair_effect(original, calibrated, repaired, labels=None,
     return out
 
 
-def flat_warning(effect: dict[str, float]) -> str | None:
+def flat_warning(effect: dict[str, float], threshold: float | None = None) -> str | None:
     """The summary's warning when the repair set more than FLAT_WARNING_SHARE of the
-    outputs to one value (:func:`repair_effect`), else None."""
+    outputs to one value (:func:`repair_effect`), else None. What it suggests depends on
+    the decision kept: a top-1-preserving map never needs the repair of the argmax, while
+    at a ``threshold`` other than 1/2 even a monotone map can move p1 across it."""
     share = effect.get("flat_share", 0.0)
     if not share > FLAT_WARNING_SHARE:
         return None
+    advice = ("a top-1-preserving calibrator (ts, irm) never needs the repair"
+              if threshold is None or threshold == 0.5 else
+              "a monotone map (ts) keeps the ranking and needs the repair less")
     return (f"FlatRepairWarning: CORD repaired {share:.1%} of the outputs to one value "
             f"({effect['flat_value']!r}): they keep their decision but tie with each other "
-            "(a ranking, a reliability bin or a monitor's threshold sees one point); a "
-            "top-1-preserving calibrator (ts, irm) never needs the repair")
+            f"(a ranking, a reliability bin or a monitor's threshold sees one point); {advice}")

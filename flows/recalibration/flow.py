@@ -324,7 +324,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         version=failure.version, decision=decision, eta_star=repair.eta_,
         reports=report.reports, changes=report.changes,
         onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings,
-        warnings=fit_warnings + [w for w in [metrics.flat_warning(report.effect)] if w],
+        warnings=fit_warnings + [w for w in [metrics.flat_warning(report.effect,
+                                                                   report.threshold)] if w],
         repair=report.effect, decision_threshold=repair.decision_threshold,
         input_notes=[note for source in (dataset, eval_dataset)
                      if (note := getattr(source, "load_note", lambda: None)()) is not None],

@@ -144,7 +144,8 @@ def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
     values["onnx.tolerance"] = parity.tolerance
     harm = [w for w in fit_warnings or [] if w.startswith("DoNoHarmWarning")]
     tags = {"cord.fit.warnings": "; ".join(fit_warnings or [])[:8000] or "none",
-            "cord.repair.warning": metrics.flat_warning(evaluation.effect) or "none",
+            "cord.repair.warning": (metrics.flat_warning(evaluation.effect, evaluation.threshold)
+                                    or "none"),
             "cord.fit.warning_count": str(len(fit_warnings or [])),
             "cord.fit.harm": harm[0][:5000] if harm else "none",
             **(policy.as_tags() if policy is not None else {})}

@@ -118,6 +118,10 @@ def test_a_repair_that_flattens_the_flipped_rows_is_measured_and_warned(percent,
     warning = metrics.flat_warning(effect)
     assert warning.startswith(f"FlatRepairWarning: CORD repaired {effect['flat_share']:.1%} "
                               "of the outputs to one value (0.500000000001)")
+    assert warning.endswith("a top-1-preserving calibrator (ts, irm) never needs the repair")
+    assert metrics.flat_warning(effect, 0.1).endswith(
+        "a monotone map (ts) keeps the ranking and needs the repair less")
+    assert metrics.flat_warning({**effect, "flat_share": 0.01}) is None  # 1 % is allowed
 
 
 @pytest.mark.parametrize("name", ["ts", "irm"])
