@@ -69,6 +69,10 @@ A candidate is promoted only when every one of these holds (:func:`decide`):
      is there for disasters (the all-zero-labels batch's candidate is 16 times worse
      there), and 2 % is several standard errors of a mean NLL on a few thousand rows.
 6. ``promote`` is not switched off.
+7. **It decides as the champion does.** A binary candidate keeping another decision
+   threshold than the champion (:func:`decision_change`; none and 1/2 are the argmax)
+   changes the decisions the operator takes, which is a policy change for ``cord-ops
+   promote``, not a gate's win on NLL.
 
 :func:`decide` is a pure function of numbers, and so is everything here: this module needs
 numpy and nothing of MLflow (``tests/test_layering.py`` checks), so the rules can be read,
@@ -266,6 +270,20 @@ def evidence_problems(evidence: Evidence, policy: Policy) -> list[str]:
     return problems
 
 
+def decision_change(candidate: float | None, champion: float | None,
+                    champion_version: str) -> str | None:
+    """Why a candidate deciding at another threshold than the champion may not take the
+    alias by the gate (a change of decision policy is the operator's: ``cord-ops
+    promote``), or None when both decide alike (1/2 is the argmax)."""
+    def words(t):
+        return "the argmax" if t is None or t == 0.5 else f"p1 > {t:g}"
+
+    if words(candidate) == words(champion):
+        return None
+    return (f"decides at {words(candidate)} but champion v{champion_version} decides at "
+            f"{words(champion)} (a change of decision policy is promoted by hand)")
+
+
 @dataclass(frozen=True)
 class ChampionScore:
     """The current champion's version and its NLL on the candidate's evaluation split;
@@ -317,11 +335,12 @@ class GateDecision:
 def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
            champion: ChampionScore | None, *, uncalibrated_nll: float, evidence: Evidence,
            policy: Policy, reference: ReferenceScore | None = None,
-           promote: bool = True) -> GateDecision:
+           promote: bool = True, decision_change: str | None = None) -> GateDecision:
     """The champion gate as a pure function of the measured numbers (rules in the module
     docstring). ``uncalibrated_nll``: the classifier's own NLL on the candidate's
-    evaluation split, the baseline every candidate must not lose to. Every failed rule is
-    named in ``reason``."""
+    evaluation split, the baseline every candidate must not lose to. ``decision_change``:
+    why the candidate takes other decisions than the champion (another binary decision
+    threshold), a rule of its own. Every failed rule is named in ``reason``."""
     champion_nll = None if champion is None else champion.nll
     champion_version = None if champion is None else champion.version
     failed = []
@@ -329,6 +348,8 @@ def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
         failed.append(f"repaired output changes top-1 decisions (TPCR {candidate_tpcr!r})")
     if not parity_ok:
         failed.append("ONNX parity check failed")
+    if decision_change is not None:
+        failed.append(decision_change)
     problems = evidence_problems(evidence, policy)
     if problems:
         failed.append(f"not enough evidence ({'; '.join(problems)})")

@@ -52,6 +52,7 @@ from flows.promotion.champion import ChampionUnhealthyError
 from flows.recalibration.artifacts import run_params
 from flows.recalibration.failure import Failure, RecalibrationError, uri_if_store
 from flows.recalibration.store_tasks import (
+    champion_threshold,
     ensure_model,
     finish_run,
     gate,
@@ -184,7 +185,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
 
     ``decision_threshold`` (binary models): CORD keeps the decision ``p1 > t`` instead of
     the argmax (``cord_ops.threshold``), the graph's label is that decision, and the
-    gate's TPCR and the parity's agreement are measured on it; not on shards.
+    gate's TPCR and the parity's agreement are measured on it; not on shards. Without
+    one, a binary model keeps its champion's (version tag ``cord.decision_threshold``), so
+    a scheduled or drift-started recalibration never moves its decisions back to the
+    argmax; a candidate deciding otherwise than the champion is rejected by the gate.
 
     A run of a deployment whose parameters are not the deployment's is refused first
     (:func:`flows.runtime.pinned.check`).
@@ -220,6 +224,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             policy = steps(check_options, calibrator, dtype, seed, fraction, dataset,
                            eval_dataset, gate_options, decision_threshold)
         steps(prepare_store, uri, store_timeout)
+        if decision_threshold is None and session is None and dataset.n_classes == 2:
+            decision_threshold = steps(champion_threshold, uri, model_name)
+        if decision_threshold is not None:
+            options["decision_threshold"] = repr(float(decision_threshold))
         run_id, experiment = steps(start_run, uri, model_name, dataset, eval_dataset, options)
     except Exception as exc:
         if session is not None:

@@ -69,7 +69,21 @@ def start_run(uri: str, model_name: str, dataset: data.Dataset,
 #: to those of the champion's run, the run would rebuild the champion's graph.
 IDENTITY_TAGS = ("data.sha256", "data.input_kind", "eval_data.sha256",
                  "eval_data.input_kind", "cord.calibrator", "cord.seed", "cord.fraction",
-                 "cord.dtype", "cord.eval_sample", "cord.promote")
+                 "cord.dtype", "cord.eval_sample", "cord.promote", "cord.decision_threshold")
+#: The version tag of a binary model's decision threshold (absent: the argmax).
+THRESHOLD_TAG = "cord.decision_threshold"
+
+
+@store_task
+def champion_threshold(uri: str, model_name: str) -> float | None:
+    """The decision threshold the current champion keeps (its version tag), or None: a
+    recalibration given no threshold keeps the champion's, so a scheduled or drift-started
+    run never silently moves a fraud model's decisions back to the argmax."""
+    holder = registry.champion_version(tracking.client(uri), model_name)
+    text = None if holder is None else holder.tags.get(THRESHOLD_TAG)
+    return None if text is None else float(text)
+
+
 SKIPPED_TAG = "cord.skipped"
 
 
@@ -288,7 +302,7 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
                   registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256,
                   registry.N_CLASSES_TAG: str(dataset.n_classes),
                   **({} if repair.decision_threshold is None else
-                     {"cord.decision_threshold": repr(float(repair.decision_threshold))})},
+                     {THRESHOLD_TAG: repr(float(repair.decision_threshold))})},
             previous_champion=previous,
         )
     return str(version.version), previous
@@ -340,6 +354,9 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
         uncalibrated_nll=metrics.nll(report.uncal, evaluation.labels),
         evidence=evidence, policy=policy,
         reference=scored_ref, promote=promote,
+        decision_change=None if previous_champion is None else rules.decision_change(
+            report.threshold, _version_threshold(client, name, previous_champion),
+            previous_champion),
     )
     if champion is not None:
         record_health(client, name, previous_champion, champion.problem)
@@ -360,6 +377,11 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
     checkpoints.checkpoint("alias_moved")
     get_run_logger().info("gate: %s v%s (%s)", decision.label, version, decision.reason)
     return decision
+
+
+def _version_threshold(client, name: str, version: str) -> float | None:
+    text = client.get_model_version(name, version).tags.get(THRESHOLD_TAG)
+    return None if text is None else float(text)
 
 
 def _run_graph(model, scores: np.ndarray, dtype: str) -> np.ndarray:

@@ -68,3 +68,12 @@ def test_rare_positives_in_one_column_at_the_operators_threshold(store, tmp_path
     np.testing.assert_array_equal(label, _at(ev))
     np.testing.assert_array_equal(
         ((1 - T) * repaired[:, 1] > T * repaired[:, 0]).astype(np.int64), _at(ev))
+
+    # a later recalibration given no threshold keeps the champion's, never the argmax
+    assert main(["recalibrate", "--data", str(tmp_path / "cal.npz"), "--eval-data",
+                 str(tmp_path / "eval.npz"), "--model-name", "fraud", "--calibrator",
+                 "ts"]) == 0
+    second = client.get_model_version("fraud", "2")
+    assert second.tags["cord.decision_threshold"] == "0.1"
+    assert client.get_run(second.run_id).data.params["decision_threshold"] == "0.1"
+    assert "decides at" not in second.tags["cord.gate.reason"]

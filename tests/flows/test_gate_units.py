@@ -501,3 +501,22 @@ def test_a_health_tag_write_failing_otherwise_is_not_retried(error):
     with pytest.raises(MlflowException, match=error.split(":")[0]):
         champion.record_health(client, "m", "3", "graph missing")
     assert client.writes == []
+
+
+def test_a_change_of_decision_threshold_is_a_rule_of_its_own():
+    decision_change = rules.decision_change
+    assert decision_change(None, None, "3") is None
+    assert decision_change(0.5, None, "3") is None  # 1/2 is the argmax
+    assert decision_change(0.1, 0.1, "3") is None
+    assert decision_change(None, 0.1, "3") == (
+        "decides at the argmax but champion v3 decides at p1 > 0.1 (a change of decision "
+        "policy is promoted by hand)")
+    assert decision_change(0.2, 0.1, "3") == (
+        "decides at p1 > 0.2 but champion v3 decides at p1 > 0.1 (a change of decision "
+        "policy is promoted by hand)")
+    changed = _decide(decision_change="decides at p1 > 0.2 but champion v3 decides at the "
+                                      "argmax (a change of decision policy is promoted by hand)")
+    assert not changed.promote and changed.reason == (
+        "decides at p1 > 0.2 but champion v3 decides at the argmax (a change of decision "
+        "policy is promoted by hand)")
+    assert _decide().promote
