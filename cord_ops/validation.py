@@ -168,7 +168,8 @@ def two_columns(x, kind: str, name: str = "scores") -> np.ndarray:
     """
     if kind == "probs":
         return one_column_probabilities(x, name)[0]
-    return np.column_stack([np.zeros_like(column := _column(x, name)), column])
+    column = _column(x, name)
+    return np.column_stack([np.zeros_like(column), column])
 
 
 def _column(x, name: str) -> np.ndarray:
