@@ -242,8 +242,8 @@ _V_COLUMN_COPY = ("the converted column is only read (checks, 1 - p, column_stac
                   "array): whether astype copied it cannot be seen")
 _V_RESHAPE = ("np.unique's inverse of a 1-D array (the only kind that gets here) is already "
               "1-D; reshape(None) leaves it as it is, like reshape(-1)")
-_V_TWO_COLUMNS = ("two_columns gets only what is_one_column accepts ((n,) or (n, 1), its one "
-                  "caller stored_scores checks): an (n, 1) column kept 2-D gives the same "
+_V_TWO_COLUMNS = ("_column gets only what is_one_column accepts ((n,) or (n, 1), which "
+                  "stored_scores checks): an (n, 1) column kept 2-D gives the same "
                   "checks, row numbers, values and n x 2 column_stack")
 
 # Reasons shared by several of flows/serving/contract.py's equivalent survivors.
@@ -540,7 +540,7 @@ ACCEPTED: dict[str, str] = {
         _V_COLUMN_COPY,
     'cord_ops/validation.py::check_class_labels::return classes, codes.reshape(-1).astype(np.int64) -> return classes, codes.reshape(None).astype(np.int64)':  # noqa: E501 - a key is one source line
         _V_RESHAPE,
-    'cord_ops/validation.py::two_columns::if arr.ndim == 2: -> if arr.ndim == 3:':
+    'cord_ops/validation.py::_column::return _one_column_values(arr[:, 0] if arr.ndim == 2 else arr, name) -> return _one_column_values(arr[:, 0] if arr.ndim == 3 else arr, name)':  # noqa: E501 - a key is one source line
         _V_TWO_COLUMNS,
     # flows/serving/contract.py
     'flows/serving/contract.py::_reason::if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "iuf" or ( -> if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "XXiufXX" or (':  # noqa: E501 - a key is one source line
