@@ -359,7 +359,7 @@ def repair_effect(original, calibrated, repaired, labels=None,
     # how many distinct calibrated values (of the repaired top-1 class) each group gathers
     rows = np.flatnonzero(moved)
     before = q[rows, np.argmax(r[rows], axis=1)]
-    pairs = np.unique(np.column_stack([group.reshape(-1), before]), axis=0)
+    pairs = np.unique(np.column_stack([group, before]), axis=0)
     gathered = np.bincount(pairs[:, 0].astype(np.int64), minlength=values.size)
     collapsed = np.where(gathered > 1, counts, 0)
     flat = int(np.argmax(collapsed)) if collapsed.size else None

@@ -150,3 +150,89 @@ def test_tree_leaves_moved_alike_are_not_counted_as_flattened():
     effect = metrics.repair_effect(original, calibrated, repaired)
     assert effect["flat_share"] == 0.5 and effect["flat_value"] == 0.5 + 1e-12
     assert effect["boundary_share"] == 0.5 and "auc_cord" not in effect
+
+
+# ---------------------------------------------------------------- the effect's edges
+def test_repair_effect_refuses_naming_the_array():
+    good = np.array([[0.6, 0.4], [0.3, 0.7]])
+    bad = np.array([[1.2, -0.2], [0.3, 0.7]])
+    for position, name in enumerate(("original", "calibrated", "repaired")):
+        args = [good, good, good]
+        args[position] = bad
+        with pytest.raises(ValueError, match=rf"^{name}: row 0 has a negative entry"):
+            metrics.repair_effect(*args)
+    three = np.vstack([good, good[:1]])
+    with pytest.raises(ValueError, match=r"^calibrated: expected 2 rows to match original, "
+                                         r"got 3$"):
+        metrics.repair_effect(good, three, good)
+    with pytest.raises(ValueError, match=r"^repaired: expected 2 rows to match original, "
+                                         r"got 3$"):
+        metrics.repair_effect(good, good, three)
+    with pytest.raises(ValueError, match=r"^labels: row 0 is 2; expected a class in \[0, 2\)"):
+        metrics.repair_effect(good, good, good, np.array([2, 0]))
+
+
+def test_a_move_of_exactly_the_tolerance_is_not_a_move():
+    calibrated = np.array([[0.0, 1e-6, 1 - 1e-6], [0.2, 0.3, 0.5]])
+    repaired = np.array([[1e-6, 0.0, 1 - 1e-6], [0.25, 0.3, 0.45]])
+    effect = metrics.repair_effect(calibrated, calibrated, repaired)
+    assert effect["moved_share"] == 0.5
+    # K = 3: a moved row whose top-1 leads by 0.15 is not on the boundary
+    assert effect["boundary_share"] == 0.0
+
+
+def test_the_boundary_at_a_threshold_is_p1_next_to_it():
+    original = np.array([[0.8, 0.2], [0.7, 0.3], [0.95, 0.05]])
+    calibrated = np.array([[0.95, 0.05], [0.6, 0.4], [0.97, 0.03]])
+    repaired = np.array([[0.9 - 1e-12, 0.1 + 1e-12], [0.6, 0.4], [0.96, 0.04]])
+    effect = metrics.repair_effect(original, calibrated, repaired, threshold=0.1)
+    assert effect["boundary_share"] == pytest.approx(1 / 3)  # rows 0 and 2 moved; row 0 at t
+    assert effect["moved_share"] == pytest.approx(2 / 3)
+    assert metrics.repair_effect(original, calibrated, repaired)["boundary_share"] == 0.0
+
+
+def test_the_largest_group_made_one_value_is_the_one_reported():
+    n = 7
+    original = np.tile([0.3, 0.7], (n, 1))
+    calibrated = np.array([[0.6, 0.4], [0.55, 0.45], [0.7, 0.3], [0.65, 0.35], [0.8, 0.2],
+                           [0.2, 0.8], [0.2, 0.8]])
+    repaired = np.array([[0.45, 0.55]] * 2 + [[0.3, 0.7]] * 3 + [[0.1, 0.9]] * 2)
+    effect = metrics.repair_effect(original, calibrated, repaired)
+    # 0.55 gathers 2 distinct rows, 0.7 gathers 3; 0.9 is two equal rows moved alike
+    assert effect["flat_value"] == 0.7 and effect["flat_share"] == 3 / n
+
+
+@pytest.mark.parametrize("labels, has_auc", [
+    ([0, 0, 0, 0], False), ([1, 1, 1, 1], False), ([0, 0, 0, 1], True), ([1, 0, 1, 1], True)])
+def test_the_auc_needs_both_classes(labels, has_auc):
+    rows = np.array([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7], [0.2, 0.8]])
+    effect = metrics.repair_effect(rows, rows, rows, np.array(labels))
+    assert ("auc_uncal" in effect) is has_auc and ("auc_cord" in effect) is has_auc
+
+
+def test_the_flat_warning_word_for_word():
+    effect = {"flat_share": 0.129, "flat_value": 0.500000000001}
+    assert metrics.flat_warning(effect) == (
+        "FlatRepairWarning: CORD repaired 12.9% of the outputs to one value "
+        "(0.500000000001): they keep their decision but tie with each other (a ranking, a "
+        "reliability bin or a monitor's threshold sees one point); a top-1-preserving "
+        "calibrator (ts, irm) never needs the repair")
+    assert metrics.flat_warning(effect, 0.5) == metrics.flat_warning(effect)
+    assert metrics.flat_warning({}) is None
+
+
+def test_accuracy_tpcr_and_changes_at_a_threshold():
+    # p1: 0.05, 0.15, 0.4, 0.7 -> decisions at 0.1: 0, 1, 1, 1; argmax: 0, 0, 0, 1
+    original = np.array([[0.95, 0.05], [0.85, 0.15], [0.6, 0.4], [0.3, 0.7]])
+    moved = np.array([[0.85, 0.15], [0.95, 0.05], [0.6, 0.4], [0.3, 0.7]])
+    y = np.array([1, 1, 1, 1])
+    assert metrics.accuracy(original, y, 0.1) == 0.75
+    assert metrics.accuracy(original, y) == 0.25
+    assert metrics.tpcr(original, moved, 0.1) == 0.5 and metrics.tpcr(original, moved) == 0.0
+    # at 0.1 row 0 goes wrong -> right, row 1 right -> wrong; the argmax moves none
+    assert metrics.prediction_changes(original, moved, y, 0.1) == {
+        "c_plus": 1, "c_minus": 1, "c_zero": 0}
+    assert metrics.prediction_changes(original, moved, y) == {
+        "c_plus": 0, "c_minus": 0, "c_zero": 0}
+    report = metrics.evaluate(moved, y, reference=original, threshold=0.1)
+    assert (report["accuracy"], report["tpcr"]) == (0.75, 0.5)
