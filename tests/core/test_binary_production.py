@@ -102,7 +102,7 @@ def _fitted(percent: str, model: str, kind: str, name: str):
 def test_a_repair_that_flattens_the_flipped_rows_is_measured_and_warned(percent, kind):
     # a fraud model trained with balanced class weights flags far more rows than are
     # positive; VS pulls them below 1/2 and CORD pins every one at min I = 1/2 + 1e-12
-    e, uncal, base, repaired = _fitted(percent, "balanced", kind, "vs")
+    e, uncal, base, repaired = _fitted(percent, "logreg_balanced", kind, "vs")
     flipped = np.argmax(base, axis=1) != np.argmax(uncal, axis=1)
     assert flipped.mean() > 0.05
     effect = metrics.repair_effect(uncal, base, repaired, e.eval_labels)
@@ -126,7 +126,7 @@ def test_a_repair_that_flattens_the_flipped_rows_is_measured_and_warned(percent,
 
 @pytest.mark.parametrize("name", ["ts", "irm"])
 def test_a_map_that_keeps_the_ranking_moves_nothing_onto_the_boundary(name):
-    e, uncal, base, repaired = _fitted("2.8", "balanced", "logits", name)
+    e, uncal, base, repaired = _fitted("2.8", "logreg_balanced", "logits", name)
     effect = metrics.repair_effect(uncal, base, repaired, e.eval_labels)
     assert (effect["moved_share"], effect["boundary_share"], effect["flat_share"]) == (
         0.0, 0.0, 0.0)

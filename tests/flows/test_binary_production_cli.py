@@ -28,7 +28,7 @@ def _at(p1: np.ndarray) -> np.ndarray:
 def test_rare_positives_in_one_column_at_the_operators_threshold(store, tmp_path, capsys):
     from mlflow import MlflowClient
 
-    e = corpus.rare_binary("2.8", "balanced", kind="probs", dtype="float32", columns=1)
+    e = corpus.rare_binary("2.8", "logreg_balanced", kind="probs", dtype="float32", columns=1)
     cal, ev = e.cal_scores[:, 0].copy(), e.eval_scores[:, 0].copy()
     top = int(np.argmax(cal))
     cal[top] = np.float32(1) + 10 * np.finfo(np.float32).eps  # 1.0000011920928955
