@@ -208,7 +208,8 @@ def verify(session, contract: InputContract, state=None) -> dict:
         raise VersionRejected("repaired output changes a top-1 decision on the probe batch")
     if np.max(np.abs(repaired.sum(axis=1) - 1.0)) > max(tolerance, 1e-6) * contract.n_classes:
         raise VersionRejected("repaired rows do not sum to 1 on the probe batch")
-    report = {"probe_rows": int(probe.shape[0]), "top1_kept": True, "reference": None}
+    report = {"probe_rows": int(probe.shape[0]), "top1_kept": True, "reference": None,
+              "decision_threshold": t}
     if state is not None:
         calibrator, cord = state
         tolerance = parity_tolerance(calibrator, cord, probe, str(contract.dtype))
