@@ -60,7 +60,7 @@ _GATE_TESTS = ["tests/flows/test_gate.py", "tests/flows/test_gate_units.py",
 #: module when these were written, and test_reduce.py reaches the estimator's fit helpers.
 _CORD_TESTS = ["tests/core/test_cord_mutants.py", "tests/core/test_cord.py",
                "tests/core/test_cord_blocks.py", "tests/core/test_mutation_gaps.py",
-               "tests/core/test_reduce.py"]
+               "tests/core/test_reduce.py", "tests/core/test_threshold.py"]
 
 #: module -> its own fast tests (files or node ids; ``-m "not slow"`` is added).
 MODULES: dict[str, list[str]] = {
@@ -75,7 +75,10 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/partition_sums.py": ["tests/core/test_reduce_mutants.py",
                                    "tests/core/test_reduce.py",
                                    "tests/core/test_mutation_gaps.py"],
-    "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py"],
+    "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py",
+                            # issue 44: the repair's effect and the metrics at a threshold
+                            "tests/core/test_binary_production.py",
+                            "tests/core/test_threshold.py"],
     "cord_ops/calibrators/temperature.py": [
         "tests/calibrators/test_closed_forms.py", "tests/core/test_mutation_gaps.py",
         "tests/calibrators/test_bounded_refit.py",
@@ -103,6 +106,8 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/label_free.py": ["tests/core/test_label_free.py"],
     # issue 41: choosing the calibrator family by cross-validation
     "cord_ops/select.py": ["tests/calibrators/test_select.py"],
+    # issue 44: decisions at a binary threshold (the derivation lives in the module)
+    "cord_ops/threshold.py": ["tests/core/test_threshold.py"],
     # issue 42 items 7 and 4: the read budget and the redaction of credentials
     "cord_ops/read_budget.py": [
         "tests/core/test_read_budget.py",
@@ -239,8 +244,8 @@ _V_COLUMN_COPY = ("the converted column is only read (checks, 1 - p, column_stac
                   "array): whether astype copied it cannot be seen")
 _V_RESHAPE = ("np.unique's inverse of a 1-D array (the only kind that gets here) is already "
               "1-D; reshape(None) leaves it as it is, like reshape(-1)")
-_V_TWO_COLUMNS = ("two_columns gets only what is_one_column accepts ((n,) or (n, 1), its one "
-                  "caller stored_scores checks): an (n, 1) column kept 2-D gives the same "
+_V_TWO_COLUMNS = ("_column gets only what is_one_column accepts ((n,) or (n, 1), which "
+                  "stored_scores checks): an (n, 1) column kept 2-D gives the same "
                   "checks, row numbers, values and n x 2 column_stack")
 
 # Reasons shared by several of flows/serving/contract.py's equivalent survivors.
@@ -537,7 +542,7 @@ ACCEPTED: dict[str, str] = {
         _V_COLUMN_COPY,
     'cord_ops/validation.py::check_class_labels::return classes, codes.reshape(-1).astype(np.int64) -> return classes, codes.reshape(None).astype(np.int64)':  # noqa: E501 - a key is one source line
         _V_RESHAPE,
-    'cord_ops/validation.py::two_columns::if arr.ndim == 2: -> if arr.ndim == 3:':
+    'cord_ops/validation.py::_column::return _one_column_values(arr[:, 0] if arr.ndim == 2 else arr, name) -> return _one_column_values(arr[:, 0] if arr.ndim == 3 else arr, name)':  # noqa: E501 - a key is one source line
         _V_TWO_COLUMNS,
     # flows/serving/contract.py
     'flows/serving/contract.py::_reason::if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "iuf" or ( -> if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "XXiufXX" or (':  # noqa: E501 - a key is one source line

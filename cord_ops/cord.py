@@ -32,6 +32,8 @@ from cord_ops.cord_kernels import (
     sweep,
 )
 from cord_ops.cord_solve import nearest_zero_multiplier, target_mean
+from cord_ops.threshold import check_threshold, from_decision_space, to_decision_space
+from cord_ops.validation import check_pair, check_probabilities
 
 STATE_VERSION = 1
 MEAN_TARGETS = ("inherited", "none", "local", "pointwise")
@@ -54,6 +56,10 @@ class CORD(BaseEstimator):
     local_weight : float in [0, 1]
         lambda of eq. 25, the weight of b in the changed-prediction local reference;
         0.5 is the paper's eq. 5.
+    decision_threshold : float in (0, 1) or None
+        K = 2 only: keep the decision ``1[p1 > t]`` instead of the argmax, by repairing in
+        the reweighted space ``W_t`` and mapping back (:mod:`cord_ops.threshold` derives
+        it). None (the default) or 0.5 is the paper's CORD, bit for bit.
 
     Attributes
     ----------
@@ -69,9 +75,11 @@ class CORD(BaseEstimator):
         Number of calibration rows.
     """
 
-    def __init__(self, mean_target: str = "inherited", local_weight: float = 0.5):
+    def __init__(self, mean_target: str = "inherited", local_weight: float = 0.5,
+                 decision_threshold: float | None = None):
         self.mean_target = mean_target
         self.local_weight = local_weight
+        self.decision_threshold = decision_threshold
 
     def _check_params(self) -> None:
         if not isinstance(self.mean_target, str) or self.mean_target not in MEAN_TARGETS:
@@ -82,13 +90,30 @@ class CORD(BaseEstimator):
         if (not isinstance(weight, int | float | np.floating) or isinstance(weight, bool)
                 or not 0.0 <= float(weight) <= 1.0):
             raise ValueError(f"local_weight: expected a number in [0, 1], got {weight!r}")
+        check_threshold(self.decision_threshold)
+
+    def _threshold(self, k: int) -> float | None:
+        """The decision threshold for K = ``k`` columns (refused unless K = 2)."""
+        return check_threshold(self.decision_threshold,
+                               None if self.decision_threshold is None else k)
 
     def fit(self, original, calibrated) -> CORD:
         """Fit eta* on a calibration split of original (p0) and calibrated (q) outputs."""
         self._check_params()
         original = np.asarray(original)
+        t = self._threshold(original.shape[1] if original.ndim == 2 else 0)
+        if t is not None:
+            original, calibrated = self._decision_space(original, calibrated, t)
         terms = sweep(original, calibrated, float(self.local_weight))
         return self._fit_terms(terms, *original.shape)
+
+    @staticmethod
+    def _decision_space(original, calibrated, t: float):
+        """Both inputs validated and reweighted by W_t (:mod:`cord_ops.threshold`)."""
+        p0 = check_probabilities(original, "original", n_classes=2)
+        q = check_probabilities(calibrated, "calibrated", n_classes=2)
+        check_pair(p0, q, ("original", "calibrated"))
+        return to_decision_space(p0, t), to_decision_space(q, t)
 
     def fit_blocks(self, blocks) -> CORD:
         """Fit eta* from an iterable of (original, calibrated) row blocks, read once.
@@ -102,6 +127,9 @@ class CORD(BaseEstimator):
         first row of the first block.
         """
         self._check_params()
+        if self.decision_threshold is not None:
+            raise ValueError("decision_threshold: fit_blocks does not reweight its blocks; "
+                             "fit a thresholded CORD with fit()")
         weight = float(self.local_weight)
         b, lower, g = [], [], []
         n, k = 0, None
@@ -160,11 +188,16 @@ class CORD(BaseEstimator):
         """Repair new output pairs with the fitted eta*; returns an n x K float64 array.
 
         Every row's argmax is the argmax of ``original`` (uniquely top-ranked) and its
-        conditional distribution over the other classes is q's (Proposition 1).
+        conditional distribution over the other classes is q's (Proposition 1); with a
+        ``decision_threshold`` t, every row's decision at t is ``original``'s instead.
         """
         self._check_fitted()
-        return sweep(original, calibrated, float(self.local_weight), self.n_classes_,
-                      eta=self.eta_).rest
+        t = self._threshold(self.n_classes_)
+        if t is not None:
+            original, calibrated = self._decision_space(original, calibrated, t)
+        repaired = sweep(original, calibrated, float(self.local_weight), self.n_classes_,
+                         eta=self.eta_).rest
+        return from_decision_space(repaired, t)
 
     def fit_transform(self, original, calibrated) -> np.ndarray:
         return self.fit(original, calibrated).transform(original, calibrated)
@@ -172,7 +205,11 @@ class CORD(BaseEstimator):
     def to_dict(self) -> dict:
         """JSON-safe fitted state: eta* (float and exact repr), constants and options."""
         self._check_fitted()
+        # written only when set, so a state without a threshold is today's, byte for byte
+        threshold = ({} if self.decision_threshold is None
+                     else {"decision_threshold": float(self.decision_threshold)})
         return {
+            **threshold,
             "kind": "cord",
             "version": STATE_VERSION,
             "eta_star": self.eta_,
@@ -213,7 +250,9 @@ class CORD(BaseEstimator):
             ) from exc
         if not math.isfinite(eta):
             raise ValueError(f"CORD state: eta_star must be finite, got {eta!r}")
-        model = cls(mean_target=state["mean_target"], local_weight=state["local_weight"])
+        # absent from states written before issue 44: the argmax, as they were fitted
+        model = cls(mean_target=state["mean_target"], local_weight=state["local_weight"],
+                    decision_threshold=state.get("decision_threshold"))
         model._check_params()
         n_classes = state["n_classes"]
         if not isinstance(n_classes, int) or n_classes < 2:

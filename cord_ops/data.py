@@ -53,7 +53,8 @@ class Dataset:
     file's bytes, or for generated data of the float64 scores' bytes then the int64
     labels' bytes. ``width`` is the number of score columns as stored (1 for a binary
     model's one-column form, else K); ``sum_error`` the worst |row sum - 1| of stored
-    probabilities before they were renormalised, in row ``sum_error_row`` (0.0 for logits).
+    probabilities before they were renormalised (one column: the worst distance of p
+    outside [0, 1] before it was clipped), in row ``sum_error_row`` (0.0 for logits).
     """
 
     scores: np.ndarray
@@ -85,8 +86,7 @@ class Dataset:
             form = "positive-class probability" if self.input_kind == "probs" else "margin"
             parts.append(f"one score column ({form}) read as two")
         if self.input_kind == "probs" and self.sum_error > 0:
-            parts.append(f"probability rows renormalised, worst row {self.sum_error_row} "
-                         f"summed to 1 +- {self.sum_error:.3g}")
+            parts.append(clip_note(self.width, self.sum_error, self.sum_error_row))
         return f"{self.path}: {'; '.join(parts)}" if parts else None
 
     def probabilities(self) -> np.ndarray:
@@ -96,6 +96,16 @@ class Dataset:
 
             return softmax(self.scores, axis=1)
         return self.scores.copy()
+
+
+def clip_note(width: int, sum_error: float, sum_error_row: int) -> str:
+    """What loading did to stored probabilities off by their rounding: rows renormalised,
+    or (one score column) values outside [0, 1] clipped."""
+    if width == 1:
+        return (f"positive-class probabilities clipped to [0, 1], worst row {sum_error_row} "
+                f"was {sum_error:.3g} outside")
+    return (f"probability rows renormalised, worst row {sum_error_row} "
+            f"summed to 1 +- {sum_error:.3g}")
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

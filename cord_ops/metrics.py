@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cord_ops.threshold import decisions, to_decision_space
 from cord_ops.validation import check_labels, check_pair, check_probabilities, top1
 
 #: The one floor for log-probabilities (float64 machine epsilon, 2.2e-16): the reported NLL
@@ -229,10 +230,11 @@ def brier(probs, labels) -> float:
     return float(np.mean(np.sum(residual**2, axis=1)))
 
 
-def accuracy(probs, labels) -> float:
-    """Fraction of rows whose top-1 class (smallest maximizing index) equals the label."""
+def accuracy(probs, labels, threshold: float | None = None) -> float:
+    """Fraction of rows whose top-1 class (smallest maximizing index) equals the label; with
+    a binary ``threshold`` t, whose decision at t (:func:`cord_ops.threshold.decisions`)."""
     q, y = _validated(probs, labels)
-    return float(np.mean(top1(q) == y))
+    return float(np.mean(decisions(q, threshold) == y))
 
 
 def _validated_reports(reference, probs) -> tuple[np.ndarray, np.ndarray]:
@@ -242,23 +244,26 @@ def _validated_reports(reference, probs) -> tuple[np.ndarray, np.ndarray]:
     return ref, q
 
 
-def tpcr(reference, probs) -> float:
+def tpcr(reference, probs, threshold: float | None = None) -> float:
     """Top-1 Prediction Change Rate (paper eq. 10): fraction of rows whose top-1 class
-    under ``probs`` differs from that under ``reference`` (the original classifier)."""
+    under ``probs`` differs from that under ``reference`` (the original classifier); with
+    a binary ``threshold`` t, the decisions at t are compared instead."""
     ref, q = _validated_reports(reference, probs)
-    return float(np.mean(top1(ref) != top1(q)))
+    return float(np.mean(decisions(ref, threshold) != decisions(q, threshold)))
 
 
-def prediction_changes(reference, probs, labels) -> dict[str, int]:
+def prediction_changes(reference, probs, labels,
+                       threshold: float | None = None) -> dict[str, int]:
     """Counts of the top-1 changes from ``reference`` to ``probs`` by effect (paper Sec. 4).
 
     ``c_plus``: incorrect -> correct, ``c_minus``: correct -> incorrect, ``c_zero``:
     incorrect -> another incorrect class. Their sum divided by n is :func:`tpcr` and
-    (c_plus - c_minus) / n is the accuracy change.
+    (c_plus - c_minus) / n is the accuracy change. With a binary ``threshold`` t, of the
+    decisions at t.
     """
     ref, q = _validated_reports(reference, probs)
     y = check_labels(labels, q.shape[0], q.shape[1])
-    before, after = top1(ref), top1(q)
+    before, after = decisions(ref, threshold), decisions(q, threshold)
     changed = before != after
     return {
         "c_plus": int(np.sum(changed & (after == y))),
@@ -286,11 +291,13 @@ def reliability_diagram(probs, labels, n_bins: int = 15) -> dict[str, np.ndarray
             "accuracy": mean_acc}
 
 
-def evaluate(probs, labels, reference=None) -> dict[str, float]:
+def evaluate(probs, labels, reference=None, threshold: float | None = None) -> dict[str, float]:
     """Every scalar metric of one probability report, keyed as in MLflow's ``{report}.{metric}``.
 
     Keys: ece, ece_em, smece, nll, brier, accuracy, tpcr; tpcr is measured against
     ``reference`` (the original classifier's probabilities) or 0.0 when it is None.
+    With a binary decision ``threshold``, accuracy and tpcr are of the decisions at it
+    (the confidence metrics stay on the top-1 probability).
     """
     q, y = _validated(probs, labels)
     return {
@@ -299,6 +306,89 @@ def evaluate(probs, labels, reference=None) -> dict[str, float]:
         "smece": smece(q, y),
         "nll": nll(q, y),
         "brier": brier(q, y),
-        "accuracy": accuracy(q, y),
-        "tpcr": 0.0 if reference is None else tpcr(reference, q),
+        "accuracy": accuracy(q, y, threshold),
+        "tpcr": 0.0 if reference is None else tpcr(reference, q, threshold),
     }
+
+
+#: A row counts as moved by the repair when some entry moved by more than this, and as
+#: on the decision boundary when its top-1 leads the runner-up by at most this: far below
+#: any calibration signal (a reliability bin is 1/15 wide), far above float64 rounding,
+#: and above the float32 graph's nudges (a few ulps of 1/2), so the graph's outputs and
+#: cord_ops' count alike.
+REPAIR_ATOL = 1e-6
+#: The summary warns when more than this share of the outputs were repaired to one value.
+FLAT_WARNING_SHARE = 0.01
+
+
+def repair_effect(original, calibrated, repaired, labels=None,
+                  threshold: float | None = None) -> dict[str, float]:
+    """What the CORD repair did to a calibrator's outputs (issue 44), keyed as MLflow's
+    ``cord.{key}``:
+
+    - ``moved_share``: rows where some entry of ``repaired`` differs from ``calibrated``
+      by more than :data:`REPAIR_ATOL`;
+    - ``boundary_share``: rows the repair moved whose repaired top-1 leads the runner-up
+      by at most REPAIR_ATOL: pinned onto the decision boundary (a binary row whose
+      calibrated decision flipped gets exactly min I = 1/2 + EPS_NUM, eq. 4); with a
+      binary ``threshold`` t, measured in the reweighted space whose argmax is the
+      decision at t (:mod:`cord_ops.threshold`), i.e. p1 pinned next to t;
+    - ``flat_share`` and ``flat_value``: the one repaired top-1 probability the most moved
+      rows share exactly, among values the repair gave to rows whose calibrated
+      probabilities differed, and the share of all rows holding it (0.0 and NaN when
+      there is none): the outputs the repair made one constant, which a ranking metric, a
+      reliability bin or a threshold-based monitor then sees as a tie. Rows a tree model
+      already gave one value (its leaves) and the repair moved alike are not counted;
+    - for K = 2 with both classes in ``labels``: ``auc_uncal``, ``auc_base``,
+      ``auc_cord``, the ROC AUC of the positive-class column of each report (ties count
+      one half), the ranking the repair's constant can cost.
+
+    Shares are over all n rows of the split.
+    """
+    p0 = check_probabilities(original, "original")
+    q = check_probabilities(calibrated, "calibrated")
+    r = check_probabilities(repaired, "repaired")
+    check_pair(p0, q, ("original", "calibrated"))
+    check_pair(p0, r, ("original", "repaired"))
+    n = r.shape[0]
+    moved = np.abs(r - q).max(axis=1) > REPAIR_ATOL
+    ranked = np.sort(to_decision_space(r, threshold), axis=1)
+    on_boundary = moved & (ranked[:, -1] - ranked[:, -2] <= REPAIR_ATOL)
+    top = r.max(axis=1)
+    values, group, counts = np.unique(top[moved], return_inverse=True, return_counts=True)
+    # how many distinct calibrated values (of the repaired top-1 class) each group gathers
+    rows = np.flatnonzero(moved)
+    before = q[rows, np.argmax(r[rows], axis=1)]
+    pairs = np.unique(np.column_stack([group, before]), axis=0)
+    gathered = np.bincount(pairs[:, 0].astype(np.int64), minlength=values.size)
+    collapsed = np.where(gathered > 1, counts, 0)
+    flat = int(np.argmax(collapsed)) if collapsed.size else None
+    shared = flat is not None and collapsed[flat] > 1
+    out = {"moved_share": float(moved.mean()),
+           "boundary_share": float(on_boundary.mean()),
+           "flat_share": float(counts[flat] / n) if shared else 0.0,
+           "flat_value": float(values[flat]) if shared else float("nan")}
+    if labels is not None and r.shape[1] == 2:
+        y = check_labels(labels, n, 2)
+        if 0 < y.sum() < n:
+            from sklearn.metrics import roc_auc_score  # here: scikit-learn takes a while
+
+            for name, probs in (("uncal", p0), ("base", q), ("cord", r)):
+                out[f"auc_{name}"] = float(roc_auc_score(y, probs[:, 1]))
+    return out
+
+
+def flat_warning(effect: dict[str, float], threshold: float | None = None) -> str | None:
+    """The summary's warning when the repair set more than FLAT_WARNING_SHARE of the
+    outputs to one value (:func:`repair_effect`), else None. What it suggests depends on
+    the decision kept: a top-1-preserving map never needs the repair of the argmax, while
+    at a ``threshold`` other than 1/2 even a monotone map can move p1 across it."""
+    share = effect.get("flat_share", 0.0)
+    if not share > FLAT_WARNING_SHARE:
+        return None
+    advice = ("a top-1-preserving calibrator (ts, irm) never needs the repair"
+              if threshold is None or threshold == 0.5 else
+              "a monotone map (ts) keeps the ranking and needs the repair less")
+    return (f"FlatRepairWarning: CORD repaired {share:.1%} of the outputs to one value "
+            f"({effect['flat_value']!r}): they keep their decision but tie with each other "
+            f"(a ranking, a reliability bin or a monitor's threshold sees one point); {advice}")

@@ -159,24 +159,55 @@ def is_one_column(x) -> bool:
 def two_columns(x, kind: str, name: str = "scores") -> np.ndarray:
     """One binary score column, (n,) or (n, 1), as the n x 2 float64 scores it stands for.
 
-    ``probs``: p -> [1 - p, p] (p the positive class's probability, in [0, 1]);
-    ``logits``: m -> [0, m], the logits whose softmax is [sigmoid(-m), sigmoid(m)], exact
-    for any finite margin (class 1 is the positive class, as in scikit-learn's
+    ``probs``: p -> [1 - p, p] (p the positive class's probability, in [0, 1] within
+    :func:`one_column_tolerance`, see :func:`one_column_probabilities`); ``logits``:
+    m -> [0, m], the logits whose softmax is [sigmoid(-m), sigmoid(m)], exact for any
+    finite margin (class 1 is the positive class, as in scikit-learn's
     ``decision_function``). Both rows sum to 1 to float64 rounding, and a tie (p = 1/2,
     m = 0) keeps class 0 on top under the tie rule.
     """
-    arr = np.asarray(x)
-    if arr.ndim == 2:
-        arr = arr[:, 0]
-    column = _one_column_values(arr, name)
     if kind == "probs":
-        bad = (column < 0) | (column > 1)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{name}: row {row} is {column[row].item()!r}; expected a "
-                             "positive-class probability in [0, 1] (one score column)")
-        return np.column_stack([1.0 - column, column])
+        return one_column_probabilities(x, name)[0]
+    column = _column(x, name)
     return np.column_stack([np.zeros_like(column), column])
+
+
+def _column(x, name: str) -> np.ndarray:
+    arr = np.asarray(x)
+    return _one_column_values(arr[:, 0] if arr.ndim == 2 else arr, name)
+
+
+def one_column_tolerance(dtype) -> float:
+    """How far a stored positive-class probability in ``dtype`` may lie outside [0, 1]:
+    :func:`sum_tolerance` of a two-column row, since p stands for the row [1 - p, p] and
+    p > 1 is the row [0, p] whose sum misses 1 by p - 1 (1e-4 for float32 and float64)."""
+    return sum_tolerance(dtype, 2)
+
+
+def one_column_probabilities(x, name: str = "scores") -> tuple[np.ndarray, float, int]:
+    """(n x 2 rows [1 - p, p], worst distance of a stored p outside [0, 1], its row) of
+    one stored positive-class probability column: the column twin of
+    :func:`normalised_probabilities`.
+
+    A float32 ``predict_proba(X)[:, 1]`` can exceed 1 (or fall below 0) by its rounding;
+    within :func:`one_column_tolerance` of its dtype such a p is clipped once to [0, 1]:
+    the same row the two-column form [0, p] gives after renormalising (p / p = 1), so both
+    forms load to the same bits and the same uncalibrated NLL. The excess is reported as
+    the row-sum error is (``StoredScores.sum_error``). Beyond the tolerance the first such
+    row is refused, naming its value.
+    """
+    stored = np.asarray(x)
+    column = _column(stored, name)
+    tolerance = one_column_tolerance(stored.dtype)
+    clipped = np.clip(column, 0.0, 1.0)
+    off = np.abs(column - clipped)
+    worst_row = int(np.argmax(off))
+    worst = float(off[worst_row])
+    if worst > tolerance:
+        row = int(np.flatnonzero(off > tolerance)[0])
+        raise ValueError(f"{name}: row {row} is {column[row].item()!r}; expected a "
+                         "positive-class probability in [0, 1] (one score column)")
+    return np.column_stack([1.0 - clipped, clipped]), worst, (worst_row if worst else 0)
 
 
 class StoredScores(NamedTuple):
@@ -186,7 +217,8 @@ class StoredScores(NamedTuple):
     scores: np.ndarray
     #: columns as stored: 1 for the one-score-column binary form, else K
     width: int
-    #: worst |row sum - 1| before renormalising (0.0 for logits and one score column)
+    #: worst |row sum - 1| before renormalising (for one probability column the worst
+    #: distance of p outside [0, 1] before clipping; 0.0 for logits)
     sum_error: float
     #: the row where that was (0 when nothing was off)
     sum_error_row: int
@@ -212,6 +244,9 @@ def stored_scores(x, kind: str, name: str = "scores", *,
                          f"this binary model, got {shape[1]}")
     if is_one_column(x) and n_classes in (None, 2):
         # [1 - p, p] sums to 1 by construction (to float64 rounding): nothing to renormalise
+        if kind == "probs":
+            scores, worst, row = one_column_probabilities(x, name)
+            return StoredScores(scores, 1, worst, row, np.asarray(x))
         return StoredScores(two_columns(x, kind, name), 1, 0.0, 0, np.asarray(x))
     if kind == "probs":
         scores, worst, row = normalised_probabilities(x, name, n_classes=n_classes)

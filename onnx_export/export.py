@@ -173,9 +173,9 @@ def input_widths(metadata: dict[str, str]) -> tuple[int, ...]:
 
 def _two_columns(gb: GraphBuilder, input_kind: str) -> str:
     """A binary graph's input as its two columns: the input itself when it has two, and
-    one score column as ``cord_ops.validation.two_columns`` reads it (p -> [1 - p, p],
-    margin m -> logits [0, m]), chosen by the input's width with Where (no branch, exact:
-    either column is copied or computed, never mixed).
+    one score column as ``cord_ops.validation.two_columns`` reads it (p clipped to [0, 1]
+    -> [1 - p, p], margin m -> logits [0, m]), chosen by the input's width with Where (no
+    branch, exact: either column is copied or computed, never mixed).
 
     Whether the input is one column is looked up in a table indexed by its width
     ([-, yes, no]), so a width above 2 fails in onnxruntime (index out of bounds) instead
@@ -193,10 +193,88 @@ def _two_columns(gb: GraphBuilder, input_kind: str) -> str:
                                            dtype=np.int64),
                   gb.const(np.array([1], dtype=np.int64), "stop", dtype=np.int64), slice_axes,
                   hint="first")
-    negative = (gb.sub(gb.const(1.0), last, hint="one_minus_p") if input_kind == "probs"
-                else gb.sub(last, last, hint="zero_logit"))
-    column0 = gb.op("Where", one_column, negative, first, hint="negative")
+    if input_kind == "probs":
+        # p within its rounding outside [0, 1] is clipped, as the loaders clip it
+        # (cord_ops.validation.one_column_probabilities); Max/Min are exact.
+        p = gb.op("Min", gb.op("Max", last, gb.const(0.0)), gb.const(1.0), hint="p_clipped")
+        column0 = gb.op("Where", one_column, gb.sub(gb.const(1.0), p, hint="one_minus_p"),
+                        first, hint="negative")
+        column1 = gb.op("Where", one_column, p, last, hint="positive_column")
+        return gb.op("Concat", column0, column1, hint="two_columns", axis=1)
+    column0 = gb.op("Where", one_column, gb.sub(last, last, hint="zero_logit"), first,
+                    hint="negative")
     return gb.op("Concat", column0, last, hint="two_columns", axis=1)
+
+
+#: Metadata key: the binary decision threshold the graph's label and repair keep (absent
+#: when the graph keeps the argmax).
+THRESHOLD_KEY = "cord.decision_threshold"
+
+
+def graph_threshold(cord) -> float | None:
+    """The threshold a graph of ``cord`` is built for: None for the argmax, which a
+    threshold of 1/2 is too (``cord_ops.threshold``: W_{1/2} is the identity)."""
+    t = getattr(cord, "decision_threshold", None)
+    return None if t is None or float(t) == 0.5 else float(t)
+
+
+def _threshold_pipeline(gb: GraphBuilder, source: str, calibrator, input_kind: str,
+                        eta: float, weight: float, t: float, keep: tuple[str, ...]) -> tuple:
+    """(label, confidence) of a binary graph that keeps the decision at ``t``
+    (``cord_ops.threshold``): everything in float64, as ``CORD.transform`` computes it.
+
+    The rows are reweighted by w = (t, 1 - t) and renormalised (``label_free.reweighted``'s
+    operations in its order), the label is their argmax, the repair runs on the reweighted
+    rows and its output is reweighted back by (1 - t, t) (proportional to 1 / w). A float32
+    graph casts the result down and then checks each row's decision at t (in float64, as
+    cord_ops decides it): where the cast moved p1 across t (the repair leaves a margin of
+    about 1e-12, far below float32's resolution), p1 and p0 are moved one float32 ulp or two
+    apart toward the label's side (x (1 + 2^-23) up, x (1 - 2^-23) down: the exact product
+    lies at least one ulp away, so it rounds past x); since the float64 row was on the
+    label's side, the nudged entries are at least as far on it as the float64 ones, and the
+    decision holds on every row."""
+    family = family_of(calibrator)
+    wide = gb if gb.dtype == np.float64 else gb.retyped("float64")
+    narrow = wide is not gb
+    x = wide.cast(source, np.float64) if narrow else source
+    original = x if input_kind == "probs" else wide.softmax(x)
+    w = wide.const(np.array([[t, 1.0 - t]]), "threshold_weights")
+    # (1 - t, t): proportional to (1 / t, 1 / (1 - t)), as cord_ops.threshold.back_weights
+    w_back = wide.const(np.array([[1.0 - t, t]]), "threshold_weights_back")
+
+    def reweight(rows: str, by: str, hint: str) -> str:
+        moved = wide.mul(rows, by)
+        return wide.div(moved, wide.row_sum(moved), hint=hint)
+
+    if "original" in keep:
+        if narrow:
+            gb.op("Cast", original, out="original", to=TensorProto.FLOAT)
+        else:
+            wide.op("Identity", original, out="original")
+    original_w = reweight(original, w, "original_w")
+    label = wide.row_argmax(original_w, hint="label_col")
+    q = family.build(wide, x, calibrator, out=None if narrow else "calibrated")
+    if narrow:
+        gb.op("Cast", q, out="calibrated", to=TensorProto.FLOAT)
+    q_w = reweight(q, w, "calibrated_w")
+    changed = wide.op("Not", wide.op("Equal", wide.row_argmax(q_w), label), hint="changed")
+    repaired_w, _ = build_repair(wide, wide.take(original_w, label),
+                                 on_boundary(wide, original_w), q_w, label, changed, eta,
+                                 weight, 2, out=wide.fresh("repaired_w"))
+    if not narrow:
+        repaired = reweight(repaired_w, w_back, "repaired_back")
+        repaired = gb.op("Identity", repaired, out="repaired")
+        return label, gb.take(repaired, label, hint="confidence_col")
+    cast = gb.cast(reweight(repaired_w, w_back, "repaired_back"), np.float32, hint="cast")
+    decided = wide.row_argmax(reweight(wide.cast(cast, np.float64), w, "check_w"))
+    wrong = gb.op("Not", gb.op("Equal", decided, label), hint="decision_moved")
+    eps = float(np.finfo(np.float32).eps)
+    up, down = 1.0 + eps, 1.0 - eps
+    positive = gb.op("Equal", label, gb.const(1, "one_label", dtype=np.int64))
+    factors = gb.op("Where", positive, gb.const(np.array([[down, up]]), "toward_1"),
+                    gb.const(np.array([[up, down]]), "toward_0"), hint="nudge")
+    repaired = gb.op("Where", wrong, gb.mul(cast, factors), cast, out="repaired")
+    return label, gb.take(repaired, label, hint="confidence_col")
 
 
 def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
@@ -230,8 +308,12 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
     k = int(n_classes)
     eta, weight = float(cord.eta_), float(cord.local_weight)
     source = _two_columns(gb, input_kind) if k == 2 else INPUT
+    threshold = graph_threshold(cord)
 
-    if dtype == "float64":
+    if threshold is not None:
+        label, confidence = _threshold_pipeline(gb, source, calibrator, input_kind, eta,
+                                                weight, threshold, keep)
+    elif dtype == "float64":
         original = (gb.op("Identity", source, out="original") if input_kind == "probs"
                     else gb.softmax(source, out="original"))
         label = gb.row_argmax(original, hint="label_col")
@@ -283,6 +365,8 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
         "cord.dtype": dtype,
         OUTPUTS_KEY: ",".join(keep),
         INPUT_WIDTHS_KEY: "1,2" if k == 2 else str(k),
+        **({} if getattr(cord, "decision_threshold", None) is None
+           else {THRESHOLD_KEY: repr(float(cord.decision_threshold))}),
     })
     onnx.checker.check_model(model, full_check=True)
     return model
@@ -299,7 +383,8 @@ def compute_itemsize(metadata: dict[str, str]) -> int | None:
         wide = FAMILIES[name].float64_inside
     except (KeyError, ValueError):
         return None
-    return 8 if dtype == "float64" or wide or eta <= WIDE_REPAIR_BELOW_ETA else 4
+    thresholded = metadata.get(THRESHOLD_KEY) not in (None, "0.5")
+    return 8 if dtype == "float64" or wide or thresholded or eta <= WIDE_REPAIR_BELOW_ETA else 4
 
 
 def save_model(model: onnx.ModelProto, path) -> Path:

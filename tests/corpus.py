@@ -132,6 +132,13 @@ LARGE_SOURCES = (
       for m in ("logreg", "rf", "knn", "gnb", "gb", "mlp")),
 )
 
+#: Binary models of rare positives as fraud, churn and cancellation models see them
+#: (issue 44): "rarebin<percent>" is 6,000 generated rows with that percentage of positives,
+#: so a stratified calibration half holds 30 (1 %) to 90 (3 %) of them. Built on request
+#: (:func:`rare_binary`), not part of ``build()``'s default corpus.
+RARE_SOURCES = tuple(Source(f"rarebin{p}", m, True) for p in ("1", "2", "2.8", "3")
+                     for m in ("logreg", "gb", "logreg_balanced"))
+
 KINDS = ("logits", "probs")
 DTYPES = ("float32", "float64")
 
@@ -151,6 +158,12 @@ def _dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
         x, y = datasets.make_classification(
             n_samples=12000, n_features=10, n_informative=4, weights=[0.972], flip_y=0.0,
             class_sep=0.7, random_state=SEED)
+        return x, y.astype(np.int64)
+    if name.startswith("rarebin"):  # issue 44: RARE_SOURCES
+        share = float(name[len("rarebin"):]) / 100
+        x, y = datasets.make_classification(
+            n_samples=6000, n_features=20, n_informative=6, n_redundant=4, n_classes=2,
+            class_sep=1.0, flip_y=0.0, weights=[1 - share, share], random_state=SEED)
         return x, y.astype(np.int64)
     if name == "binary20k":
         x, y = datasets.make_classification(
@@ -557,3 +570,14 @@ if __name__ == "__main__":
     text = summary()
     print(text)
     print(f"{len(build(True))} entries in {time.perf_counter() - start:.2f} s")
+
+
+def rare_binary(percent: str = "2", model: str = "logreg", kind: str = "probs",
+                dtype: str = "float32", columns: int = 1) -> Entry:
+    """One stored form of a rare-positives binary model (``RARE_SOURCES``): one score
+    column by default, as ``predict_proba(X)[:, 1]`` is logged."""
+    source = Source(f"rarebin{percent}", model, True)
+    for e in build(True, (source,)):
+        if (e.kind, e.dtype, e.columns) == (kind, dtype, columns):
+            return e
+    raise KeyError(f"no rare-binary form {percent, model, kind, dtype, columns}")

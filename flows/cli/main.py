@@ -98,6 +98,7 @@ def next_steps(result, total_seconds: float, data=None) -> str:
         f"          candidate NLL {decision.candidate_nll:.6g}, champion NLL "
         f"{'-' if decision.champion_nll is None else f'{decision.champion_nll:.6g}'}",
         *_reference_line(decision),
+        *_repair_lines(result),
         *_warning_lines(result),
         *[f"{'input:' if i == 0 else '':<10}{note}"
           for i, note in enumerate(getattr(result, "input_notes", None) or [])],
@@ -133,6 +134,29 @@ def _reference_line(decision) -> list[str]:
         return [f"          champion v{ref.version}'s reference split not used: {ref.problem}"]
     return [f"          on champion v{ref.version}'s reference split: candidate NLL "
             f"{ref.candidate_nll:.6g}, champion NLL {ref.champion_nll:.6g}"]
+
+
+def _repair_lines(result) -> list[str]:
+    """What the CORD repair did on the evaluation split (issue 44): rows moved, pinned onto
+    the decision boundary, made one constant, and a binary model's AUC before and after."""
+    effect = getattr(result, "repair", None) or {}
+    if not effect:
+        return []
+    t = getattr(result, "decision_threshold", None)
+    boundary = "the decision boundary" if t is None else f"the threshold p1 = {t:g}"
+    line = (f"repair:   moved {effect['moved_share']:.1%} of the outputs, "
+            f"{effect['boundary_share']:.1%} onto {boundary}")
+    if effect["flat_share"] > 0:
+        line += f", {effect['flat_share']:.1%} to one value {effect['flat_value']!r}"
+    lines = [line]
+    if t is not None:
+        lines.append(f"          decisions kept at p1 >= {t:g} (label, accuracy and TPCR are "
+                     "of those decisions)")
+    if "auc_uncal" in effect:
+        lines.append(f"          AUC {effect['auc_uncal']:.4f} uncalibrated, "
+                     f"{effect['auc_base']:.4f} calibrated, {effect['auc_cord']:.4f} "
+                     "after CORD")
+    return lines
 
 
 def _warning_lines(result) -> list[str]:
@@ -304,6 +328,9 @@ def _on_shards(args) -> bool:
 def validate_shard_recalibrate(args):
     """Shards (footers only), options, the scheduler's address; returns the shard set."""
     _check_flow_options(args)
+    if args.decision_threshold is not None:
+        raise inputs.InputError("--decision-threshold: not available on shards (the repair "
+                                "in the threshold's space is fitted on one process's rows)")
     if args.dask_workers < 1:
         raise inputs.InputError(f"--dask-workers: expected a positive integer, got "
                                 f"{args.dask_workers}")
@@ -333,7 +360,8 @@ def validate_recalibrate(args):
     evaluation = (None if args.eval_data is None
                   else inputs.load_data(args.eval_data, dataset.input_kind))
     inputs.check_recalibration(dataset, evaluation, args.calibrator, args.fraction, args.seed,
-                               _gate_options(args) if hasattr(args, "min_calibration") else None)
+                               _gate_options(args) if hasattr(args, "min_calibration") else None,
+                               getattr(args, "decision_threshold", None))
     inputs.champion_reads(args.tracking_uri, args.model_name, dataset)
     return dataset
 
@@ -432,7 +460,8 @@ def _flow_options(args) -> dict:
 
 def _gate_options(args) -> dict:
     return {"min_calibration": args.min_calibration, "min_evaluation": args.min_evaluation,
-            "max_class_share": args.max_class_share, "max_label_shift": args.max_label_shift}
+            "max_class_share": args.max_class_share, "max_label_shift": args.max_label_shift,
+            "min_class_rows": args.min_class_rows}
 
 
 def cmd_recalibrate(args) -> int:
@@ -443,8 +472,8 @@ def cmd_recalibrate(args) -> int:
     result = recalibrate(data=str(args.data),
                          eval_data=None if args.eval_data is None else str(args.eval_data),
                          promote=not args.no_promote, tracking_uri=args.tracking_uri,
-                         lock=args.lock, **_flow_options(args), **_gate_options(args),
-                         **shards)
+                         lock=args.lock, decision_threshold=args.decision_threshold,
+                         **_flow_options(args), **_gate_options(args), **shards)
     _print_result(result, args.started, args.data)
     return 0
 
@@ -604,6 +633,7 @@ def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
 def cmd_predict(args) -> int:
     import tempfile
 
+    from cord_ops.data import clip_note
     from onnx_export.predict import predict_file
 
     if _batch_predict_requested(args):
@@ -615,8 +645,8 @@ def cmd_predict(args) -> int:
     print(f"wrote {summary['rows']} rows x {summary['n_classes']} classes to "
           f"{summary['output']} (providers: {', '.join(summary['providers'])})")
     if summary["sum_error"] > 0:
-        print(f"input: probability rows renormalised, worst row {summary['sum_error_row']} "
-              f"summed to 1 +- {summary['sum_error']:.3g}")
+        print("input: " + clip_note(summary["input_width"], summary["sum_error"],
+                                    summary["sum_error_row"]))
     return 0
 
 

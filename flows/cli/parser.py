@@ -26,6 +26,8 @@ DEMO_MODEL = "cord-ops-demo"
 UI_PORT = 5000
 #: flows.registry.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
 DEFAULT_LOCK_TIMEOUT = 600.0
+#: flows.promotion.rules.MIN_RARER_CLASS_ROWS, repeated for the same reason.
+MIN_RARER_CLASS_ROWS = 20
 
 
 def build_parser(handlers: Mapping[str, Mapping[str, object]]) -> argparse.ArgumentParser:
@@ -80,6 +82,10 @@ def add_recalibrate(sub) -> None:
     add_gate_options(p)
     p.add_argument("--no-promote", action="store_true",
                    help="record the gate decision but never move @champion")
+    p.add_argument("--decision-threshold", type=float, default=None, metavar="T",
+                   help="binary models: keep the decision p1 >= T the operator takes "
+                        "instead of the argmax (0.5); baked into the graph and its label "
+                        "(default: the argmax)")
 
 
 def add_monitor(sub) -> None:
@@ -272,7 +278,10 @@ def add_gate_options(parser: argparse.ArgumentParser) -> None:
                         help="evaluation rows needed to promote (default: max(100, 10 K))")
     parser.add_argument("--max-class-share", type=float, default=None,
                         help="largest share one class may hold in a split "
-                             "(default: min(0.9, max(0.5, 5 / K)))")
+                             "(default: min(0.9, max(0.5, 5 / K)); off for K = 2)")
+    parser.add_argument("--min-class-rows", type=int, default=None,
+                        help="rows each class (for K = 2: the rarer one) must hold in either "
+                             f"split (default: {MIN_RARER_CLASS_ROWS} for K = 2, else 0)")
     parser.add_argument("--max-label-shift", type=float, default=None,
                         help="total-variation distance allowed between the evaluation labels "
                              "and the champion's reference split's, beyond sampling noise "

@@ -117,15 +117,18 @@ def new_folder(path: Path, option: str) -> Path:
 
 
 def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float, seed: int,
-                        gate_options: dict | None = None):
+                        gate_options: dict | None = None,
+                        decision_threshold: float | None = None):
     """The options a recalibration of ``dataset`` would refuse, refused now: an evaluation
     file with other classes or another input kind, a seed or fraction the split rejects,
     splits too small to fit, a gate threshold out of range, a calibrator that cannot read
-    the file's input kind. Returns the gate's policy (:class:`flows.promotion.rules.Policy`).
+    the file's input kind, a decision threshold for a model that is not binary. Returns the
+    gate's policy (:class:`flows.promotion.rules.Policy`).
 
     The recalibration flow's own ``check_options`` task runs this same check.
     """
     from cord_ops import data
+    from cord_ops.threshold import check_threshold
     from flows.promotion import rules
 
     if eval_dataset is not None:
@@ -149,6 +152,11 @@ def check_recalibration(dataset, eval_dataset, calibrator: str, fraction: float,
         rules.check_fit_floor(*sizes)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
+    try:
+        check_threshold(decision_threshold, dataset.n_classes)
+    except ValueError as exc:
+        raise InputError(f"{dataset.path}: --{exc}".replace("decision_threshold",
+                                                            "decision-threshold", 1)) from exc
     # By name, not by building one: that would import scikit-learn (seconds on a busy
     # machine) in a check meant to answer at once. Every family reads both input kinds.
     if calibrator not in CALIBRATOR_CHOICES:

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from cord_ops import metrics
+from cord_ops.threshold import decisions
 from cord_ops.validation import top1
 from flows.errors import CordOpsError, in_words
 from flows.promotion import guards
@@ -328,8 +329,11 @@ def check_promotable(client, name: str, version: str, allow_label_free: bool = F
     except Exception as exc:
         raise PromotionRefused(f"v{version} cannot be run from the registry "
                                f"({in_words(exc)})"[:1000]) from None
-    if repaired.shape != split.scores.shape or not np.array_equal(top1(repaired),
-                                                                  top1(split.scores)):
+    # a version fitted to keep a binary decision threshold is held to the decisions at it
+    t = tags.get("cord.decision_threshold")
+    t = None if t is None else float(t)
+    kept = (top1(split.scores) if t is None else decisions(split.probabilities(), t))
+    if repaired.shape != split.scores.shape or not np.array_equal(decisions(repaired, t), kept):
         raise PromotionRefused(f"v{version} changes top-1 decisions on its reference split")
     expected = logged.get("cord.nll")
     if expected is None or not math.isclose(nll, expected, rel_tol=NLL_REPRODUCTION_RTOL):

@@ -184,17 +184,26 @@ class Comparison:
     confidence_diff_sum: float
 
 
-def decisions(repaired):
-    """Top-1 of each repaired row, ties to the lowest index (as ``label``)."""
+def decisions(repaired, threshold: float | None = None, input_kind: str = "probs"):
+    """Top-1 of each repaired row, ties to the lowest index (as ``label``); for a binary
+    version keeping a decision ``threshold`` (issue 44), the decision at it of the rows'
+    probabilities (softmax of ``input_kind`` "logits" rows first)."""
     import numpy as np  # here, not at the top: `cord-ops --help` builds on this module
 
-    return np.argmax(np.asarray(repaired), axis=1)
+    if threshold is None:
+        return np.argmax(np.asarray(repaired), axis=1)
+    from cord_ops import threshold as at
+    from cord_ops.softmax import softmax
+
+    rows = np.asarray(repaired, dtype=np.float64)
+    return at.decisions(softmax(rows) if input_kind == "logits" else rows, threshold)
 
 
-def compare(champion: dict, candidate: dict) -> Comparison:
+def compare(champion: dict, candidate: dict, thresholds: tuple = (None, None)) -> Comparison:
     """Compare two versions' outputs (``repaired`` [n, K], ``label`` [n], ``confidence``
     [n]) on the same rows. A row disagrees when the labels differ or the repaired top-1s
-    differ; a non-finite candidate row counts as disagreeing too."""
+    differ (the decisions at each version's binary threshold, ``thresholds`` (champion,
+    candidate), where it keeps one); a non-finite candidate row counts as disagreeing too."""
     import numpy as np
 
     a = np.asarray(champion["repaired"], dtype=np.float64)
@@ -203,7 +212,7 @@ def compare(champion: dict, candidate: dict) -> Comparison:
         return Comparison(int(a.shape[0]), tuple(range(int(a.shape[0]))), math.inf, 0.0)
     finite = np.isfinite(b).all(axis=1)
     differ = ((np.asarray(champion["label"]) != np.asarray(candidate["label"]))
-              | (decisions(a) != decisions(b)) | ~finite)
+              | (decisions(a, thresholds[0]) != decisions(b, thresholds[1])) | ~finite)
     diff = float(np.max(np.abs(a - b))) if finite.all() and a.size else (
         math.inf if a.size else 0.0)
     shift = float(np.sum(np.asarray(candidate["confidence"], dtype=np.float64)
@@ -212,10 +221,12 @@ def compare(champion: dict, candidate: dict) -> Comparison:
                       shift if math.isfinite(shift) else math.inf)
 
 
-def self_consistent(outputs: dict, scores, sum_tolerance: float):
+def self_consistent(outputs: dict, scores, sum_tolerance: float,
+                    threshold: float | None = None, input_kind: str = "probs"):
     """Rows of one version's answer that keep the invariants: finite ``repaired`` summing
-    to 1 within ``sum_tolerance``, whose top-1 is ``label`` and the input's top-1. The
-    check a canary answer passes before it is sent."""
+    to 1 within ``sum_tolerance``, whose top-1 is ``label`` and the input's top-1 (for a
+    version keeping a binary decision ``threshold``, the decisions at it; ``input_kind``
+    says what ``scores`` hold). The check a canary answer passes before it is sent."""
     import numpy as np
 
     repaired = np.asarray(outputs["repaired"], dtype=np.float64)
@@ -225,7 +236,8 @@ def self_consistent(outputs: dict, scores, sum_tolerance: float):
         finite = np.isfinite(repaired).all(axis=1)
         sums = np.abs(repaired.sum(axis=1) - 1.0) <= sum_tolerance
     label = np.asarray(outputs["label"])
-    return finite & sums & (decisions(repaired) == label) & (label == decisions(scores))
+    return finite & sums & (decisions(repaired, threshold) == label) & (
+        label == decisions(scores, threshold, input_kind))
 
 
 # ---------------------------------------------------------------- figures and decision

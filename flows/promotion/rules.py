@@ -13,12 +13,26 @@ A candidate is promoted only when every one of these holds (:func:`decide`):
      evaluation itself is noise (the standard error of a mean NLL is about sd / sqrt(n),
      with sd near 1 nat for a classifier's per-row NLL, i.e. 0.1 nat at n = 100, more than
      the gap between most calibrators). Both are overridable.
-   - no class dominates either split: the largest class's share is at most
+   - for K >= 3, no class dominates either split: the largest class's share is at most
      ``max_class_share``, by default ``min(0.9, max(0.5, 5 / K))``: five times its share
      under balanced labels, at least one half (so K >= 10 keeps a majority class out) and at
-     most 0.9 (so a binary or 3-class problem may be imbalanced but not single-class). A
-     file whose labels are all one class (a broken labelling job, an all-zeros default)
-     is caught here whatever its NLL.
+     most 0.9 (so a 3-class problem may be imbalanced but not single-class). A file whose
+     labels are all one class (a broken labelling job, an all-zeros default) is caught
+     here whatever its NLL.
+   - for K = 2, enough rows of the rarer class instead of balance: each class holds at
+     least ``min_class_rows`` rows in either split, by default
+     ``MIN_RARER_CLASS_ROWS = 20``, and ``max_class_share`` defaults to 1 (off). Fraud,
+     churn and cancellation models are calibrated on a few per cent of positives, and a
+     share rule would refuse them all (0.9 refuses every problem under 10 % positives);
+     what the guard exists for is a single-class or mislabelled batch, which has no rows
+     of one class. 20 is the events-per-variable rule of thumb for logistic models (10
+     events of the rarer class per fitted parameter, Peduzzi et al. 1996) applied to the
+     two parameters a binary scaling map fits on the margin (Platt's slope and bias; VS's
+     four collapse to these two for K = 2): below it the fitted slope is noise. It is
+     checked on the evaluation split too, where the rarer class's rows are what the NLL
+     and the TPCR of the decisions that matter are measured on. ``--min-class-rows``
+     changes it (and sets it for K >= 3, where it is 0 by default: a class may be absent
+     from a split of many classes).
    - the evaluation labels are not far from those the champion was evaluated on: the
      total-variation distance between the two label distributions is at most
      ``max_label_shift`` (default 0.2) **plus** the distance two samples of these sizes
@@ -55,6 +69,10 @@ A candidate is promoted only when every one of these holds (:func:`decide`):
      is there for disasters (the all-zero-labels batch's candidate is 16 times worse
      there), and 2 % is several standard errors of a mean NLL on a few thousand rows.
 6. ``promote`` is not switched off.
+7. **It decides as the champion does.** A binary candidate keeping another decision
+   threshold than the champion (:func:`decision_change`; none and 1/2 are the argmax)
+   changes the decisions the operator takes, which is a policy change for ``cord-ops
+   promote``, not a gate's win on NLL.
 
 :func:`decide` is a pure function of numbers, and so is everything here: this module needs
 numpy and nothing of MLflow (``tests/test_layering.py`` checks), so the rules can be read,
@@ -87,9 +105,21 @@ def default_min_rows(n_classes: int) -> int:
     return max(100, 10 * int(n_classes))
 
 
+#: Rows of the rarer class a binary split needs (module docstring: the EPV rule).
+MIN_RARER_CLASS_ROWS = 20
+
+
 def default_max_class_share(n_classes: int) -> float:
-    """``min(0.9, max(0.5, 5 / K))`` (see the module docstring for why)."""
+    """``min(0.9, max(0.5, 5 / K))`` for K >= 3; 1.0 (off) for K = 2, which the rarer-class
+    rule guards instead (see the module docstring for why)."""
+    if int(n_classes) == 2:
+        return 1.0
     return min(0.9, max(0.5, 5.0 / int(n_classes)))
+
+
+def default_min_class_rows(n_classes: int) -> int:
+    """``MIN_RARER_CLASS_ROWS`` for K = 2, else 0 (see the module docstring for why)."""
+    return MIN_RARER_CLASS_ROWS if int(n_classes) == 2 else 0
 
 
 @dataclass(frozen=True)
@@ -99,6 +129,7 @@ class Policy:
     min_calibration: int
     min_evaluation: int
     max_class_share: float
+    min_class_rows: int = 0
     max_label_shift: float = DEFAULT_MAX_LABEL_SHIFT
     nll_tolerance: float = DEFAULT_NLL_TOLERANCE
     reference_tolerance: float = DEFAULT_REFERENCE_TOLERANCE
@@ -107,7 +138,7 @@ class Policy:
     def for_classes(cls, n_classes: int, **overrides) -> Policy:
         """The defaults for K = ``n_classes``; ``overrides`` set to None keep the default."""
         policy = cls(default_min_rows(n_classes), default_min_rows(n_classes),
-                     default_max_class_share(n_classes))
+                     default_max_class_share(n_classes), default_min_class_rows(n_classes))
         given = {k: v for k, v in overrides.items() if v is not None}
         unknown = set(given) - set(cls.__dataclass_fields__)
         if unknown:
@@ -123,6 +154,9 @@ class Policy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        value = self.min_class_rows
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise ValueError(f"min_class_rows: expected an integer >= 0, got {value!r}")
         if not 0.0 < self.max_class_share <= 1.0:
             raise ValueError(f"max_class_share: expected a share in (0, 1], "
                              f"got {self.max_class_share!r}")
@@ -219,7 +253,12 @@ def evidence_problems(evidence: Evidence, policy: Policy) -> list[str]:
         share = counts[top] / total
         if share > policy.max_class_share:
             problems.append(f"class {top} holds {share:.1%} of the {split} labels "
-                            f"(> {policy.max_class_share:.0%})")
+                            f"(> {policy.max_class_share:.0%}; --max-class-share)")
+        rarest = int(np.argmin(counts))
+        if counts[rarest] < policy.min_class_rows:
+            problems.append(f"class {rarest} has {counts[rarest]} of the {total} {split} rows "
+                            f"(< {policy.min_class_rows} needed of each class; "
+                            "--min-class-rows)")
     if evidence.reference_counts is not None and sum(evidence.reference_counts) > 0 \
             and evidence.n_evaluation > 0:
         shift = tv_distance(evidence.evaluation_counts, evidence.reference_counts)
@@ -229,6 +268,20 @@ def evidence_problems(evidence: Evidence, policy: Policy) -> list[str]:
             problems.append(f"evaluation labels are far from the champion's reference split "
                             f"(total variation {shift:.3f} > {allowed:.3f})")
     return problems
+
+
+def decision_change(candidate: float | None, champion: float | None,
+                    champion_version: str) -> str | None:
+    """Why a candidate deciding at another threshold than the champion may not take the
+    alias by the gate (a change of decision policy is the operator's: ``cord-ops
+    promote``), or None when both decide alike (1/2 is the argmax)."""
+    def words(t):
+        return "the argmax" if t is None or t == 0.5 else f"p1 > {t:g}"
+
+    if words(candidate) == words(champion):
+        return None
+    return (f"decides at {words(candidate)} but champion v{champion_version} decides at "
+            f"{words(champion)} (a change of decision policy is promoted by hand)")
 
 
 @dataclass(frozen=True)
@@ -282,11 +335,12 @@ class GateDecision:
 def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
            champion: ChampionScore | None, *, uncalibrated_nll: float, evidence: Evidence,
            policy: Policy, reference: ReferenceScore | None = None,
-           promote: bool = True) -> GateDecision:
+           promote: bool = True, decision_change: str | None = None) -> GateDecision:
     """The champion gate as a pure function of the measured numbers (rules in the module
     docstring). ``uncalibrated_nll``: the classifier's own NLL on the candidate's
-    evaluation split, the baseline every candidate must not lose to. Every failed rule is
-    named in ``reason``."""
+    evaluation split, the baseline every candidate must not lose to. ``decision_change``:
+    why the candidate takes other decisions than the champion (another binary decision
+    threshold), a rule of its own. Every failed rule is named in ``reason``."""
     champion_nll = None if champion is None else champion.nll
     champion_version = None if champion is None else champion.version
     failed = []
@@ -294,6 +348,8 @@ def decide(candidate_nll: float, candidate_tpcr: float, parity_ok: bool,
         failed.append(f"repaired output changes top-1 decisions (TPCR {candidate_tpcr!r})")
     if not parity_ok:
         failed.append("ONNX parity check failed")
+    if decision_change is not None:
+        failed.append(decision_change)
     problems = evidence_problems(evidence, policy)
     if problems:
         failed.append(f"not enough evidence ({'; '.join(problems)})")

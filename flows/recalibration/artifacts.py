@@ -23,8 +23,11 @@ DIGESTS_TAG = "cord.artifacts.sha256"
 
 def run_params(calibrator: str, dataset: data.Dataset, n_calibration: int,
                n_evaluation: int, seed: int, repair: CORD) -> dict[str, str]:
-    """The run params of the MLflow contract in docs/contract.md (floats as exact repr)."""
+    """The run params of the MLflow contract in docs/contract.md (floats as exact repr;
+    ``decision_threshold`` only when the repair keeps a binary threshold's decisions)."""
+    threshold = getattr(repair, "decision_threshold", None)
     return {
+        **({} if threshold is None else {"decision_threshold": repr(float(threshold))}),
         "calibrator": calibrator,
         "n_classes": str(dataset.n_classes),
         "n_calibration": str(n_calibration),

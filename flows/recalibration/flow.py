@@ -45,6 +45,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from cord_ops import metrics
 from flows.preflight import checks as inputs
 from flows.promotion import rules
 from flows.promotion.champion import ChampionUnhealthyError
@@ -53,6 +54,7 @@ from flows.recalibration.failure import Failure, RecalibrationError, uri_if_stor
 from flows.recalibration.selection import DEFAULT_BUDGET as DEFAULT_SELECT_BUDGET
 from flows.recalibration.selection import choose_family, harm_reason
 from flows.recalibration.store_tasks import (
+    champion_threshold,
     ensure_model,
     finish_run,
     gate,
@@ -115,6 +117,10 @@ class RecalibrationResult:
     onnx_max_abs_diff: float
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: what the repair did on the evaluation split (``cord_ops.metrics.repair_effect``)
+    repair: dict[str, float] = field(default_factory=dict)
+    #: the binary decision threshold kept (None: the argmax)
+    decision_threshold: float | None = None
     #: what loading changed in the input files (``data.Dataset.load_note``)
     input_notes: list[str] = field(default_factory=list)
     #: Why nothing was fitted or registered (:func:`skip_if_unchanged`); then ``version``
@@ -154,7 +160,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                 store_timeout: float = tracking.DEFAULT_STORE_TIMEOUT,
                 lock: str = "auto", min_calibration: int | None = None,
                 min_evaluation: int | None = None, max_class_share: float | None = None,
-                max_label_shift: float | None = None,
+                max_label_shift: float | None = None, min_class_rows: int | None = None,
+                decision_threshold: float | None = None,
                 tracking_uri: str | None = None, dask_address: str | None = None,
                 dask_workers: int = 2,
                 eval_sample: int = DEFAULT_EVAL_SAMPLE,
@@ -169,11 +176,12 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     ``store_timeout``: seconds a store that is down may take to fail the flow; ``lock``:
     the registry lock's kind (``auto``: :func:`flows.registry.lock.choose`). Raises
     :class:`RecalibrationError` naming the failed step. ``min_calibration``,
-    ``min_evaluation``, ``max_class_share`` and ``max_label_shift`` override the gate's
-    defaults for K (:class:`flows.promotion.rules.Policy`). When the champion could not be scored,
-    the candidate is registered as rejected, the run finished, and then
-    :class:`flows.promotion.champion.ChampionUnhealthyError` is raised. ``tracking_uri``: the MLflow
-    store (default: MLFLOW_TRACKING_URI, else ``./mlruns/mlflow.db``).
+    ``min_evaluation``, ``max_class_share``, ``max_label_shift`` and ``min_class_rows``
+    override the gate's defaults for K (:class:`flows.promotion.rules.Policy`). When the
+    champion could not be scored, the candidate is registered as rejected, the run
+    finished, and then :class:`flows.promotion.champion.ChampionUnhealthyError` is raised.
+    ``tracking_uri``: the MLflow store (default: MLFLOW_TRACKING_URI, else
+    ``./mlruns/mlflow.db``).
 
     ``data`` a folder or glob of Parquet shards, or ``dask_address`` given: the fits and
     metrics run on Dask (the scheduler at ``dask_address``, else a local cluster of
@@ -187,6 +195,13 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     split, identity is fitted instead before anything is registered. A forced family is
     cross-validated against identity, and a loss is a warning. Shards refuse ``auto``.
 
+    ``decision_threshold`` (binary models): CORD keeps the decision ``p1 > t`` instead of
+    the argmax (``cord_ops.threshold``), the graph's label is that decision, and the
+    gate's TPCR and the parity's agreement are measured on it; not on shards. Without
+    one, a binary model keeps its champion's (version tag ``cord.decision_threshold``), so
+    a scheduled or drift-started recalibration never moves its decisions back to the
+    argmax; a candidate deciding otherwise than the champion is rejected by the gate.
+
     A run of a deployment whose parameters are not the deployment's is refused first
     (:func:`flows.runtime.pinned.check`).
     """
@@ -198,11 +213,14 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     steps = Steps()
     session = None  # the Dask session when ``data`` is shards
     gate_options = {"min_calibration": min_calibration, "min_evaluation": min_evaluation,
-                    "max_class_share": max_class_share, "max_label_shift": max_label_shift}
+                    "max_class_share": max_class_share, "max_label_shift": max_label_shift,
+                    "min_class_rows": min_class_rows}
     options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
                "dtype": dtype, "promote": str(promote)}
     try:
         if is_shard_input(data, dask_address):
+            if decision_threshold is not None:
+                raise ValueError("decision_threshold: not available on shards")
             plan = steps(plan_shard_inputs, str(data), _text(eval_data), input_kind, seed,
                          fraction)
             policy = steps(check_shard_options, calibrator, dtype, eval_sample, plan,
@@ -216,8 +234,12 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             eval_dataset = (steps(load_dataset, str(eval_data), dataset.input_kind)
                             if eval_data is not None else None)
             policy = steps(check_options, calibrator, dtype, seed, fraction, dataset,
-                           eval_dataset, gate_options)
+                           eval_dataset, gate_options, decision_threshold)
         steps(prepare_store, uri, store_timeout)
+        if decision_threshold is None and session is None and dataset.n_classes == 2:
+            decision_threshold = steps(champion_threshold, uri, model_name)
+        if decision_threshold is not None:
+            options["decision_threshold"] = repr(float(decision_threshold))
         run_id, experiment = steps(start_run, uri, model_name, dataset, eval_dataset, options)
     except Exception as exc:
         if session is not None:
@@ -247,7 +269,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                                                 fraction)
                 choice = steps(choose_family, calibration, calibrator, seed, select_budget)
                 fitted, calibrator_warnings = steps(fit_calibrator, calibration, choice.family)
-                repair, cord_warnings = steps(fit_cord, calibration, fitted)
+                repair, cord_warnings = steps(fit_cord, calibration, fitted,
+                                              decision_threshold)
                 cord_warnings = cord_warnings + steps(check_no_harm, calibration, fitted,
                                                       repair)
                 report = steps(evaluate_reports, evaluation, fitted, repair)
@@ -259,7 +282,8 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
                     get_run_logger().warning("select: %s", choice.how)
                     fitted, calibrator_warnings = steps(fit_calibrator, calibration,
                                                         choice.family)
-                    repair, cord_warnings = steps(fit_cord, calibration, fitted)
+                    repair, cord_warnings = steps(fit_cord, calibration, fitted,
+                                                  decision_threshold)
                     report = steps(evaluate_reports, evaluation, fitted, repair)
                 calibrator_warnings = choice.warnings + calibrator_warnings
                 counts = (rules.label_counts(calibration.labels, dataset.n_classes),
@@ -333,7 +357,10 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         run_id=run_id, experiment_id=experiment, tracking_uri=uri, model_name=model_name,
         version=failure.version, decision=decision, eta_star=repair.eta_,
         reports=report.reports, changes=report.changes,
-        onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings, warnings=fit_warnings,
+        onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings,
+        warnings=fit_warnings + [w for w in [metrics.flat_warning(report.effect,
+                                                                   report.threshold)] if w],
+        repair=report.effect, decision_threshold=repair.decision_threshold,
         choice=choice, input_notes=[note for source in (dataset, eval_dataset)
                      if (note := getattr(source, "load_note", lambda: None)()) is not None],
     )

@@ -69,7 +69,21 @@ def start_run(uri: str, model_name: str, dataset: data.Dataset,
 #: to those of the champion's run, the run would rebuild the champion's graph.
 IDENTITY_TAGS = ("data.sha256", "data.input_kind", "eval_data.sha256",
                  "eval_data.input_kind", "cord.calibrator", "cord.seed", "cord.fraction",
-                 "cord.dtype", "cord.eval_sample", "cord.promote")
+                 "cord.dtype", "cord.eval_sample", "cord.promote", "cord.decision_threshold")
+#: The version tag of a binary model's decision threshold (absent: the argmax).
+THRESHOLD_TAG = "cord.decision_threshold"
+
+
+@store_task
+def champion_threshold(uri: str, model_name: str) -> float | None:
+    """The decision threshold the current champion keeps (its version tag), or None: a
+    recalibration given no threshold keeps the champion's, so a scheduled or drift-started
+    run never silently moves a fraud model's decisions back to the argmax."""
+    holder = registry.champion_version(tracking.client(uri), model_name)
+    text = None if holder is None else holder.tags.get(THRESHOLD_TAG)
+    return None if text is None else float(text)
+
+
 SKIPPED_TAG = "cord.skipped"
 
 
@@ -111,6 +125,19 @@ def skip_if_unchanged(uri: str, run_id: str, model_name: str) -> str | None:
     return reason
 
 
+def repair_metrics(effect: dict[str, float]) -> dict[str, float]:
+    """The repair's effect as run metrics: ``cord.moved_share``, ``cord.boundary_share``,
+    ``cord.flat_share``, ``cord.flat_value`` (left out when no value is shared) and, for
+    K = 2, ``{uncal,base,cord}.auc``."""
+    out = {}
+    for key, value in effect.items():
+        if key.startswith("auc_"):
+            out[f"{key[4:]}.auc"] = value
+        elif value == value:  # NaN: no flat value to record
+            out[f"cord.{key}"] = value
+    return out
+
+
 @store_task
 def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
                            evaluation: Evaluation,
@@ -125,11 +152,14 @@ def log_params_and_metrics(uri: str, run_id: str, params: dict[str, str],
             values[f"{report}.{name}"] = evaluation.reports[report][name]
     for name, count in evaluation.changes.items():
         values[f"base.{name}"] = count
+    values.update(repair_metrics(evaluation.effect))
     values["onnx.max_abs_diff"] = parity.max_abs_diff
     values["onnx.argmax_agreement"] = parity.argmax_agreement
     values["onnx.tolerance"] = parity.tolerance
     harm = [w for w in fit_warnings or [] if w.startswith("DoNoHarmWarning")]
     tags = {"cord.fit.warnings": "; ".join(fit_warnings or [])[:8000] or "none",
+            "cord.repair.warning": (metrics.flat_warning(evaluation.effect, evaluation.threshold)
+                                    or "none"),
             "cord.fit.warning_count": str(len(fit_warnings or [])),
             "cord.fit.harm": harm[0][:5000] if harm else "none",
             **(policy.as_tags() if policy is not None else {})}
@@ -168,6 +198,7 @@ def log_report_artifacts(uri: str, run_id: str, evaluation: Evaluation, calibrat
             plots.reliability_png(getattr(evaluation, report), evaluation.labels,
                                   root / "plots" / f"reliability_{report}.png", title=report)
         table = {"reports": evaluation.reports, "base_prediction_changes": evaluation.changes,
+                 "repair": {k: (v if v == v else None) for k, v in evaluation.effect.items()},
                  "eta_star": repair.eta_, "eta_star_repr": repr(repair.eta_)}
         (root / "report" / "metrics.json").write_text(json.dumps(table, indent=2) + "\n")
         (root / "report" / "metrics.md").write_text(metrics_markdown(evaluation.reports,
@@ -279,7 +310,9 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
             tags={"cord.eta_star": repr(repair.eta_), "cord.calibrator": calibrator_name,
                   registry.INPUT_KIND_TAG: dataset.input_kind, "data.sha256": dataset.sha256,
                   registry.N_CLASSES_TAG: str(dataset.n_classes),
-                  **({} if choice is None else {"cord.select.how": choice.how[:5000]})},
+                  **({} if choice is None else {"cord.select.how": choice.how[:5000]}),
+                  **({} if repair.decision_threshold is None else
+                     {THRESHOLD_TAG: repr(float(repair.decision_threshold))})},
             previous_champion=previous,
         )
     return str(version.version), previous
@@ -326,11 +359,14 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
                                                            ref_split.n_classes))
     decision = rules.decide(
         candidate_nll=metrics.nll(parity.repaired, evaluation.labels),
-        candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired),
+        candidate_tpcr=metrics.tpcr(report.uncal, parity.repaired, report.threshold),
         parity_ok=parity.ok, champion=champion,
         uncalibrated_nll=metrics.nll(report.uncal, evaluation.labels),
         evidence=evidence, policy=policy,
         reference=scored_ref, promote=promote,
+        decision_change=None if previous_champion is None else rules.decision_change(
+            report.threshold, _version_threshold(client, name, previous_champion),
+            previous_champion),
     )
     if champion is not None:
         record_health(client, name, previous_champion, champion.problem)
@@ -351,6 +387,11 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
     checkpoints.checkpoint("alias_moved")
     get_run_logger().info("gate: %s v%s (%s)", decision.label, version, decision.reason)
     return decision
+
+
+def _version_threshold(client, name: str, version: str) -> float | None:
+    text = client.get_model_version(name, version).tags.get(THRESHOLD_TAG)
+    return None if text is None else float(text)
 
 
 def _run_graph(model, scores: np.ndarray, dtype: str) -> np.ndarray:

@@ -8,14 +8,14 @@ None of them talks to the tracking store (those are in :mod:`flows.recalibration
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from prefect import get_run_logger
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
-from cord_ops.validation import top1
+from cord_ops.threshold import decisions
 from flows.preflight import checks as inputs
 from flows.promotion import rules
 from flows.runtime.tasks import compute_task
@@ -32,6 +32,10 @@ class Evaluation:
     cord: np.ndarray
     reports: dict[str, dict[str, float]]
     changes: dict[str, int]
+    #: what the repair did (``cord_ops.metrics.repair_effect``)
+    effect: dict[str, float] = field(default_factory=dict)
+    #: the binary decision threshold the decisions are taken at (None: the argmax)
+    threshold: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,8 @@ def load_dataset(path: str, input_kind: str) -> data.Dataset:
 @compute_task
 def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
                   dataset: data.Dataset, eval_dataset: data.Dataset | None,
-                  gate_options: dict | None = None) -> rules.Policy:
+                  gate_options: dict | None = None,
+                  decision_threshold: float | None = None) -> rules.Policy:
     """Reject a bad option before a run exists: unknown calibrator or dtype, a seed or
     fraction the split refuses, an evaluation file that does not match ``dataset``, a gate
     threshold out of range, splits too small to fit at all (the check the CLI runs before
@@ -68,7 +73,7 @@ def check_options(calibrator: str, dtype: str, seed: int, fraction: float,
     if dtype not in rules.DTYPES:
         raise ValueError(f"dtype: expected one of {rules.DTYPES}, got {dtype!r}")
     return inputs.check_recalibration(dataset, eval_dataset, calibrator, fraction, seed,
-                                      gate_options)
+                                      gate_options, decision_threshold)
 
 
 @compute_task
@@ -106,12 +111,14 @@ def fit_calibrator(calibration: data.Dataset, name: str):
 
 
 @compute_task
-def fit_cord(calibration: data.Dataset, calibrator):
-    """Fit eta* (paper eq. 18) on the calibration split's original and calibrated outputs;
+def fit_cord(calibration: data.Dataset, calibrator, decision_threshold: float | None = None):
+    """Fit eta* (paper eq. 18) on the calibration split's original and calibrated outputs,
+    keeping the decisions at ``decision_threshold`` when given (``cord_ops.threshold``);
     returns (CORD, warnings)."""
     original = calibration.probabilities()
     calibrated = calibrator.predict_proba(calibration.scores)
-    return _capturing_warnings(lambda: CORD().fit(original, calibrated))
+    repair = CORD(decision_threshold=decision_threshold)
+    return _capturing_warnings(lambda: repair.fit(original, calibrated))
 
 
 def no_harm_warning(calibration: data.Dataset, calibrator, repair: CORD,
@@ -155,19 +162,22 @@ def check_no_harm(calibration: data.Dataset, calibrator, repair: CORD) -> list[s
 def evaluate_reports(evaluation: data.Dataset, calibrator, repair: CORD) -> Evaluation:
     """Metrics of uncal (the classifier), base (the calibrator) and cord (the repair).
 
-    TPCR is measured against the classifier's own top-1, the decision CORD preserves.
+    TPCR is measured against the classifier's own top-1, the decision CORD preserves (with
+    a decision threshold, accuracy, TPCR and the changes are of the decisions at it).
     """
     uncal = evaluation.probabilities()
     base = calibrator.predict_proba(evaluation.scores)
     repaired = repair.transform(uncal, base)
     y = evaluation.labels
+    t = repair.decision_threshold
     reports = {
-        "uncal": metrics.evaluate(uncal, y),
-        "base": metrics.evaluate(base, y, reference=uncal),
-        "cord": metrics.evaluate(repaired, y, reference=uncal),
+        "uncal": metrics.evaluate(uncal, y, threshold=t),
+        "base": metrics.evaluate(base, y, reference=uncal, threshold=t),
+        "cord": metrics.evaluate(repaired, y, reference=uncal, threshold=t),
     }
-    changes = metrics.prediction_changes(uncal, base, y)
-    return Evaluation(y, uncal, base, repaired, reports, changes)
+    changes = metrics.prediction_changes(uncal, base, y, threshold=t)
+    return Evaluation(y, uncal, base, repaired, reports, changes,
+                      metrics.repair_effect(uncal, base, repaired, y, threshold=t), t)
 
 
 # ---------------------------------------------------------------- compute tasks on shards
@@ -242,7 +252,8 @@ def evaluate_shards(session, calibrator, repair: CORD, eval_sample: int):
             "brier": full["brier"], "accuracy": full["accuracy"],
             "tpcr": full.get("tpcr", 0.0)}
     changes = found.metrics["calibrated"]["changes"]
-    evaluation = Evaluation(sample.labels, uncal, base, repaired, reports, changes)
+    evaluation = Evaluation(sample.labels, uncal, base, repaired, reports, changes,
+                            metrics.repair_effect(uncal, base, repaired, sample.labels))
     return evaluation, sample, (found.calibration_counts, found.evaluation_counts)
 
 
@@ -261,7 +272,7 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
 
     ``argmax_agreement`` is the share of rows whose repaired top-1 is the classifier's
     top-1 computed by cord_ops in float64, so a float32 rounding that moves a decision
-    counts against the graph.
+    counts against the graph (with a decision threshold, the decisions at it).
     """
     from onnx_export.runtime import open_session
 
@@ -269,7 +280,8 @@ def verify_parity(model, evaluation: data.Dataset, reference: Evaluation, dtype:
     (repaired,) = session.run(["repaired"], {"scores": evaluation.scores.astype(dtype)})
     repaired = repaired.astype(np.float64)
     diff = float(np.max(np.abs(repaired - reference.cord)))
-    agreement = float(np.mean(top1(repaired) == top1(reference.uncal)))
+    agreement = float(np.mean(decisions(repaired, reference.threshold)
+                              == decisions(reference.uncal, reference.threshold)))
     tolerance = parity.parity_tolerance(calibrator, repair, evaluation.scores, dtype)
     return Parity(diff, agreement, tolerance, repaired)
 

@@ -183,7 +183,8 @@ def verify(session, contract: InputContract, state=None) -> dict:
     finite, sums to 1 and keeps the input's top-1 (== ``label``); with the logged
     ``state`` (calibrator, CORD), ``repaired`` matches cord_ops within the export's parity
     tolerance. Returns what was checked; raises VersionRejected naming the failure."""
-    from cord_ops.validation import top1
+    from cord_ops.threshold import decisions
+    from onnx_export.export import THRESHOLD_KEY
     from onnx_export.parity import FIXED_PARITY_TOLERANCE, parity_tolerance
 
     # The graph's own input, upcast: parity is defined against cord_ops on the same inputs.
@@ -194,16 +195,21 @@ def verify(session, contract: InputContract, state=None) -> dict:
     except Exception as exc:  # any runtime failure on valid input disqualifies the graph
         raise VersionRejected(f"the graph failed on the probe batch ({exc})") from exc
     repaired = repaired.astype(np.float64)
-    expected_top1 = top1(probe)
+    # a binary graph fitted to keep a decision threshold keeps the decisions at it
+    t = session.get_modelmeta().custom_metadata_map.get(THRESHOLD_KEY)
+    t = None if t is None or float(t) == 0.5 else float(t)
+    expected_top1 = (decisions(probe, None) if t is None else
+                     decisions(probe if contract.input_kind == "probs" else _softmax(probe), t))
     tolerance = FIXED_PARITY_TOLERANCE[str(contract.dtype)]
     if repaired.shape != probe.shape or not np.isfinite(repaired).all():
         raise VersionRejected("repaired output is not a finite [N, K] array")
-    if not np.array_equal(label, expected_top1) or not np.array_equal(top1(repaired),
+    if not np.array_equal(label, expected_top1) or not np.array_equal(decisions(repaired, t),
                                                                       expected_top1):
         raise VersionRejected("repaired output changes a top-1 decision on the probe batch")
     if np.max(np.abs(repaired.sum(axis=1) - 1.0)) > max(tolerance, 1e-6) * contract.n_classes:
         raise VersionRejected("repaired rows do not sum to 1 on the probe batch")
-    report = {"probe_rows": int(probe.shape[0]), "top1_kept": True, "reference": None}
+    report = {"probe_rows": int(probe.shape[0]), "top1_kept": True, "reference": None,
+              "decision_threshold": t}
     if state is not None:
         calibrator, cord = state
         tolerance = parity_tolerance(calibrator, cord, probe, str(contract.dtype))

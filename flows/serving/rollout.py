@@ -189,13 +189,22 @@ def _row_text(values) -> str:
     return f"input [{shown}{more}]"
 
 
-def _changed_decisions(outputs: dict, scores: np.ndarray) -> int:
-    """Rows whose repaired top-1 or label is not the input's top-1."""
+def _threshold(model) -> float | None:
+    """The binary decision threshold ``model`` keeps (its verification read it from the
+    graph's metadata), or None for the argmax."""
+    return (getattr(model, "verification", None) or {}).get("decision_threshold")
+
+
+def _changed_decisions(outputs: dict, scores: np.ndarray, model=None) -> int:
+    """Rows whose repaired top-1 or label is not the input's top-1 (the decisions at the
+    binary threshold ``model`` keeps, where it keeps one)."""
     repaired = np.asarray(outputs["repaired"])
     if repaired.shape != scores.shape:
         return 0
-    top = rollout_steps.decisions(scores)
-    return int(np.count_nonzero((rollout_steps.decisions(repaired) != top)
+    t = _threshold(model)
+    top = rollout_steps.decisions(scores, t, "probs" if model is None
+                                  else model.contract.input_kind)
+    return int(np.count_nonzero((rollout_steps.decisions(repaired, t) != top)
                                 | (np.asarray(outputs["label"]) != top)))
 
 
@@ -315,13 +324,15 @@ class RolloutController:
         except Exception as exc:  # any failure of the candidate is its breach
             problem = f"{type(exc).__name__}: {exc}"
         else:
-            ok = rollout_steps.self_consistent(outputs, scores, repaired_sum_tolerance(candidate))
+            ok = rollout_steps.self_consistent(outputs, scores, repaired_sum_tolerance(candidate),
+                                               _threshold(candidate),
+                                               candidate.contract.input_kind)
             if ok.all():
                 step.stats.timed("candidate", time.perf_counter() - began)
                 return outputs
             row = int(np.flatnonzero(~ok)[0])
             problem = f"answer breaks an invariant on row {row}: {_row_text(scores[row])}"
-            changed = _changed_decisions(outputs, scores)
+            changed = _changed_decisions(outputs, scores, candidate)
             if changed:  # a decision that is not the input's top-1: a disagreement
                 step.stats.disagreed(changed, scores.shape[0])
                 self.disagreements.labels(candidate.version).inc(changed)
@@ -415,11 +426,16 @@ class RolloutController:
                 step.stats.attempt()
                 step.stats.timed("candidate", elapsed)
                 ok = rollout_steps.self_consistent(candidate_out, item.scores,
-                                                   repaired_sum_tolerance(target))
+                                                   repaired_sum_tolerance(target),
+                                                   _threshold(target),
+                                                   target.contract.input_kind)
                 if not ok.all():
                     step.stats.error()
                     self.candidate_errors.labels(target.version).inc()
-            comparison = rollout_steps.compare(champion_out, candidate_out)
+            # the candidate's threshold for both: a champion keeping another one answers
+            # other labels, a disagreement either way (the gate's rule 7 keeps them equal)
+            t = _threshold(step.candidate)
+            comparison = rollout_steps.compare(champion_out, candidate_out, (t, t))
             step.stats.compared(comparison)
             if comparison.disagreeing:
                 self.disagreements.labels(step.candidate.version).inc(

@@ -199,11 +199,50 @@ def test_two_columns_of_probabilities_and_margins():
 
 @pytest.mark.parametrize(("column", "row", "value"), [
     ([0.5, 1.25, -1.0], 1, "1.25"), ([0.5, 0.0, -0.5], 2, "-0.5"),
-    ([1.0000001, 0.5], 0, "1.0000001")])
+    ([1.001, 0.5], 0, "1.001"), ([0.5, -0.00011], 1, "-0.00011")])
 def test_a_probability_outside_the_unit_interval_is_named(column, row, value):
     with _raises(ValueError, f"scores: row {row} is {value}; expected a positive-class "
                              "probability in [0, 1] (one score column)"):
         v.two_columns(np.array(column), "probs")
+
+
+F32_ABOVE_ONE = float(np.float32(1) + 10 * np.finfo(np.float32).eps)  # 1.0000011920928955
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_column_over_one_by_its_rounding_loads_as_the_two_column_form(dtype):
+    # a text classifier's float32 predict_proba(X)[:, 1]: up to 1.2e-6 above 1, and a
+    # producer's 1 - p rounded below 0
+    column = np.array([0.25, F32_ABOVE_ONE, 1.0, -2e-7, 0.5], dtype=dtype)
+    excess = float(column.astype(np.float64)[1]) - 1.0
+    loaded = v.stored_scores(column, "probs", "p")
+    assert loaded.scores.tolist() == [[0.75, 0.25], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0],
+                                      [0.5, 0.5]]
+    assert (loaded.width, loaded.sum_error_row) == (1, 1)
+    assert loaded.sum_error == excess and excess > 1e-6
+    # the two-column form of the same outputs ([0, p] for p > 1) renormalises to the
+    # same bits, so the uncalibrated NLL is the same whichever form was logged
+    two = np.array([[0.75, 0.25], [0.0, column[1]], [0.0, 1.0], [1.0, 0.0],
+                    [0.5, 0.5]], dtype=dtype)
+    assert np.array_equal(v.stored_scores(two, "probs").scores, loaded.scores)
+    assert v.two_columns(column, "probs").tolist() == loaded.scores.tolist()
+
+
+@pytest.mark.parametrize(("dtype", "value", "accepted"), [
+    (np.float64, 1.0 + 0.99e-4, True), (np.float64, 1.0 + 1.01e-4, False),
+    (np.float32, -1e-4 * 0.99, True), (np.float32, 1.0002, False),
+    (np.float16, 1.0 + 0.0078125, True), (np.float16, -0.0234375, False)])
+def test_the_column_tolerance_is_the_row_sum_tolerance_of_its_dtype(dtype, value, accepted):
+    # float16: 8 x 2 x eps(float16) = 0.0156; float32 and float64: 1e-4
+    column = np.array([0.5, value], dtype=dtype)
+    assert v.one_column_tolerance(dtype) == v.sum_tolerance(dtype, 2)
+    if accepted:
+        assert v.stored_scores(column, "probs").scores[1].tolist() == (
+            [0.0, 1.0] if value > 1 else [1.0, 0.0])
+    else:
+        with _raises(ValueError, f"s: row 1 is {column[1].item()!r}; expected a "
+                                 "positive-class probability in [0, 1] (one score column)"):
+            v.stored_scores(column, "probs", "s")
 
 
 def test_one_column_refusals():

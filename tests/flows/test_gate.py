@@ -149,7 +149,7 @@ def test_never_promotes_when_a_minimum_is_not_met_whatever_the_nlls(case, candid
     assert "not enough evidence" in decision.reason and "rows (<" in decision.reason
 
 
-@pytest.mark.parametrize("k, rows, share", [(2, 100, 0.9), (5, 100, 0.9), (10, 100, 0.5),
+@pytest.mark.parametrize("k, rows, share", [(2, 100, 1.0), (5, 100, 0.9), (10, 100, 0.5),
                                             (100, 1000, 0.5), (1000, 10000, 0.5)])
 def test_defaults_depend_on_k(k, rows, share):
     policy = rules.Policy.for_classes(k)

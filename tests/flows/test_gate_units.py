@@ -16,15 +16,17 @@ from flows.promotion import champion, rules
 
 
 @pytest.mark.parametrize("k, rows, share", [
-    (2, 100, 0.9), (5, 100, 0.9), (6, 100, 5 / 6), (10, 100, 0.5), (11, 110, 0.5),
+    (2, 100, 1.0), (3, 100, 0.9), (5, 100, 0.9), (6, 100, 5 / 6), (10, 100, 0.5), (11, 110, 0.5),
     (100, 1000, 0.5)])
 def test_defaults_at_their_corners(k, rows, share):
-    """max(100, 10 K) rows; share min(0.9, max(0.5, 5 / K))."""
+    """max(100, 10 K) rows; share min(0.9, max(0.5, 5 / K)), off for K = 2, which needs
+    20 rows of its rarer class instead (0 for K >= 3)."""
     assert rules.default_min_rows(k) == rows
     assert rules.default_max_class_share(k) == share
     policy = rules.Policy.for_classes(k)
     assert (policy.min_calibration, policy.min_evaluation, policy.max_class_share) == (
         rows, rows, share)
+    assert policy.min_class_rows == (20 if k == 2 else 0)
     assert (policy.max_label_shift, policy.nll_tolerance, policy.reference_tolerance) == (
         0.2, 1e-6, 0.02)
 
@@ -55,6 +57,8 @@ def test_overrides_none_keeps_the_default_and_unknown_ones_are_refused():
     ("min_evaluation", 2.0, "min_evaluation: expected a positive integer, got 2.0"),
     ("max_class_share", 0.0, "max_class_share: expected a share in (0, 1], got 0.0"),
     ("max_class_share", 1.5, "max_class_share: expected a share in (0, 1], got 1.5"),
+    ("min_class_rows", -1, "min_class_rows: expected an integer >= 0, got -1"),
+    ("min_class_rows", 2.5, "min_class_rows: expected an integer >= 0, got 2.5"),
     ("max_label_shift", -0.1, "max_label_shift: expected a finite number >= 0, got -0.1"),
     ("nll_tolerance", math.inf, "nll_tolerance: expected a finite number >= 0, got inf"),
     ("reference_tolerance", "2%",
@@ -75,6 +79,7 @@ def test_edge_thresholds_are_accepted():
         "cord.gate.policy.min_calibration": "1",
         "cord.gate.policy.min_evaluation": repr(np.int64(4)),
         "cord.gate.policy.max_class_share": "1.0",
+        "cord.gate.policy.min_class_rows": "0",
         "cord.gate.policy.max_label_shift": "0",
         "cord.gate.policy.nll_tolerance": "0.0",
         "cord.gate.policy.reference_tolerance": "0.02",
@@ -112,24 +117,66 @@ def test_label_shift_arithmetic_by_hand():
 
 def test_evidence_problems_name_each_rule():
     policy = rules.Policy.for_classes(2, min_calibration=10, min_evaluation=10,
-                                     max_class_share=0.6)
+                                     max_class_share=0.6, min_class_rows=0)
     assert rules.evidence_problems(rules.Evidence((5, 5), (5, 5)), policy) == []
     assert rules.evidence_problems(rules.Evidence((5, 4), (3, 3)), policy) == [
         "calibration split has 9 rows (< 10 needed for K=2)",
         "evaluation split has 6 rows (< 10 needed for K=2)"]
     assert rules.evidence_problems(rules.Evidence((3, 7), (6, 4)), policy) == [
-        "class 1 holds 70.0% of the calibration labels (> 60%)"]
+        "class 1 holds 70.0% of the calibration labels (> 60%; --max-class-share)"]
     # A share exactly at the limit passes; ties name the first class.
     assert rules.evidence_problems(rules.Evidence((6, 4), (4, 6)), policy) == []
     assert rules.evidence_problems(rules.Evidence((0, 0), (10, 0)), rules.Policy.for_classes(
         2, min_calibration=1, min_evaluation=1)) == [
         "calibration split has 0 rows (< 1 needed for K=2)",
-        "class 0 holds 100.0% of the evaluation labels (> 90%)"]
+        "class 1 has 0 of the 10 evaluation rows (< 20 needed of each class; "
+        "--min-class-rows)"]
+
+
+@pytest.mark.parametrize("calibration, evaluation, problems", [
+    # a cancellation model's 2.8 % positives, and fraud-like 1 % with 20 positives: pass
+    ((1944, 56), (1940, 60), []),
+    ((1980, 20), (1980, 20), []),
+    ((1981, 19), (1980, 20), ["class 1 has 19 of the 2000 calibration rows (< 20 needed of "
+                              "each class; --min-class-rows)"]),
+    # a single-class batch (an all-zeros default) is refused in either split
+    ((2000, 0), (0, 500), ["class 1 has 0 of the 2000 calibration rows (< 20 needed of "
+                           "each class; --min-class-rows)",
+                           "class 0 has 0 of the 500 evaluation rows (< 20 needed of each "
+                           "class; --min-class-rows)"]),
+])
+def test_binary_evidence_asks_for_rows_of_the_rarer_class_not_balance(calibration, evaluation,
+                                                                      problems):
+    policy = rules.Policy.for_classes(2)
+    assert rules.evidence_problems(rules.Evidence(calibration, evaluation), policy) == problems
+
+
+def test_the_rarer_class_rule_is_the_operators_to_change_and_off_for_many_classes():
+    few = rules.Evidence((1990, 10), (1990, 10))
+    assert rules.evidence_problems(few, rules.Policy.for_classes(2, min_class_rows=10)) == []
+    # K = 3 keeps its share rule and no row count: an absent class is allowed
+    assert rules.evidence_problems(rules.Evidence((60, 40, 0), (50, 50, 0)),
+                                   rules.Policy.for_classes(3)) == []
+    assert rules.evidence_problems(rules.Evidence((60, 40, 0), (50, 50, 0)),
+                                   rules.Policy.for_classes(3, min_class_rows=1)) == [
+        "class 2 has 0 of the 100 calibration rows (< 1 needed of each class; "
+        "--min-class-rows)",
+        "class 2 has 0 of the 100 evaluation rows (< 1 needed of each class; "
+        "--min-class-rows)"]
+    # an explicit share limit still applies to K = 2 and names its option
+    assert rules.evidence_problems(few, rules.Policy.for_classes(2, max_class_share=0.9)) == [
+        "class 0 holds 99.5% of the calibration labels (> 90%; --max-class-share)",
+        "class 1 has 10 of the 2000 calibration rows (< 20 needed of each class; "
+        "--min-class-rows)",
+        "class 0 holds 99.5% of the evaluation labels (> 90%; --max-class-share)",
+        "class 1 has 10 of the 2000 evaluation rows (< 20 needed of each class; "
+        "--min-class-rows)"]
 
 
 def test_label_shift_rule_adds_the_sampling_allowance():
     policy = rules.Policy.for_classes(2, min_calibration=1, min_evaluation=1,
-                                     max_class_share=1.0, max_label_shift=0.1)
+                                     max_class_share=1.0, max_label_shift=0.1,
+                                     min_class_rows=0)
     evaluation, reference = (5000, 5000), (4000, 6000)  # TV 0.1, sampling ~0.0056
     allowed = 0.1 + rules.sampling_tv(evaluation, reference)
     assert 0.1 < allowed < 0.11
@@ -267,7 +314,8 @@ def test_label_shift_rule_at_its_edges():
         "variation 1.000 > 0.279)" in one_eval
     # A shift exactly at the allowance passes: identical one-class splits have TV 0 and
     # no sampling allowance, so with max_label_shift 0 the shift equals what is allowed.
-    exact = rules.Policy.for_classes(2, max_label_shift=0.0, max_class_share=1.0)
+    exact = rules.Policy.for_classes(2, max_label_shift=0.0, max_class_share=1.0,
+                                    min_class_rows=0)
     assert rules.evidence_problems(rules.Evidence((100, 0), (100, 0), (100, 0)), exact) == []
 
 
@@ -453,3 +501,22 @@ def test_a_health_tag_write_failing_otherwise_is_not_retried(error):
     with pytest.raises(MlflowException, match=error.split(":")[0]):
         champion.record_health(client, "m", "3", "graph missing")
     assert client.writes == []
+
+
+def test_a_change_of_decision_threshold_is_a_rule_of_its_own():
+    decision_change = rules.decision_change
+    assert decision_change(None, None, "3") is None
+    assert decision_change(0.5, None, "3") is None  # 1/2 is the argmax
+    assert decision_change(0.1, 0.1, "3") is None
+    assert decision_change(None, 0.1, "3") == (
+        "decides at the argmax but champion v3 decides at p1 > 0.1 (a change of decision "
+        "policy is promoted by hand)")
+    assert decision_change(0.2, 0.1, "3") == (
+        "decides at p1 > 0.2 but champion v3 decides at p1 > 0.1 (a change of decision "
+        "policy is promoted by hand)")
+    changed = _decide(decision_change="decides at p1 > 0.2 but champion v3 decides at the "
+                                      "argmax (a change of decision policy is promoted by hand)")
+    assert not changed.promote and changed.reason == (
+        "decides at p1 > 0.2 but champion v3 decides at the argmax (a change of decision "
+        "policy is promoted by hand)")
+    assert _decide().promote

@@ -159,6 +159,20 @@ def test_self_consistent_rows_keep_the_input_top1_and_sum_to_one():
     assert self_consistent(_outputs(probs), logits, 1e-5).all()
 
 
+def test_a_thresholded_versions_answers_are_judged_at_its_threshold():
+    # p1 0.3 and 0.05 at t = 0.1: decisions 1 and 0, where the argmax says 0 and 0
+    scores = np.array([[0.7, 0.3], [0.95, 0.05]])
+    answer = _outputs([[0.6, 0.4], [0.9, 0.1 - 1e-9]], label=[1, 0])
+    assert self_consistent(answer, scores, 1e-5, 0.1).tolist() == [True, True]
+    assert self_consistent(answer, scores, 1e-5).tolist() == [False, True]
+    # logits rows: softmax([0, m]) has p1 = sigmoid(m); m = -1 gives p1 0.27 > 0.1
+    margins = np.array([[0.0, -1.0], [0.0, -3.0]])
+    assert self_consistent(answer, margins, 1e-5, 0.1, "logits").tolist() == [True, True]
+    moved = _outputs([[0.6, 0.4], [0.85, 0.15]], label=[1, 0])  # row 1 crossed 0.1
+    assert compare(answer, moved, (0.1, 0.1)).disagreeing == (1,)
+    assert compare(answer, moved).disagreeing == ()
+
+
 @pytest.mark.parametrize(("mode", "steps", "message"), [
     ("blue", (0.1,), "--mode"),
     ("canary", (), "at least one step"),
