@@ -241,11 +241,12 @@ def add_common(parser: argparse.ArgumentParser, top: bool) -> None:
 
 
 def add_flow_options(parser: argparse.ArgumentParser, model_name: str = "cord-ops") -> None:
-    parser.add_argument("--calibrator", default="vs", choices=CALIBRATOR_CHOICES,
+    parser.add_argument("--calibrator", default="auto", choices=CALIBRATOR_CHOICES,
                         help="calibration map fitted before the CORD repair: a family, "
                              "identity (the classifier's own probabilities), or auto (the "
                              "family chosen by 5-fold cross-validation on the calibration "
-                             "split, identity included; docs/calibrators.md) (default: vs)")
+                             "split, identity included; docs/calibrators.md) (default: auto; "
+                             "on Parquet shards name ts or vs)")
     parser.add_argument("--select-budget", type=float, default=None, metavar="SECONDS",
                         help="with --calibrator auto: start no further family (and abandon "
                              "one still fitting) after this many seconds of cross-validation; "

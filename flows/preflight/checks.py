@@ -173,7 +173,7 @@ def shard_options(calibrator: str, eval_sample: int) -> None:
     if calibrator == AUTO:
         # Choosing needs every candidate fitted k times on held-out folds; on shards only
         # TS and VS reduce over partitions, so auto is refused rather than half-done.
-        raise InputError(f"--calibrator auto: not supported on shards (the choice "
+        raise InputError(f"--calibrator auto (the default): not supported on shards (the choice "
                          f"cross-validates families that need every row in one process); "
                          f"name one of {', '.join(REDUCIBLE)}")
     if calibrator not in REDUCIBLE:

@@ -153,7 +153,7 @@ class Steps:
 
 # ---------------------------------------------------------------- the flow
 @flow(name="recalibrate", persist_result=False)
-def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrator: str = "vs",
+def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrator: str = "auto",
                 fraction: float = 0.5, seed: int = 0, model_name: str = "cord-ops",
                 input_kind: str = "auto", dtype: str = "float32", promote: bool = True,
                 lock_timeout: float = registry_lock.DEFAULT_TIMEOUT,

@@ -140,7 +140,7 @@ def log_monitoring(uri: str, model_name: str, batch: data.Dataset, scored: Champ
 @flow(name="monitor", persist_result=False)
 def monitor(data: str | Path, model_name: str = "cord-ops", max_ece_increase: float = 0.02,
             max_nll_increase: float = 0.05, input_kind: str = "auto",
-            recalibrate_on_drift: bool = True, calibrator: str = "vs", fraction: float = 0.5,
+            recalibrate_on_drift: bool = True, calibrator: str = "auto", fraction: float = 0.5,
             seed: int = 0, dtype: str = "float32", gate_options: dict | None = None,
             tracking_uri: str | None = None,
             skip_without_champion: bool = False) -> MonitorResult | None:

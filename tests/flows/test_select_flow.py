@@ -81,8 +81,8 @@ def test_auto_is_refused_on_shards_in_one_line(tmp_path, capsys):
     pq.write_table(pa.table({"logits": list(z), "labels": y}), folder / "part-0.parquet")
     assert main(["recalibrate", "--data", str(folder), "--calibrator", "auto"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [err[0]] and err[0].startswith("error: --calibrator auto: not supported on "
-                                                 "shards")
+    assert err == [err[0]] and err[0].startswith("error: --calibrator auto (the default): not "
+                                                 "supported on shards")
 
 
 @pytest.mark.slow
