@@ -23,7 +23,7 @@ Z[np.arange(40), Y] += 1.0  # informative but not separable: no fit warns
 def test_unknown_name_lists_the_valid_ones():
     # in the paper's order, as cord_ops.names lists them
     with pytest.raises(ValueError, match="unknown calibrator 'platt'; expected one of vs, svs, "
-                       "ms, sms, dir-odir, irova, irova-ts, ts, irm, ts-tva, mcct-i$"):
+                       "ms, sms, dir-odir, irova, irova-ts, ts, irm, ts-tva, mcct-i, identity$"):
         make_calibrator("platt")
     with pytest.raises(ValueError, match="unknown calibrator"):
         make_calibrator(None)

@@ -197,7 +197,10 @@ def test_recalibrate_on_shards_logs_the_contract_of_in_memory_rows(cluster, stor
 
 
 def assert_refused(command: list[str], args: list[str], cwd: Path, *fragments: str) -> None:
-    """One `error:` line, exit 1, fast, and no store or Prefect server behind it."""
+    """One `error:` line, exit 1, fast, and no store or Prefect server behind it. Shards
+    take ts or vs only: ``--calibrator vs`` unless ``args`` name one."""
+    if "--calibrator" not in args:
+        args = ["--calibrator", "vs", *args]
     home = cwd / "prefect-home"
     home.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items()
@@ -227,6 +230,9 @@ def test_bad_shard_input_is_refused_before_anything_starts(tmp_path, cord_ops_co
     glob = str(root / "*.parquet")
     assert_refused(cord_ops_command, ["--data", glob, "--calibrator", "irova"], tmp_path,
                    "--calibrator irova: cannot be fitted on shards", "expected one of ts, vs")
+    assert_refused(cord_ops_command, ["--data", glob, "--calibrator", "auto"], tmp_path,
+                   "--calibrator auto (the default): not supported on shards",
+                   "name one of ts, vs")
     with socket.socket() as closed:  # a port nobody listens on
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
