@@ -117,6 +117,10 @@ def cmd_status(args) -> int:
 
 def _move_notes(move) -> None:
     """What a hand move relied on and what it should make the operator look at."""
+    if move.nll is not None:
+        # the figure the version's gate, run metrics and summary give for this split
+        print(f"NLL:      {move.nll:.6g} on v{move.version}'s reference split (the served "
+              "graph's outputs)")
     if move.overrides:
         print(f"override: {', '.join('--' + o for o in move.overrides)} (recorded in the "
               "champion history)")

@@ -8,10 +8,11 @@ roll ``@champion`` back.
   decision marked ``!`` was worse than the uncalibrated model.
 - :func:`promote` moves ``@champion`` to a version after the checks the gate relies on
   (:func:`check_promotable`): the version finished registration, its run verified ONNX
-  parity and TPCR 0, it reads the K and input kind of the current champion, and run from
-  the registry on its own pinned reference split it still keeps every top-1 and
-  reproduces the NLL its run logged. Who, when and why are recorded as version tags and
-  in the champion history (registered-model tag ``cord.champion.history``).
+  parity and TPCR 0, it reads the K and input kind of the current champion, its graph is
+  the file its run recorded (SHA-256, :mod:`flows.registry.graphs`), and run from the
+  registry on its own pinned reference split it still keeps every top-1 (its NLL there,
+  the figure its gate and run recorded, is reported). Who, when and why are recorded as
+  version tags and in the champion history (registered-model tag ``cord.champion.history``).
 - :func:`rollback` returns ``@champion`` to the champion before the current one in that
   history, after the same checks. The history is append-only: every move (gate, promote,
   rollback) is a row.
@@ -23,7 +24,6 @@ the lock recalibrations take between registration and the alias move.
 from __future__ import annotations
 
 import getpass
-import math
 import socket
 import sys
 from collections.abc import Iterator
@@ -46,17 +46,13 @@ from flows.promotion.champion import (
     rollback_target,
 )
 from flows.promotion.rules import DEFAULT_NLL_TOLERANCE
-from flows.registry import reference
+from flows.registry import graphs, reference
 from flows.registry import versions as registry
 from onnx_export import parity
 
 PROMOTED_BY_TAG = "cord.promoted_by"
 PROMOTED_AT_TAG = "cord.promoted_at"
 PROMOTION_REASON_TAG = "cord.promotion_reason"
-#: Relative agreement between the NLL a version reproduces from the registry on its
-#: reference split and the ``cord.nll`` its run logged: float32 graphs agree with cord_ops
-#: to 1e-5 per probability, far inside this.
-NLL_REPRODUCTION_RTOL = 1e-3
 
 
 class PromotionRefused(CordOpsError, RuntimeError):
@@ -321,11 +317,15 @@ def check_promotable(client, name: str, version: str, allow_label_free: bool = F
     if kind is not None and split.input_kind != kind:
         raise PromotionRefused(f"v{version} reads {kind} but its reference split holds "
                                f"{split.input_kind}")
+    # Integrity is the graph's digest, checked as it loads (a metric is no integrity check:
+    # rounding moves it); the NLL is the served graph's on the split its gate measured.
     try:
         outputs = registry.run_registered_model(client, f"models:/{name}/{version}",
                                                  split.scores)
         repaired = np.asarray(outputs["repaired"], dtype=np.float64)
         nll = metrics.nll(repaired, split.labels)
+    except graphs.GraphRejected as exc:
+        raise PromotionRefused(str(exc)[:1000]) from None
     except Exception as exc:
         raise PromotionRefused(f"v{version} cannot be run from the registry "
                                f"({in_words(exc)})"[:1000]) from None
@@ -335,10 +335,6 @@ def check_promotable(client, name: str, version: str, allow_label_free: bool = F
     kept = (top1(split.scores) if t is None else decisions(split.probabilities(), t))
     if repaired.shape != split.scores.shape or not np.array_equal(decisions(repaired, t), kept):
         raise PromotionRefused(f"v{version} changes top-1 decisions on its reference split")
-    expected = logged.get("cord.nll")
-    if expected is None or not math.isclose(nll, expected, rel_tol=NLL_REPRODUCTION_RTOL):
-        raise PromotionRefused(f"v{version} gives NLL {nll:.6g} on its reference split, its "
-                               f"run logged {expected}: the artifact is not what was gated")
     return nll
 
 
@@ -386,13 +382,15 @@ def move_champion(client, name: str, version: str, reason: str, how: str) -> Non
 @dataclass(frozen=True)
 class Move:
     """A hand move of ``@champion``: from, to, the overrides it relied on
-    (:func:`flows.promotion.guards.overrides`) and the warning of
-    :func:`champion_comparison` (None when the new holder is no worse)."""
+    (:func:`flows.promotion.guards.overrides`), the warning of
+    :func:`champion_comparison` (None when the new holder is no worse) and the new
+    holder's NLL on its reference split (:func:`check_promotable`)."""
 
     previous: str | None
     version: str
     overrides: list[str]
     warning: str | None
+    nll: float | None = None
 
 
 def history_row(version: str, previous: str | None, how: str, reason: str,
@@ -429,7 +427,7 @@ def promote(client, uri: str, name: str, version: str, reason: str,
         previous = None if holder is None else str(holder.version)
         if previous == version:
             raise PromotionRefused(f"v{version} already holds @{registry.CHAMPION}")
-        check_promotable(client, name, version, allow_label_free, allow_harm)
+        nll = check_promotable(client, name, version, allow_label_free, allow_harm)
         tags = client.get_model_version(name, version).tags
         used = guards.overrides(tags, allow_harm=allow_harm, allow_label_free=allow_label_free)
         warning = champion_comparison(client, name, version, previous)
@@ -437,7 +435,7 @@ def promote(client, uri: str, name: str, version: str, reason: str,
         push_history(client, name, history_row(version, previous, "promote", reason, used,
                                                 warning))
         move_champion(client, name, version, reason, "promote")
-    return Move(previous, version, used, warning)
+    return Move(previous, version, used, warning, nll)
 
 
 def rollback(client, uri: str, name: str, reason: str | None = None,
@@ -468,7 +466,7 @@ def rollback(client, uri: str, name: str, reason: str | None = None,
             raise PromotionRefused(f"{name}: no earlier champion recorded to roll back to "
                                    f"(use `cord-ops promote --model-name {name} --version N`)")
         try:
-            check_promotable(client, name, target, allow_label_free, allow_harm)
+            nll = check_promotable(client, name, target, allow_label_free, allow_harm)
         except PromotionRefused as exc:
             raise PromotionRefused(f"cannot roll back to v{target}: {exc}") from None
         text = reason.strip() if reason and reason.strip() else "no reason given"
@@ -478,4 +476,4 @@ def rollback(client, uri: str, name: str, reason: str | None = None,
         push_history(client, name, history_row(target, current, "rollback", text, used,
                                                 warning))
         move_champion(client, name, target, text, f"rollback from v{current}")
-    return Move(current, target, used, warning)
+    return Move(current, target, used, warning, nll)

@@ -1,7 +1,7 @@
 """What a recalibration run records besides its metrics, as plain values: the run params of
 the MLflow contract (docs/contract.md), the data provenance tags, the metrics table and the
 SHA-256 digests that :func:`flows.recalibration.store_tasks.verify_artifacts` checks the
-uploaded artifacts against.
+uploaded artifacts against (the manifest and its run tag: :mod:`flows.registry.graphs`).
 
 Nothing here talks to MLflow or Prefect.
 """
@@ -15,10 +15,6 @@ from cord_ops import CORD, cord_kernels, data
 
 REPORTS = ("uncal", "base", "cord")
 METRICS = ("ece", "ece_em", "smece", "nll", "brier", "accuracy", "tpcr")
-
-#: Name of the digest manifest artifact of a run, and the run tag holding its own digest.
-DIGESTS_ARTIFACT = "digests.json"
-DIGESTS_TAG = "cord.artifacts.sha256"
 
 
 def run_params(calibrator: str, dataset: data.Dataset, n_calibration: int,

@@ -82,6 +82,7 @@ from flows.recalibration.tasks import (
     load_dataset,
     load_shards,
     plan_shard_inputs,
+    served_report,
     split_dataset,
     verify_parity,
 )
@@ -301,6 +302,11 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             model = steps(export_model, fitted, repair, dataset.n_classes, dataset.input_kind,
                           dtype)
             parity = steps(verify_parity, model, evaluation, report, dtype, fitted, repair)
+            if session is None:
+                # One NLL per fact: what is reported, logged and gated is the served graph's
+                # outputs. (On shards the cord row covers every evaluation row, the graph
+                # ran on the sample: docs/promotion.md.)
+                report = served_report(report, parity)
             params = run_params(calibrator, dataset, sum(counts[0]), sum(counts[1]), seed,
                                 repair)
             if session is not None:

@@ -12,9 +12,10 @@ top-1 against the classifier's. Then it takes the path a recalibration takes: a 
 model's experiment with the metrics :func:`flows.promotion.operations.check_promotable`
 reads (``onnx.*``, ``cord.tpcr``, ``cord.nll`` on the reference split), the champion's
 reference split pinned again as its own, the pyfunc + onnx flavours of
-:mod:`flows.pyfunc_model` checked byte for byte, and under the registry lock clean-up,
-a pending version, its tags, complete, passing the named steps of
-:mod:`flows.runtime.checkpoints` a recalibration passes (all but ``alias_moved``), where
+:mod:`flows.pyfunc_model` checked byte for byte and their digests recorded
+(:mod:`flows.registry.graphs`), and under the registry lock clean-up, a pending version,
+its tags, complete, passing the named steps of :mod:`flows.runtime.checkpoints` a
+recalibration passes (all but ``alias_moved``), where
 the crash tests kill it. ``@champion`` never moves: no label has judged the candidate,
 and the version says so (``cord.label_free=true``) until labels settle it
 (:func:`flows.monitoring.label_free.record_verdict`); ``promote`` refuses it until
@@ -23,7 +24,6 @@ then without ``--allow-label-free``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from dataclasses import dataclass
@@ -73,22 +73,13 @@ def _repair_from_state(state: dict):
     return repair
 
 
-def _outputs(graph, scores: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
-    from onnx_export.runtime import open_session
-
-    names = [o.name for o in graph.graph.output]
-    found = open_session(graph, provider="cpu").run(names, {"scores": scores.astype(dtype)})
-    return dict(zip(names, found, strict=True))
-
-
 def prepare(client, model_name: str, version: str, monitor_run_id: str,
             batch: label_free.Batch) -> Prepared:
     """Build and check the candidate of ``monitor_run_id`` (a label-free run of champion
     ``version`` on ``batch``); writes nothing. Raises ValueError saying why it cannot be
     registered (parity, a changed top-1, a champion graph without ``original``)."""
-    from flows.pyfunc_model import ONNX_PATH_IN_MODEL
-    from flows.registry import reference, tracking
-    from onnx_export.export import load_model, model_metadata
+    from flows.registry import graphs, reference
+    from onnx_export.export import model_metadata
     from onnx_export.parity import FIXED_PARITY_TOLERANCE
     from onnx_export.prior_shift import export_prior_shift
 
@@ -97,9 +88,8 @@ def prepare(client, model_name: str, version: str, monitor_run_id: str,
     with tempfile.TemporaryDirectory(prefix="cord-ops-candidate-") as tmp:
         state = json.loads(Path(client.download_artifacts(
             monitor_run_id, "monitor/prior_shift.json", tmp)).read_text())
-        local = tracking.download(client.tracking_uri, f"models:/{model_name}/{version}",
-                                  Path(tmp) / "champion")
-        base = load_model(local / ONNX_PATH_IN_MODEL)
+    # the champion's graph only, checked against its run's digest; nothing of it executed
+    base = graphs.load_graph(client, model_name, version)
     dtype = model_metadata(base).get("cord.dtype", "float32")
     repair = _repair_from_state(state)
     graph = export_prior_shift(base, repair, state["source_priors"], version)
@@ -109,8 +99,8 @@ def prepare(client, model_name: str, version: str, monitor_run_id: str,
                     champion_run.data.metrics.get("onnx.tolerance", 0.0))
     worst, agree, changed, rows = 0.0, 0, 0, 0
     for scores in (split.scores, batch.scores):
-        before = _outputs(base, scores, dtype)
-        after = _outputs(graph, scores, dtype)
+        before = graphs.run_graph(base, scores)
+        after = graphs.run_graph(graph, scores)
         original = before["original"].astype(np.float64)
         expected = repair.transform(original, before["repaired"].astype(np.float64))
         repaired = after["repaired"].astype(np.float64)
@@ -138,7 +128,7 @@ def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: 
     FAILED with ``cord.error`` and no version."""
     from flows import pyfunc_model
     from flows.promotion import operations
-    from flows.registry import owner, reference, tracking
+    from flows.registry import graphs, owner, reference, tracking
     from onnx_export.export import model_metadata
 
     client = tracking.client(uri)
@@ -167,13 +157,19 @@ def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: 
             path = Path(tmp) / "prior_shift.json"
             path.write_text(json.dumps(ready.state, indent=1))
             client.log_artifact(run_id, str(path), "state")
-        reference.log_reference_split(client, run_id, ready.reference)
+            written = {"state/prior_shift.json": graphs.sha256_file(path)}
+        written[f"{reference.ARTIFACT_DIR}/{reference.ARTIFACT_NAME}"] = \
+            reference.log_reference_split(client, run_id, ready.reference)
         checkpoints.checkpoint("log_artifacts")
         example = np.asarray(ready.reference.scores[:5], dtype=ready.dtype)
         info = pyfunc_model.log_model(client, run_id, experiment, ready.graph, example,
                                       name="model")
         checkpoints.checkpoint("log_model")
-        _check_logged(uri, info, ready.graph)
+        # the logged file is the graph whose parity was checked, and its digest is recorded
+        # for every later load (flows.registry.graphs)
+        with tempfile.TemporaryDirectory(prefix="cord-ops-verify-") as tmp:
+            graphs.record_digests(client, uri, run_id, info.model_uri, ready.graph, written,
+                                  Path(tmp))
         with operations.registry_section(client, uri, model_name, lock_timeout):
             checkpoints.checkpoint("lock_acquired")
             registry.clean_up(client, model_name, experiment)
@@ -217,16 +213,3 @@ def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: 
                    f"registered as v{created} (label-free)")
     return created
 
-
-def _check_logged(uri: str, info, graph) -> None:
-    """The logged model's ONNX file is the graph whose parity was checked, byte for byte."""
-    from flows.recalibration.artifacts import file_digests
-    from flows.registry import tracking
-
-    with tempfile.TemporaryDirectory(prefix="cord-ops-verify-") as tmp:
-        found = file_digests(tracking.download(uri, info.model_uri, tmp))
-    expected = hashlib.sha256(graph.SerializeToString()).hexdigest()
-    onnx_files = [found[p] for p in found if p.endswith(".onnx")]
-    if onnx_files != [expected]:
-        raise ValueError(f"{info.model_uri}: the logged ONNX file does not match the graph "
-                         "whose parity was checked; nothing registered")

@@ -8,7 +8,6 @@ They retry only a momentarily locked sqlite database (:data:`flows.runtime.tasks
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from datetime import UTC, datetime
@@ -27,8 +26,6 @@ from flows.promotion.champion import (
 )
 from flows.recalibration import plots
 from flows.recalibration.artifacts import (
-    DIGESTS_ARTIFACT,
-    DIGESTS_TAG,
     METRICS,
     REPORTS,
     check_digests,
@@ -37,7 +34,7 @@ from flows.recalibration.artifacts import (
     metrics_markdown,
 )
 from flows.recalibration.tasks import Evaluation, Parity
-from flows.registry import journal, owner, reference, tracking
+from flows.registry import graphs, journal, owner, reference, tracking
 from flows.registry import versions as registry
 from flows.runtime import checkpoints
 from flows.runtime.tasks import compute_task, store_task
@@ -243,36 +240,19 @@ def verify_artifacts(uri: str, run_id: str, model_info, model, digests: dict[str
     model's ``model.onnx`` must match the graph whose parity was verified. The manifest
     of every artifact's digest (run files and every file of the logged model) is logged
     as ``digests.json`` and its own digest set as the run tag ``cord.artifacts.sha256``,
-    then read back. Returns that digest. Raises ValueError naming the first artifact
-    that is missing or differs (a partial upload, a full disk).
+    then read back (:func:`flows.registry.graphs.record_digests`): every later load of the
+    version checks its graph against it. Returns that digest. Raises ValueError naming the
+    first artifact that is missing or differs (a partial upload, a full disk).
     """
     import mlflow.artifacts
     from mlflow import MlflowClient
 
-    client = MlflowClient(uri)
     with tempfile.TemporaryDirectory(prefix="cord-ops-verify-") as tmp:
         run_dir = Path(mlflow.artifacts.download_artifacts(
             run_id=run_id, artifact_path="", dst_path=str(Path(tmp) / "run"), tracking_uri=uri))
         check_digests(run_dir, digests, f"run {run_id}")
-        model_dir = tracking.download(uri, model_info.model_uri, Path(tmp) / "model")
-        model_digests = file_digests(model_dir)
-        expected = hashlib.sha256(model.SerializeToString()).hexdigest()
-        onnx_files = [p for p in model_digests if p.endswith(".onnx")]
-        if [model_digests[p] for p in onnx_files] != [expected]:
-            raise ValueError(f"{model_info.model_uri}: the logged ONNX file(s) {onnx_files} do "
-                             "not match the graph whose parity was verified; nothing registered")
-        manifest = {"run": digests, "model": {"uri": model_info.model_uri,
-                                              "files": model_digests}}
-        payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-        (Path(tmp) / DIGESTS_ARTIFACT).write_bytes(payload)
-        client.log_artifact(run_id, str(Path(tmp) / DIGESTS_ARTIFACT))
-        digest = hashlib.sha256(payload).hexdigest()
-        client.set_tag(run_id, DIGESTS_TAG, digest)
-        back = Path(mlflow.artifacts.download_artifacts(
-            run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(Path(tmp) / "back"),
-            tracking_uri=uri))
-        check_digests(back.parent, {DIGESTS_ARTIFACT: digest}, f"run {run_id}")
-    return digest
+        return graphs.record_digests(MlflowClient(uri), uri, run_id, model_info.model_uri,
+                                     model, digests, Path(tmp))
 
 
 @store_task
@@ -348,9 +328,9 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
         else:
             on_ref = score_champion(client, name, previous_champion, ref_split.scores,
                                            ref_split.labels, kind)
+            on_graph = graphs.run_graph(model, ref_split.scores, ["repaired"])["repaired"]
             scored_ref = rules.ReferenceScore(
-                previous_champion, metrics.nll(_run_graph(model, ref_split.scores, dtype),
-                                               ref_split.labels),
+                previous_champion, metrics.nll(on_graph.astype(np.float64), ref_split.labels),
                 on_ref.nll, on_ref.problem,
                 uncalibrated_nll=metrics.nll(ref_split.probabilities(), ref_split.labels))
     evidence = rules.Evidence(
@@ -392,15 +372,6 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
 def _version_threshold(client, name: str, version: str) -> float | None:
     text = client.get_model_version(name, version).tags.get(THRESHOLD_TAG)
     return None if text is None else float(text)
-
-
-def _run_graph(model, scores: np.ndarray, dtype: str) -> np.ndarray:
-    """The candidate graph's repaired output on ``scores`` (onnxruntime, CPU), float64."""
-    from onnx_export.runtime import open_session
-
-    session = open_session(model, provider="cpu")
-    (repaired,) = session.run(["repaired"], {"scores": np.asarray(scores, dtype=dtype)})
-    return repaired.astype(np.float64)
 
 
 @store_task

@@ -241,31 +241,18 @@ def register_version(client, name: str, run_id: str, model_uri: str, model_id: s
 
 
 def run_registered_model(client, model_uri: str, scores: np.ndarray) -> dict[str, np.ndarray]:
-    """Load a registered model of ``client``'s store with ``mlflow.pyfunc.load_model`` (the
-    path a serving system takes) and run it on ``scores``; returns every graph output by
-    name (``repaired``, ``calibrated``, ``original``, ``label``, ``confidence``). The model
-    is downloaded explicitly from that store, never through MLflow's process-wide URI.
+    """Run the registered version ``models:/NAME/VERSION`` (or ``@ALIAS``) of ``client``'s
+    store on ``scores``; returns every graph output by name (``repaired``, ``calibrated``,
+    ``original``, ``label``, ``confidence``).
 
-    Versions logged with the pyfunc flavour of :mod:`flows.pyfunc_model` take float32 or
-    float64 and validate the input; versions logged with the plain ``onnx`` flavour (before
-    it) are fed in the dtype their signature declares.
+    Only the version's ONNX graph is downloaded, checked against the digest its run recorded
+    and run by onnxruntime (:mod:`flows.registry.graphs`); nothing stored with the model is
+    executed, so this never goes through ``mlflow.pyfunc.load_model``.
     """
-    import tempfile
+    from flows.registry import graphs
 
-    import mlflow.pyfunc
-
-    from flows.registry import tracking
-
-    with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp:
-        local = tracking.download(client.tracking_uri, model_uri, tmp)
-        model = mlflow.pyfunc.load_model(str(local))
-        schema = model.metadata.get_input_schema()
-        if schema is None:
-            outputs = model.predict(np.asarray(scores), params={"outputs": ["all"]})
-        else:
-            spec = schema.inputs[0]
-            outputs = model.predict({spec.name: np.asarray(scores, dtype=spec.type)})
-    return {name: np.asarray(value) for name, value in outputs.items()}
+    name, version = graphs.version_of(client, model_uri)
+    return graphs.run_version(client, name, version, scores)
 
 
 def record_decision(client, name: str, version: str, decision) -> None:

@@ -117,33 +117,6 @@ class ServedModel:
 
 
 # ---------------------------------------------------------------- loading and verification
-def _download(uri: str, dst: Path, tracking_uri: str) -> Path:
-    import mlflow.artifacts
-
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst),
-                                                   tracking_uri=tracking_uri))
-
-
-def model_location(client, name: str, version: str) -> str:
-    """Artifact URI of a version's model folder, as the registry resolves it."""
-    return client.get_model_version_download_uri(name, version)
-
-
-def fetch_graph(client, tracking_uri: str, name: str, version: str, folder: Path) -> Path:
-    """Download the ``.onnx`` file of ``name`` v``version`` (the ``onnx`` flavour's file)
-    into ``folder``. Store errors propagate (the follower retries them)."""
-    import yaml
-
-    location = model_location(client, name, version).rstrip("/")
-    mlmodel = _download(f"{location}/MLmodel", folder, tracking_uri)
-    flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
-    relative = (flavors.get("onnx") or {}).get("data")
-    if not relative:
-        raise VersionRejected(f"v{version}: the model has no onnx flavour (flavours: "
-                              f"{sorted(flavors)})")
-    return _download(f"{location}/{relative}", folder / "graph", tracking_uri)
-
-
 def _probe_scores(contract: InputContract, seed: int = 0) -> np.ndarray:
     """A seeded batch spanning confident, flat and tied rows, in the graph's input kind."""
     from scipy.special import softmax
@@ -235,13 +208,17 @@ def load_version(client, tracking_uri: str, name: str, version: str,
                  provider: str = "auto") -> ServedModel:
     """Download, open and verify ``name`` v``version``. Raises VersionRejected for a graph
     that must not be served; store errors propagate unchanged."""
+    from flows.registry import graphs
     from onnx_export.export import load_model, model_metadata
     from onnx_export.runtime import open_session
 
     mv = client.get_model_version(name, version)
     with tempfile.TemporaryDirectory(prefix="cord-ops-serve-") as tmp:
         folder = Path(tmp)
-        path = fetch_graph(client, tracking_uri, name, version, folder)
+        try:  # the graph alone, checked against its run's digest (no stored code runs)
+            path = graphs.fetch_graph(client, tracking_uri, name, version, folder)
+        except graphs.GraphRejected as exc:
+            raise VersionRejected(str(exc)) from exc
         try:
             graph = load_model(path)
             meta = model_metadata(graph)

@@ -541,7 +541,7 @@ class RolloutController:
         import mlflow.artifacts
         from mlflow.exceptions import MlflowException
 
-        try:  # as flows.serving.http.model_location (not imported: http imports this module)
+        try:  # where flows.registry.graphs.fetch_graph reads the model files
             location = self.client.get_model_version_download_uri(self.name, version)
         except MlflowException as exc:
             if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
