@@ -203,7 +203,10 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
     assert "v3      -         complete  rejected" in table
 
     assert main(["rollback", "--model-name", "m"]) == 0
-    assert capsys.readouterr().out.strip() == "m@champion: v2 -> v1 (rollback)"
+    logged = client.get_run(client.get_model_version("m", "1").run_id).data.metrics["cord.nll"]
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "m@champion: v2 -> v1 (rollback)",
+        f"NLL:      {logged:.6g} on v1's reference split (the served graph's outputs)"]
     assert _champion(client) == "1"
     assert client.get_registered_model("m").tags[champion.HEALTH_TAG] == champion.HEALTHY
     # Append-only: the rollback is a row, and the next rollback finds v2 (still broken,
