@@ -51,6 +51,7 @@ def register_versions(uri: str, artifacts: Path) -> np.ndarray:
     from cord_ops import CORD
     from cord_ops.calibrators import make_calibrator
     from flows import pyfunc_model
+    from flows.registry import graphs
     from flows.registry import versions as registry
     from onnx_export import export_onnx
 
@@ -70,6 +71,10 @@ def register_versions(uri: str, artifacts: Path) -> np.ndarray:
         client.log_dict(run_id, cord.to_dict(), "state/cord.json")
         info = pyfunc_model.log_model(client, run_id, experiment, graph,
                                       logits[:5].astype(np.float32))
+        # the digest manifest a recalibration records: serve checks the graph against it
+        with tempfile.TemporaryDirectory() as scratch:
+            graphs.record_digests(client, uri, run_id, info.model_uri, graph, {},
+                                  Path(scratch))
         client.create_model_version(MODEL, source=info.model_uri, run_id=run_id,
                                     model_id=info.model_id)
     client.set_registered_model_alias(MODEL, registry.CHAMPION, "1")

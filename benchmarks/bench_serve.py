@@ -61,6 +61,7 @@ def register_model(uri: str, artifacts: Path, graph_file: Path | None = None) ->
     from cord_ops import CORD
     from cord_ops.calibrators import make_calibrator
     from flows import pyfunc_model
+    from flows.registry import graphs
     from flows.registry import versions as registry
     from onnx_export import export_onnx
 
@@ -81,6 +82,10 @@ def register_model(uri: str, artifacts: Path, graph_file: Path | None = None) ->
     client.log_dict(run_id, cord.to_dict(), "state/cord.json")
     info = pyfunc_model.log_model(client, run_id, experiment, graph,
                                   logits[:5].astype(np.float32))
+    # the digest manifest a recalibration records: serve checks the graph against it
+    with tempfile.TemporaryDirectory() as scratch:
+        graphs.record_digests(client, uri, run_id, info.model_uri, graph, {},
+                              Path(scratch))
     registry.ensure_registered_model(client, MODEL)
     version = client.create_model_version(MODEL, source=info.model_uri, run_id=run_id,
                                           model_id=info.model_id)

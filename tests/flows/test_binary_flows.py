@@ -1,7 +1,8 @@
 """A binary classifier's outputs as pipelines log them, end to end (issue 23): float32
 probability rows that sum to 1 only to rounding (one top-1 a float32 ulp above 1, which
 crashed the report step), then the same model scored in the one-score-column form by
-``cord-ops predict`` (Parquet), the registered pyfunc model and ``cord-ops serve``'s app.
+``cord-ops predict`` (Parquet), the registered version as cord-ops runs it and
+``cord-ops serve``'s app.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ def _binary_outputs(n: int = 1200, seed: int = 5) -> tuple[np.ndarray, np.ndarra
 
 def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, tmp_path):
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
     from starlette.testclient import TestClient
 
     from flows.cli import main as cli
@@ -65,14 +65,14 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
     assert np.array_equal(label, (column > 0.5).astype(np.int64))  # p = 1/2 ties to class 0
     repaired = np.stack(out.column("repaired").to_numpy(zero_copy_only=False))
 
-    # the registered pyfunc model: one column in, the same answers as two columns in
+    # the registered version run from the registry: one column in, the same answers as two
     two = np.stack([1.0 - column.astype(np.float64), column.astype(np.float64)], axis=1)
     from_one = registry.run_registered_model(client, model, column)
     from_two = registry.run_registered_model(client, model, two)
     assert np.array_equal(from_one["repaired"], from_two["repaired"])
     assert np.abs(from_one["repaired"] - repaired).max() == 0.0
-    with pytest.raises(MlflowException, match=r"expected 2 classes \(columns\), or one "
-                                              r"score column for this binary model, got 3"):
+    with pytest.raises(ValueError, match=r"expected 2 classes \(columns\), or one "
+                                         r"score column for this binary model, got 3"):
         registry.run_registered_model(client, model, np.full((2, 3), 1 / 3))
 
     # cord-ops serve's app over the same store (in process, following an alias set here)
