@@ -17,7 +17,9 @@ What one logged model holds (``MODEL_ARTIFACT`` of a recalibration run):
 
 Loading needs cord-ops installed where the model is served (``mlflow models serve
 --env-manager local``, ``spark_udf(..., env_manager="local")``); it is not listed in the
-model's pip requirements because it is not published on a package index.
+model's pip requirements because it is not published on a package index. This flavour is
+for MLflow's own tools, which execute ``pyfunc_code.py``; cord-ops itself never loads it
+and runs only the ``.onnx`` file (:mod:`flows.registry.graphs`, docs/security.md item 2).
 
 ``predict`` returns a dict of arrays: ``repaired`` [n, K], ``label`` [n] (the input's
 top-1, which ``repaired`` keeps) and ``confidence`` [n] by default; the ``outputs``

@@ -617,12 +617,20 @@ def cmd_server(args) -> int:
 
 
 def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
-    """``model`` as a local .onnx file: a path as given, or a registry URI
-    (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``, ``runs:/...``) downloaded from the
-    store ``tracking_uri`` to ``folder``.
+    """``model`` as a local .onnx file: a path as given, or a registry URI downloaded from
+    the store ``tracking_uri`` to ``folder``: a registered version (``models:/NAME@ALIAS``,
+    ``models:/NAME/VERSION``) by :func:`flows.registry.graphs.fetch_graph` (the graph only,
+    checked by digest), any other (``runs:/...``, a logged model's id) as one .onnx file.
     """
     if ":/" not in model:
         return Path(model)
+    if model.startswith("models:/") and ("/" in model[8:].strip("/") or "@" in model):
+        # a registered version: its graph alone, checked against its run's digest
+        from flows.registry import graphs
+
+        client = tracking.client(tracking_uri)
+        name, version = graphs.version_of(client, model)
+        return graphs.fetch_graph(client, tracking_uri, name, version, folder)
     local = tracking.download(tracking_uri, model, folder)
     found = [local] if local.is_file() else sorted(local.rglob("*.onnx"))
     if len(found) != 1:
