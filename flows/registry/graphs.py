@@ -143,9 +143,9 @@ def fetch_graph(client, tracking_uri: str, name: str, version: str, folder: Path
     errors propagate (the serve follower retries them)."""
     mv = client.get_model_version(name, version)
     location = client.get_model_version_download_uri(name, version).rstrip("/")
+    manifest = recorded_digests(client, mv.run_id, version, folder / "digests")
     mlmodel = _model_file(location, "MLmodel", folder / "mlmodel", tracking_uri, version)
     relative = _onnx_path(mlmodel, version)
-    manifest = recorded_digests(client, mv.run_id, version, folder / "digests")
     files = (manifest.get("model") or {}).get("files") or {}
     expected = files.get(relative)
     if not expected:

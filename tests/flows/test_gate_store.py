@@ -65,10 +65,10 @@ def test_health_history_and_unscorable_champions(store):
     client.set_model_version_tag(name, version.version, registry.INPUT_KIND_TAG, "probs")
     broken = champion.score_champion(client, name, version.version, scores, labels, "probs")
     assert broken.version == version.version and broken.nll is None
-    # in words, as the error line prints it: the missing file, no exception class name
-    assert broken.problem.startswith(f"v{version.version}: its model file MLmodel is missing "
-                                     "from the artifact store (no MLmodel under runs:/"), \
-        broken.problem
+    # in words, as the error line prints it: why nothing was loaded, no exception class name
+    assert broken.problem == (f"v{version.version}: its run {run.info.run_id} recorded no "
+                              "digests (run tag cord.artifacts.sha256), so its graph cannot "
+                              "be checked; it is not loaded"), broken.problem
     assert not broken.problem.split(":")[0].endswith(("Exception", "Error"))
     split, why = champion.champion_reference(client, name, version.version, 3, "probs")
     assert split is None and why.startswith("unavailable: ")

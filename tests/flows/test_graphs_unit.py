@@ -1,0 +1,240 @@
+"""``flows.registry.graphs`` in the test process on a real embedded store: what one load
+downloads (the graph, the MLmodel, the digest manifest; never the stored code), every way a
+version is refused (no onnx flavour, a path outside the model folder, no run, no digest
+record, a manifest or graph that is not the recorded file, a missing file), and how scores go
+in (one binary column, fixed batches) against onnxruntime run directly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import yaml
+from scipy.special import softmax
+
+from cord_ops import CORD
+from cord_ops.calibrators import make_calibrator
+from flows import pyfunc_model
+from flows.registry import graphs
+from flows.registry import versions as registry
+from onnx_export import export_onnx
+
+K = 3
+
+
+def _graph(k: int = K, seed: int = 0, dtype: str = "float32"):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, k, 300)
+    logits = rng.normal(0.0, 1.0, (300, k))
+    logits[np.arange(300), labels] += 2.0
+    calibrator = make_calibrator("ts").fit(logits, labels)
+    cord = CORD().fit(softmax(logits, axis=1), calibrator.predict_proba(logits))
+    return export_onnx(calibrator, cord, k, input_kind="logits", dtype=dtype)
+
+
+def _direct(graph, scores: np.ndarray, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Every output of ``graph`` from onnxruntime itself, in one run."""
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, {"scores": scores.astype(dtype)}), strict=True))
+
+
+class Registered:
+    """A version logged as recalibrations log it (pyfunc + onnx flavours, digest manifest)."""
+
+    def __init__(self, client, tmp_path: Path, name: str = "m", graph=None,
+                 record: bool = True):
+        self.client, self.name = client, name
+        self.graph = _graph() if graph is None else graph
+        experiment = client.create_experiment(name)
+        self.run_id = client.create_run(experiment).info.run_id
+        example = np.zeros((2, self.graph.graph.input[0].type.tensor_type.shape.dim[1]
+                            .dim_value), np.float32)
+        info = pyfunc_model.log_model(client, self.run_id, experiment, self.graph, example)
+        if record:
+            scratch = tmp_path / f"record-{name}"
+            scratch.mkdir()
+            self.digest = graphs.record_digests(client, client.tracking_uri, self.run_id,
+                                                info.model_uri, self.graph, {"a.txt": "00"},
+                                                scratch)
+        registry.ensure_registered_model(client, name)
+        self.version = str(client.create_model_version(
+            name, source=info.model_uri, run_id=self.run_id, model_id=info.model_id).version)
+        model = client.get_logged_model(info.model_id)
+        self.folder = Path(model.artifact_location.removeprefix("file://"))
+        self.run_folder = Path(client.get_run(self.run_id).info.artifact_uri
+                               .removeprefix("file://"))
+        self.model_uri = info.model_uri
+
+    def fetch(self, tmp_path: Path) -> Path:
+        folder = tmp_path / f"fetch-{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        return graphs.fetch_graph(self.client, self.client.tracking_uri, self.name,
+                                  self.version, folder)
+
+    def rejected(self, tmp_path: Path) -> str:
+        with pytest.raises(graphs.GraphRejected) as caught:
+            self.fetch(tmp_path)
+        return str(caught.value)
+
+
+@pytest.fixture
+def client(store):
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+@pytest.fixture
+def version(client, tmp_path) -> Registered:
+    return Registered(client, tmp_path)
+
+
+def test_a_load_reads_the_graph_manifest_and_mlmodel_only(version, tmp_path):
+    path = version.fetch(tmp_path)
+    assert path.read_bytes() == version.graph.SerializeToString()
+    fetched = sorted(p.relative_to(path.parents[1]).as_posix()
+                     for p in path.parents[1].rglob("*") if p.is_file())
+    assert fetched == ["digests/digests.json", "graph/model.onnx", "mlmodel/MLmodel"]
+    assert (version.folder / "pyfunc_code.py").is_file()  # stored, never fetched
+    # the manifest: the run digests given, every model file, its digest the run tag
+    manifest_bytes = (version.run_folder / graphs.DIGESTS_ARTIFACT).read_bytes()
+    assert hashlib.sha256(manifest_bytes).hexdigest() == version.digest == \
+        version.client.get_run(version.run_id).data.tags[graphs.DIGESTS_TAG]
+    manifest = json.loads(manifest_bytes)
+    assert manifest["run"] == {"a.txt": "00"}
+    assert manifest["model"]["uri"] == version.model_uri
+    assert manifest["model"]["files"]["artifacts/model.onnx"] == hashlib.sha256(
+        version.graph.SerializeToString()).hexdigest()
+    assert manifest["model"]["files"]["pyfunc_code.py"] == hashlib.sha256(
+        (version.folder / "pyfunc_code.py").read_bytes()).hexdigest()
+
+
+def test_versions_are_named_by_number_or_alias_only(version):
+    client = version.client
+    assert graphs.version_of(client, "models:/m/1") == ("m", "1")
+    assert graphs.version_of(client, "models:/team/m/12/") == ("team/m", "12")
+    client.set_registered_model_alias("m", "champion", version.version)
+    assert graphs.version_of(client, "models:/m@champion") == ("m", version.version)
+    for uri in ("runs:/abc/model", "models:/m-0123", "m/1", ""):
+        with pytest.raises(ValueError, match="expected models:/NAME/VERSION or "
+                                             "models:/NAME@ALIAS"):
+            graphs.version_of(client, uri)
+
+
+def test_a_version_without_a_digest_record_is_not_loaded(client, tmp_path):
+    unrecorded = Registered(client, tmp_path, "bare", record=False)
+    assert unrecorded.rejected(tmp_path) == (
+        f"v1: its run {unrecorded.run_id} recorded no digests (run tag "
+        "cord.artifacts.sha256), so its graph cannot be checked; it is not loaded")
+    registry.ensure_registered_model(client, "runless")
+    client.create_model_version("runless", source=str(tmp_path))
+    with pytest.raises(graphs.GraphRejected, match=r"^v1 has no run, so no digest record"):
+        graphs.fetch_graph(client, client.tracking_uri, "runless", "1", tmp_path / "r")
+
+
+def test_a_manifest_or_graph_other_than_the_recorded_one_is_refused(version, tmp_path):
+    manifest = version.run_folder / graphs.DIGESTS_ARTIFACT
+    good = manifest.read_bytes()
+    manifest.write_bytes(good.replace(b'"00"', b'"01"'))
+    found = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    assert version.rejected(tmp_path) == (
+        f"v1: its run's digests.json (sha256 {found[:12]}) is not the one recorded at log "
+        f"time ({version.digest[:12]})")
+    # a manifest without the graph's entry, its tag rewritten to match: no digest to check
+    body = json.loads(good)
+    del body["model"]["files"]["artifacts/model.onnx"]
+    manifest.write_text(json.dumps(body))
+    version.client.set_tag(version.run_id, graphs.DIGESTS_TAG,
+                           hashlib.sha256(manifest.read_bytes()).hexdigest())
+    assert version.rejected(tmp_path) == ("v1: its run's digests.json records no digest for "
+                                          "the model file artifacts/model.onnx; it is not "
+                                          "loaded")
+    manifest.write_text("not json")
+    version.client.set_tag(version.run_id, graphs.DIGESTS_TAG,
+                           hashlib.sha256(b"not json").hexdigest())
+    assert version.rejected(tmp_path).startswith("v1: its run's digests.json is not JSON (")
+    manifest.write_bytes(good)
+    version.client.set_tag(version.run_id, graphs.DIGESTS_TAG, version.digest)
+    assert version.fetch(tmp_path).is_file()
+
+    graph = version.folder / "artifacts" / "model.onnx"
+    other = _graph(seed=1).SerializeToString()
+    graph.write_bytes(other)
+    recorded = json.loads(good)["model"]["files"]["artifacts/model.onnx"]
+    assert version.rejected(tmp_path) == (
+        f"v1: its ONNX graph artifacts/model.onnx (sha256 "
+        f"{hashlib.sha256(other).hexdigest()[:12]}) is not the file its run recorded at log "
+        f"time ({recorded[:12]})")
+    graph.unlink()
+    location = version.client.get_model_version_download_uri("m", "1").rstrip("/")
+    assert version.rejected(tmp_path) == (
+        f"v1: its model file artifacts/model.onnx is missing from the artifact store (no "
+        f"model.onnx under {location}/artifacts); nothing of the model was run")
+
+
+def test_the_mlmodel_must_name_an_onnx_file_inside_the_model(version, tmp_path):
+    mlmodel = version.folder / "MLmodel"
+    good = yaml.safe_load(mlmodel.read_text())
+    for data, why in (("../../x.onnx", "'../../x.onnx' is not a path inside the model folder"),
+                      ("/etc/passwd", "'/etc/passwd' is not a path inside the model folder")):
+        edited = {**good, "flavors": {**good["flavors"], "onnx": {"data": data}}}
+        mlmodel.write_text(yaml.safe_dump(edited))
+        assert version.rejected(tmp_path) == f"v1: the onnx flavour's file {why}"
+    mlmodel.write_text(yaml.safe_dump({**good, "flavors": {
+        "python_function": good["flavors"]["python_function"]}}))
+    assert version.rejected(tmp_path) == (
+        "v1: the model has no onnx flavour (flavours: ['python_function']); cord-ops runs "
+        "only the ONNX graph of a model")
+    mlmodel.write_text("flavors: [unclosed")
+    assert version.rejected(tmp_path).startswith("v1: its MLmodel file cannot be read (")
+    # a path with "." parts is the same file
+    edited = {**good, "flavors": {**good["flavors"], "onnx": {"data": "./artifacts/model.onnx"}}}
+    mlmodel.write_text(yaml.safe_dump(edited))
+    assert version.fetch(tmp_path).read_bytes() == version.graph.SerializeToString()
+    (version.folder / "MLmodel").unlink()
+    assert "its model file MLmodel is missing from the artifact store" in version.rejected(
+        tmp_path)
+
+
+def test_scores_go_in_by_the_load_rule_in_fixed_batches(version, client):
+    rng = np.random.default_rng(3)
+    scores = rng.normal(0.0, 3.0, (graphs.SCORE_BATCH_ROWS + 7, K))
+    got = registry.run_registered_model(client, "models:/m/1", scores)
+    expected = _direct(version.graph, scores)
+    assert set(got) == set(expected) == {"repaired", "calibrated", "original", "label",
+                                         "confidence"}
+    for name in expected:
+        assert got[name].dtype == expected[name].dtype
+        assert np.array_equal(got[name], expected[name]), name
+    assert list(graphs.run_graph(version.graph, scores[:5], ["label"])) == ["label"]
+    with pytest.raises(ValueError, match=r"scores: expected 3 classes"):
+        graphs.run_graph(version.graph, scores[:, :2])
+
+    binary = _graph(k=2, dtype="float64")
+    column = rng.uniform(-4.0, 4.0, 9)
+    two = np.stack([np.zeros(9), column], axis=1)
+    from_one = graphs.run_graph(binary, column)
+    assert np.array_equal(from_one["repaired"], graphs.run_graph(binary, two)["repaired"])
+    assert np.array_equal(from_one["repaired"], _direct(binary, two, np.float64)["repaired"])
+
+    import onnx
+
+    foreign = onnx.load_model_from_string(binary.SerializeToString())
+    del foreign.metadata_props[:]
+    with pytest.raises(ValueError, match=r"not a cord-ops pipeline graph \(metadata "
+                                         r"'cord.n_classes' missing\)"):
+        graphs.run_graph(foreign, two)
+
+
+def test_record_refuses_an_uploaded_graph_that_is_not_the_verified_one(version, tmp_path):
+    other = _graph(seed=2)
+    (tmp_path / "scratch").mkdir()
+    with pytest.raises(ValueError, match=r"the logged ONNX file\(s\) \['artifacts/model.onnx'\] "
+                                         r"do not match the graph whose parity was verified"):
+        graphs.record_digests(version.client, version.client.tracking_uri, version.run_id,
+                              version.model_uri, other, {}, tmp_path / "scratch")
