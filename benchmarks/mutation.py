@@ -130,6 +130,9 @@ MODULES: dict[str, list[str]] = {
     # owner-only files; a deployment's pinned parameters (its one non-slow end-to-end test
     # starts Prefect's test server once per process)
     "flows/runtime/warm_access.py": ["tests/flows/test_warm_access.py"],
+    # issue 42 item 2 / 45 item 4: the one loader of registered graphs (digest checked, no
+    # stored code run) and the scoring every reported NLL comes from
+    "flows/registry/graphs.py": ["tests/flows/test_graphs_unit.py"],
     "flows/runtime/credential.py": ["tests/flows/test_credential.py"],
     "flows/serving/access.py": ["tests/flows/test_serve_access.py"],
     "flows/runtime/pinned.py": [

@@ -103,6 +103,25 @@ def _model_file(client, version: str) -> Path:
     return Path(location.removeprefix("file://")) / "artifacts" / "model.onnx"
 
 
+def _plant(client, version: str, graph: bytes) -> None:
+    """Replace ``version``'s graph with ``graph`` as a registry writer would: the file, its
+    entry in the run's digest manifest and the manifest's run tag together (a file changed
+    alone is refused by its digest before anything runs it)."""
+    import hashlib
+    import json
+
+    from flows.registry import graphs
+
+    _model_file(client, version).write_bytes(graph)
+    run_id = client.get_model_version(MODEL, version).run_id
+    manifest = Path(client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / \
+        graphs.DIGESTS_ARTIFACT
+    body = json.loads(manifest.read_text())
+    body["model"]["files"]["artifacts/model.onnx"] = hashlib.sha256(graph).hexdigest()
+    manifest.write_text(json.dumps(body))
+    client.set_tag(run_id, graphs.DIGESTS_TAG, hashlib.sha256(manifest.read_bytes()).hexdigest())
+
+
 def _rename_repaired(g) -> None:
     """Rename graph ``g``'s ``repaired`` to ``repaired_true``, so an added node can produce
     ``repaired`` from it."""
@@ -347,7 +366,7 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
                             v3, "--mode", "canary", "--reason", "try it")
         line = err.strip().splitlines()[-1]
         assert code == 1 and line.startswith("error:") and f"cannot roll out v{v3}" in line
-        graph.write_bytes(_disagreeing(original))
+        _plant(client, v3, _disagreeing(original))
         history_before = read_history(client, MODEL)
         # Ordinary rows first, until v3 has answered some of them; only then the rows that
         # show its defect (sent together from the start, which comes first is a race).
@@ -413,8 +432,7 @@ def test_a_slow_candidate_rolled_back_on_its_latency_budget(
 
     client = MlflowClient()
     v1, v2 = _two_versions(digits_file)
-    graph = _model_file(client, v2)
-    graph.write_bytes(_slow(graph.read_bytes()))
+    _plant(client, v2, _slow(_model_file(client, v2).read_bytes()))
     rows = digits.scores[:6]
     expected = {v: _expected(v, rows) for v in (v1, v2)}  # v2's from its slow graph
     port, log = free_port(), tmp_path / "serve.log"
