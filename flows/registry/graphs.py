@@ -146,8 +146,9 @@ def fetch_graph(client, tracking_uri: str, name: str, version: str, folder: Path
     manifest = recorded_digests(client, mv.run_id, version, folder / "digests")
     mlmodel = _model_file(location, "MLmodel", folder / "mlmodel", tracking_uri, version)
     relative = _onnx_path(mlmodel, version)
-    files = (manifest.get("model") or {}).get("files") or {}
-    expected = files.get(relative)
+    model = manifest.get("model") if isinstance(manifest, dict) else None
+    files = model.get("files") if isinstance(model, dict) else None
+    expected = files.get(relative) if isinstance(files, dict) else None
     if not expected:
         raise GraphRejected(f"v{version}: its run's {DIGESTS_ARTIFACT} records no digest for "
                             f"the model file {relative}; it is not loaded")

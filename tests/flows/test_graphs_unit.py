@@ -154,6 +154,12 @@ def test_a_manifest_or_graph_other_than_the_recorded_one_is_refused(version, tmp
     assert version.rejected(tmp_path) == ("v1: its run's digests.json records no digest for "
                                           "the model file artifacts/model.onnx; it is not "
                                           "loaded")
+    for body in ([], {"model": []}, {"model": {"files": "x"}}):
+        manifest.write_text(json.dumps(body))
+        version.client.set_tag(version.run_id, graphs.DIGESTS_TAG,
+                               hashlib.sha256(manifest.read_bytes()).hexdigest())
+        assert version.rejected(tmp_path).startswith(
+            "v1: its run's digests.json records no digest for the model file ")
     manifest.write_text("not json")
     version.client.set_tag(version.run_id, graphs.DIGESTS_TAG,
                            hashlib.sha256(b"not json").hexdigest())
