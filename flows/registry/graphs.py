@@ -65,8 +65,9 @@ def _download(uri: str, dst: Path, tracking_uri: str) -> Path:
 def version_of(client, model_uri: str) -> tuple[str, str]:
     """(name, version) of ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``; ValueError for
     any other URI (a graph is run only as a registered version, whose run holds its digest)."""
-    ref = model_uri.removeprefix("models:/").strip("/") if model_uri.startswith(
-        "models:/") else ""
+    if not model_uri.startswith("models:/"):
+        raise ValueError(f"{model_uri}: expected models:/NAME/VERSION or models:/NAME@ALIAS")
+    ref = model_uri.removeprefix("models:/").strip("/")
     if "@" in ref:
         name, alias = ref.split("@", 1)
         return name, str(client.get_model_version_by_alias(name, alias).version)
@@ -193,7 +194,7 @@ def run_graph(graph, scores, outputs: list[str] | None = None) -> dict[str, np.n
     from onnx_export.runtime import open_session, run_batched
 
     n_classes, kind, dtype = graph_input(graph)
-    loaded = stored_scores(scores, kind, "scores", n_classes=n_classes)
+    loaded = stored_scores(scores, kind, n_classes=n_classes)
     session = open_session(graph, provider="cpu", spin=False)
     # A fixed batch size (run_batched's default follows the core count): the same rows go
     # through onnxruntime in the same batches on any machine, so they give the same figures.

@@ -26,14 +26,15 @@ from onnx_export import export_onnx
 K = 3
 
 
-def _graph(k: int = K, seed: int = 0, dtype: str = "float32"):
+def _graph(k: int = K, seed: int = 0, dtype: str = "float32", input_kind: str = "logits"):
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, k, 300)
     logits = rng.normal(0.0, 1.0, (300, k))
     logits[np.arange(300), labels] += 2.0
-    calibrator = make_calibrator("ts").fit(logits, labels)
-    cord = CORD().fit(softmax(logits, axis=1), calibrator.predict_proba(logits))
-    return export_onnx(calibrator, cord, k, input_kind="logits", dtype=dtype)
+    scores = logits if input_kind == "logits" else softmax(logits, axis=1)
+    calibrator = make_calibrator("ts", input_kind=input_kind).fit(scores, labels)
+    cord = CORD().fit(softmax(logits, axis=1), calibrator.predict_proba(scores))
+    return export_onnx(calibrator, cord, k, input_kind=input_kind, dtype=dtype)
 
 
 def _direct(graph, scores: np.ndarray, dtype=np.float32) -> dict[str, np.ndarray]:
@@ -118,6 +119,7 @@ def test_versions_are_named_by_number_or_alias_only(version):
     client = version.client
     assert graphs.version_of(client, "models:/m/1") == ("m", "1")
     assert graphs.version_of(client, "models:/team/m/12/") == ("team/m", "12")
+    assert graphs.version_of(client, "models:/Xray/7") == ("Xray", "7")
     client.set_registered_model_alias("m", "champion", version.version)
     assert graphs.version_of(client, "models:/m@champion") == ("m", version.version)
     for uri in ("runs:/abc/model", "models:/m-0123", "m/1", ""):
@@ -196,6 +198,10 @@ def test_the_mlmodel_must_name_an_onnx_file_inside_the_model(version, tmp_path):
     assert version.rejected(tmp_path) == (
         "v1: the model has no onnx flavour (flavours: ['python_function']); cord-ops runs "
         "only the ONNX graph of a model")
+    mlmodel.write_text("flavors: [a, b]")
+    assert version.rejected(tmp_path) == (
+        "v1: the model has no onnx flavour (flavours: ['a', 'b']); cord-ops runs only the "
+        "ONNX graph of a model")
     mlmodel.write_text("flavors: [unclosed")
     assert version.rejected(tmp_path).startswith("v1: its MLmodel file cannot be read (")
     # a path with "." parts is the same file
@@ -227,6 +233,12 @@ def test_scores_go_in_by_the_load_rule_in_fixed_batches(version, client):
     from_one = graphs.run_graph(binary, column)
     assert np.array_equal(from_one["repaired"], graphs.run_graph(binary, two)["repaired"])
     assert np.array_equal(from_one["repaired"], _direct(binary, two, np.float64)["repaired"])
+
+    # float32 values one ulp apart at the top, the row off 1 by 6.9e-5: renormalised and
+    # cast to float32 they would tie (class 0); the graph gets the stored order (class 1)
+    near_tie = np.array([[0.4202351, 0.42023513, 0.15959924]], dtype=np.float32)
+    probs = _graph(input_kind="probs")
+    assert graphs.run_graph(probs, near_tie.astype(np.float64))["label"].tolist() == [1]
 
     import onnx
 
