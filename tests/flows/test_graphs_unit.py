@@ -185,6 +185,18 @@ def test_a_manifest_or_graph_other_than_the_recorded_one_is_refused(version, tmp
         f"model.onnx under {location}/artifacts); nothing of the model was run")
 
 
+def test_a_file_that_is_there_but_cannot_be_downloaded_is_not_called_missing(version,
+                                                                             tmp_path):
+    # the download fails (its destination is a file), the listing finds the file: the
+    # store's own error comes through, to be retried, not a verdict on the version
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    location = version.client.get_model_version_download_uri("m", "1").rstrip("/")
+    with pytest.raises(Exception) as caught:
+        graphs._model_file(location, "MLmodel", blocked, version.client.tracking_uri, "1")
+    assert not isinstance(caught.value, graphs.GraphRejected), caught.value
+
+
 def test_the_mlmodel_must_name_an_onnx_file_inside_the_model(version, tmp_path):
     mlmodel = version.folder / "MLmodel"
     good = yaml.safe_load(mlmodel.read_text())
