@@ -104,11 +104,15 @@ def recorded_digests(client, run_id: str | None, version: str, folder: Path) -> 
     if not run_id:
         raise GraphRejected(f"v{version} has no run, so no digest record to check its graph "
                             "against; it is not loaded")
-    expected = client.get_run(run_id).data.tags.get(DIGESTS_TAG)
+    run = client.get_run(run_id)
+    expected = run.data.tags.get(DIGESTS_TAG)
     if not expected:
         raise GraphRejected(f"v{version}: its run {run_id} recorded no digests (run tag "
                             f"{DIGESTS_TAG}), so its graph cannot be checked; it is not loaded")
-    local = Path(client.download_artifacts(run_id, DIGESTS_ARTIFACT, str(folder)))
+    # from the run's artifact folder directly (the runs:/ repository would look the run up
+    # again, and its logged models too)
+    local = _download(f"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}", folder,
+                      client.tracking_uri)
     found = sha256_file(local)
     if found != expected:
         raise GraphRejected(f"v{version}: its run's {DIGESTS_ARTIFACT} (sha256 {found[:12]}) "
