@@ -192,9 +192,10 @@ def test_a_file_that_is_there_but_cannot_be_downloaded_is_not_called_missing(ver
     blocked = tmp_path / "blocked"
     blocked.write_text("")
     location = version.client.get_model_version_download_uri("m", "1").rstrip("/")
-    with pytest.raises(Exception) as caught:
-        graphs._model_file(location, "MLmodel", blocked, version.client.tracking_uri, "1")
-    assert not isinstance(caught.value, graphs.GraphRejected), caught.value
+    for relative in ("MLmodel", "artifacts/model.onnx"):
+        with pytest.raises(Exception) as caught:
+            graphs._model_file(location, relative, blocked, version.client.tracking_uri, "1")
+        assert not isinstance(caught.value, graphs.GraphRejected), caught.value
 
 
 def test_the_mlmodel_must_name_an_onnx_file_inside_the_model(version, tmp_path):
