@@ -38,7 +38,7 @@ from flows.errors import CordOpsError
 
 #: Codes of :attr:`ScoringInputError.reason`.
 REASONS = ("bad_payload", "bad_shape", "wrong_width", "non_finite", "not_probabilities",
-           "out_of_range")
+           "out_of_range", "unsupported_params")
 PAYLOAD_KEYS = ("inputs", "instances", "dataframe_split", "dataframe_records")
 
 
@@ -194,8 +194,9 @@ def _list_array(value, name: str) -> np.ndarray:
 def from_payload(body) -> object:
     """The batch inside an MLflow scoring request body (already JSON-decoded).
 
-    Exactly one of :data:`PAYLOAD_KEYS`; ``params`` is allowed and ignored. ``inputs`` and
-    ``instances`` hold rows (or a dict naming one input); ``dataframe_split`` holds
+    Exactly one of :data:`PAYLOAD_KEYS`; ``params`` only when empty (the served graph takes
+    none, and params silently ignored would answer something the caller did not ask for).
+    ``inputs`` and ``instances`` hold rows (or a dict naming one input); ``dataframe_split`` holds
     ``columns`` and ``data``; ``dataframe_records`` a list of row objects.
     """
     if not isinstance(body, dict):
@@ -208,6 +209,13 @@ def from_payload(body) -> object:
         raise ScoringInputError(
             "bad_payload", f"request body: expected exactly one of "
                            f"{', '.join(PAYLOAD_KEYS)}, got keys {sorted(body)}")
+    params = body.get("params")
+    if params not in (None, {}):
+        named = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise ScoringInputError(
+            "unsupported_params", f"request body: params {named} are not supported (the "
+                                  "served graph takes none; every answer holds the repaired "
+                                  "probabilities, the label and the confidence)")
     (key,) = keys
     value = body[key]
     if key == "dataframe_split":

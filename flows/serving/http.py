@@ -72,7 +72,7 @@ PROBE_ROWS = 256
 MAIN_LANE = "main"
 ERROR_REASONS = (*REASONS, "bad_json", "unsupported_media_type", "no_model", "internal",
                  "bad_host", "unauthorized", "overloaded", "too_large", "slow_body",
-                 "too_many_rows")
+                 "too_many_rows", "not_found", "method_not_allowed", "http")
 #: Scoring requests admitted at once (read, queued or being scored); more get 503 at once.
 DEFAULT_MAX_INFLIGHT = 128
 #: Largest request body; a bigger one is refused (413) before it is read whole.
@@ -354,9 +354,19 @@ class RegistryFollower:
                   f"K={model.contract.n_classes}, {model.providers[0]})")
 
     def _poll_failed(self, exc: BaseException, unset: bool) -> None:
-        message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        """Say once why no version is followed, then poll quietly until that changes; an
+        unset alias is the model's state (no outage counted), with the next step named."""
+        from flows.errors import in_words
+
+        if unset:
+            message = (f"{self.name} has no @{self.alias} yet; serving starts when one is "
+                       f"set (`cord-ops status --model-name {self.name}` says why; "
+                       f"`cord-ops promote --model-name {self.name} --version N --reason "
+                       "TEXT` sets it)")
+        else:
+            message = "registry poll failed: " + in_words(exc).splitlines()[0][:500]
         if message != self.last_error:
-            self._log(f"registry poll failed: {message}")
+            self._log(message)
         self.last_error = message
         if not unset:
             self.metrics.poll_errors.inc()
@@ -532,6 +542,7 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
 
     import orjson
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
@@ -644,8 +655,10 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
     async def health(request: Request) -> Response:
         model = follower.current
         if model is None:
-            return json_response({"status": "loading", "model": follower.name,
-                                  "alias": follower.alias, "error": follower.last_error}, 503)
+            return json_response({"status": "not ready", "model": follower.name,
+                                  "alias": follower.alias,
+                                  "reason": follower.last_error or "loading the first version"},
+                                 503)
         return json_response({"status": "ready", "version": model.version},
                              headers={VERSION_HEADER: model.version})
 
@@ -691,7 +704,14 @@ def build_app(follower: RegistryFollower, metrics: Metrics, batch_window: float,
     # Every POST but scoring changes state: each one needs the token.
     extra = [Route(r.path, guarded(r.endpoint), methods=sorted(r.methods))
              if "POST" in (r.methods or ()) else r for r in extra]
-    app = Starlette(routes=[Route("/invocations", invocations, methods=["POST"]),
+
+    async def http_refusal(request: Request, exc: HTTPException) -> Response:
+        reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
+        return refuse(exc.status_code, reason,
+                      f"{request.method} {request.url.path}: {exc.detail}", exc.headers)
+
+    app = Starlette(exception_handlers={HTTPException: http_refusal},
+                    routes=[Route("/invocations", invocations, methods=["POST"]),
                             Route("/health", health), Route("/ping", health),
                             Route("/version", version), Route("/metrics", prometheus),
                             Route("/rollout", rollout_state), *extra],

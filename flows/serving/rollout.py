@@ -489,6 +489,13 @@ class RolloutController:
                     and (served is None or served.version != record["version"])):
                 self.step = replace(step, final=True) if not step.final else step
             else:
+                if step is not None and record is not None and step.rollout_id == record["id"]:
+                    # ended elsewhere (an operator's abort, another server's judgement):
+                    # say so once, as a judgement of this server's own is said
+                    _log(f"rollout {record['id']} (v{record['version']}) ended elsewhere: "
+                         f"{record['state'].replace('_', ' ')}"
+                         f"{': ' + record['outcome'] if record.get('outcome') else ''}; "
+                         "the champion answers every request"[:1000])
                 self._set_step(None)
             return
         if record["id"] in self._condemned:

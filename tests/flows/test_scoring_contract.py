@@ -290,7 +290,7 @@ def test_payload_refusals():
 
 def test_payload_rows():
     rows = [[1.0, 2.0], [3.0, 4.0]]
-    assert from_payload({"inputs": rows, "params": {"x": 1}}) is rows
+    assert from_payload({"inputs": rows, "params": {}}) is rows
     assert from_payload({"instances": rows}) is rows
     assert from_payload({"inputs": []}) == []
     assert from_payload({"inputs": {"scores": rows}}) == {"scores": rows}

@@ -229,3 +229,17 @@ def test_a_float32_graph_gets_the_stored_order_of_a_renormalised_near_tie():
         np.float32)[0, 1]
     served = score_matrix(wide.tolist(), InputContract(3, "probs", "float32"))
     assert np.array_equal(served, row)  # the stored row itself, class 1 on top
+
+
+def test_params_that_would_be_ignored_are_refused():
+    """``params: {"outputs": ["all"]}`` was accepted and ignored (issue 45): the caller got
+    an answer to a question it did not ask. An empty ``params`` is MLflow's default."""
+    rows = [[0.1, 0.9]]
+    assert from_payload({"inputs": rows, "params": {}}) == rows
+    for params, named in (({"outputs": ["all"]}, "['outputs']"), ([1], "list")):
+        with pytest.raises(ScoringInputError) as refused:
+            from_payload({"inputs": rows, "params": params})
+        assert refused.value.reason == "unsupported_params"
+        assert str(refused.value) == (
+            f"request body: params {named} are not supported (the served graph takes none; "
+            "every answer holds the repaired probabilities, the label and the confidence)")

@@ -234,3 +234,27 @@ def test_token_file_refusals_name_the_file(tmp_path):
         serve_access.read_token_file(tmp_path / "missing")
     assert str(missing.value) == (f"--token-file {tmp_path / 'missing'}: cannot read it "
                                   f"(No such file or directory)")
+
+
+def test_unknown_paths_and_methods_answer_in_the_error_shape(app_parts):
+    """404 and 405 are JSON like every other refusal (issue 45), and counted."""
+    with _client(app_parts) as http:
+        missing = http.get("/nowhere")
+        assert missing.status_code == 404
+        assert missing.json() == {"error": "GET /nowhere: Not Found", "reason": "not_found"}
+        wrong = http.get("/invocations")
+        assert wrong.status_code == 405
+        assert wrong.json() == {"error": "GET /invocations: Method Not Allowed",
+                                "reason": "method_not_allowed"}
+        assert wrong.headers["allow"] == "POST"
+        metrics = http.get("/metrics").text
+    assert 'cord_serve_errors_total{reason="not_found"} 1.0' in metrics
+    assert 'cord_serve_errors_total{reason="method_not_allowed"} 1.0' in metrics
+
+
+def test_health_says_why_it_is_not_ready(app_parts):
+    with _client(app_parts) as http:
+        health = http.get("/health")
+    assert health.status_code == 503
+    assert health.json() == {"status": "not ready", "model": "m", "alias": "champion",
+                             "reason": "loading the first version"}
