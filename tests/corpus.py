@@ -262,6 +262,17 @@ def overpredicting_binary() -> tuple[np.ndarray, np.ndarray]:
     return probs[:, 1:], labels
 
 
+def calibrated_logits(k: int, n: int, seed: int, scale: float = 1.0):
+    """Logits z and labels drawn from softmax(z) (an exactly calibrated classifier), the
+    logits returned multiplied by ``scale`` (a temperature distortion)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(0.0, 2.0, (n, k))
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    p = e / e.sum(axis=1, keepdims=True)
+    y = (p.cumsum(axis=1) > rng.uniform(size=(n, 1))).argmax(axis=1)
+    return z * scale, y
+
+
 def _split(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Stratified half / half indices (calibration, evaluation)."""
     from sklearn.model_selection import train_test_split

@@ -10,7 +10,6 @@ run failed while logging is retried. The deployment runs one flow at a time
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -19,20 +18,13 @@ from flows.monitoring import label_free
 from flows.recalibration.label_free_monitor import monitor_label_free
 from flows.registry import tracking
 from flows.registry import versions as registry
+from flows.registry.graphs import sha256_file
 from flows.runtime import pinned
 from flows.runtime.tasks import store_task
 
 LABEL_FREE_DEPLOYMENT = "cord-ops-monitor-label-free"
 #: Runs fetched per page when collecting what was already monitored.
 PAGE_SIZE = 1000
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @store_task
@@ -60,7 +52,7 @@ def new_batches(files: list[Path], monitored: set[str]) -> list[str]:
     seen = set(monitored)
     fresh = []
     for path in files:
-        digest = file_sha256(path)
+        digest = sha256_file(path)
         if digest not in seen:
             seen.add(digest)
             fresh.append(str(path))

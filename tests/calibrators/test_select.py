@@ -8,22 +8,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from corpus import calibrated_logits as calibrated
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cord_ops.select import SIMPLICITY, candidate_families, choose, select_calibrator
 from flows.recalibration.selection import forced_warning
-
-
-def calibrated(k: int, n: int, seed: int, scale: float = 1.0):
-    """Logits z and labels drawn from softmax(z) (an exactly calibrated classifier), the
-    logits returned multiplied by ``scale`` (a temperature distortion)."""
-    rng = np.random.default_rng(seed)
-    z = rng.normal(0.0, 2.0, (n, k))
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    p = e / e.sum(axis=1, keepdims=True)
-    y = (p.cumsum(axis=1) > rng.uniform(size=(n, 1))).argmax(axis=1)
-    return z * scale, y
 
 
 def test_auto_keeps_identity_on_an_exactly_calibrated_classifier():

@@ -18,25 +18,15 @@ from flows.recalibration.flow import recalibrate
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
-def _calibrated(k: int, n: int, seed: int, scale: float):
-    """Logits whose labels are drawn from softmax(z), stored as scale * z."""
-    rng = np.random.default_rng(seed)
-    z = rng.normal(0.0, 2.0, (n, k))
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    p = e / e.sum(axis=1, keepdims=True)
-    y = (p.cumsum(axis=1) > rng.uniform(size=(n, 1))).argmax(axis=1)
-    return scale * z, y
-
-
 def test_auto_falls_back_to_identity_when_its_choice_does_harm_and_skips_when_unchanged(
         store, tmp_path):
     from mlflow import MlflowClient
 
     # Calibration split: a temperature-distorted copy (TS wins its CV by far); evaluation
     # split: the same classifier undistorted, where TS's shrunken logits do harm.
-    z, y = _calibrated(4, 1500, seed=0, scale=3.0)
+    z, y = corpus.calibrated_logits(4, 1500, seed=0, scale=3.0)
     np.savez(tmp_path / "cal.npz", logits=z, labels=y)
-    z, y = _calibrated(4, 1500, seed=1, scale=1.0)
+    z, y = corpus.calibrated_logits(4, 1500, seed=1, scale=1.0)
     np.savez(tmp_path / "eval.npz", logits=z, labels=y)
     args = {"data": str(tmp_path / "cal.npz"), "eval_data": str(tmp_path / "eval.npz"),
             "model_name": "fallback", "calibrator": "auto"}
@@ -77,7 +67,7 @@ def test_auto_is_refused_on_shards_in_one_line(tmp_path, capsys):
 
     folder = tmp_path / "shards"
     folder.mkdir()
-    z, y = _calibrated(3, 400, seed=0, scale=1.0)
+    z, y = corpus.calibrated_logits(3, 400, seed=0, scale=1.0)
     pq.write_table(pa.table({"logits": list(z), "labels": y}), folder / "part-0.parquet")
     assert main(["recalibrate", "--data", str(folder), "--calibrator", "auto"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
