@@ -383,3 +383,25 @@ def test_a_manifest_the_store_does_not_keep_as_written_is_refused(version, tmp_p
                               version.model_uri, version.graph, {}, tmp_path / "altered")
     assert str(caught.value) == (f"run {version.run_id}: artifact digests.json differs from "
                                  "what was written; nothing registered")
+
+
+def test_a_version_whose_source_ends_in_a_slash_loads_from_that_folder(version, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copyX"  # a folder name ending in a letter the strip must keep
+    shutil.copytree(version.folder, copy)
+    number = version.client.create_model_version("m", source=f"{copy}/",
+                                                 run_id=version.run_id).version
+    assert version.client.get_model_version_download_uri("m", number) == f"{copy}/"
+    (tmp_path / "slash").mkdir()
+    path = graphs.fetch_graph(version.client, version.client.tracking_uri, "m", str(number),
+                              tmp_path / "slash")
+    assert path.read_bytes() == version.graph.SerializeToString()
+    (copy / "artifacts" / "model.onnx").unlink()
+    (tmp_path / "slash-missing").mkdir()
+    with pytest.raises(graphs.GraphRejected) as caught:
+        graphs.fetch_graph(version.client, version.client.tracking_uri, "m", str(number),
+                           tmp_path / "slash-missing")
+    assert str(caught.value) == (
+        f"v{number}: its model file artifacts/model.onnx is missing from the artifact store "
+        f"(no model.onnx under {copy}/artifacts); nothing of the model was run")
