@@ -356,12 +356,14 @@ def test_recording_writes_only_into_its_scratch_folder(version, tmp_path, monkey
     system_tmp = tmp_path / "system-tmp"
     system_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    working = tmp_path / "working"
+    working.mkdir()
+    monkeypatch.chdir(working)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    before = sorted(p.name for p in tmp_path.iterdir())  # the tests' working folder
     graphs.record_digests(version.client, version.client.tracking_uri, version.run_id,
                           version.model_uri, version.graph, {}, scratch)
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert list(working.iterdir()) == []
     assert list(system_tmp.iterdir()) == []
     assert (scratch / graphs.DIGESTS_ARTIFACT).is_file()
 
@@ -405,3 +407,39 @@ def test_a_version_whose_source_ends_in_a_slash_loads_from_that_folder(version, 
     assert str(caught.value) == (
         f"v{number}: its model file artifacts/model.onnx is missing from the artifact store "
         f"(no model.onnx under {copy}/artifacts); nothing of the model was run")
+
+
+def test_every_download_and_listing_asks_the_store_of_the_client(version, tmp_path,
+                                                                  monkeypatch):
+    # with its artifacts in local folders the store's URI changes nothing here; a served
+    # store's proxied artifacts (mlflow-artifacts:) are reached through it, and None would
+    # mean the process's MLFLOW_TRACKING_URI instead of the store the command was given
+    import mlflow.artifacts
+
+    asked = []
+    for name in ("download_artifacts", "list_artifacts"):
+        real = getattr(mlflow.artifacts, name)
+
+        def passing(*args, _real=real, _name=name, **kwargs):
+            asked.append((_name, kwargs.get("tracking_uri")))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(mlflow.artifacts, name, passing)
+    uri = version.client.tracking_uri
+    assert graphs.load_graph(version.client, "m", "1") == version.graph
+    assert asked == [("download_artifacts", uri)] * 3
+    (version.folder / "artifacts" / "model.onnx").unlink()
+    asked.clear()
+    version.rejected(tmp_path)
+    assert asked == [("download_artifacts", uri)] * 3 + [("list_artifacts", uri)]
+
+
+def test_a_listed_file_whose_name_holds_a_space_is_not_called_missing(version, tmp_path):
+    (version.folder / "artifacts" / "my model.onnx").write_bytes(b"")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")  # the download fails: its destination is a file
+    location = version.client.get_model_version_download_uri("m", "1").rstrip("/")
+    with pytest.raises(Exception) as caught:
+        graphs._model_file(location, "artifacts/my model.onnx", blocked,
+                           version.client.tracking_uri, "1")
+    assert not isinstance(caught.value, graphs.GraphRejected), caught.value
