@@ -231,8 +231,10 @@ def test_the_mlmodel_must_name_an_onnx_file_inside_the_model(version, tmp_path):
     mlmodel.write_text(yaml.safe_dump(edited))
     assert version.fetch(tmp_path).read_bytes() == version.graph.SerializeToString()
     (version.folder / "MLmodel").unlink()
-    assert "its model file MLmodel is missing from the artifact store" in version.rejected(
-        tmp_path)
+    location = version.client.get_model_version_download_uri("m", "1").rstrip("/")
+    assert version.rejected(tmp_path) == (
+        f"v1: its model file MLmodel is missing from the artifact store (no MLmodel under "
+        f"{location}); nothing of the model was run")
 
 
 def test_scores_go_in_by_the_load_rule_in_fixed_batches(version, client):
