@@ -300,9 +300,8 @@ _G_SCRATCH = ("the name of a scratch folder inside a folder the caller made (or 
 _G_LAYOUT = ("whitespace of the manifest's JSON: its digest is taken of the bytes written, and "
              "every reader parses the JSON; sorted keys (what makes the digest independent of "
              "the order of the run digests) are tested")
-_G_RUN_URI = ("MLflow makes a run's artifact URI '<experiment location as a URI (file:///... "
-              "for a folder)>/<run id>/artifacts': no '/' at either end and no trailing 'X', "
-              "so every strip leaves it as it is")
+_G_RUN_URI = ("MLflow makes a run's artifact URI '<experiment location>/<run id>/artifacts': "
+              "it never ends in '/' or 'X', so either strip at its end leaves it as it is")
 _G_SPIN = "open_session reads spin only as `if not spin`: None is false like False"
 _G_CHUNK = ("the chunk size of the SHA-256 read (read(None): the whole file): the same bytes "
             "in the same order give the same digest")
@@ -829,8 +828,6 @@ ACCEPTED: dict[str, str] = {
     'flows/registry/graphs.py::record_digests::payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\\n").encode() -> payload = (json.dumps(manifest, indent=3, sort_keys=True) + "\\n").encode()':  # noqa: E501 - a key is one source line
         _G_LAYOUT,
     "flows/registry/graphs.py::recorded_digests::local = _download(f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder, -> local = _download(f\"{run.info.artifact_uri.rstrip(None)}/{DIGESTS_ARTIFACT}\", folder,":  # noqa: E501 - a key is one source line
-        _G_RUN_URI,
-    "flows/registry/graphs.py::recorded_digests::local = _download(f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder, -> local = _download(f\"{run.info.artifact_uri.lstrip('/')}/{DIGESTS_ARTIFACT}\", folder,":  # noqa: E501 - a key is one source line
         _G_RUN_URI,
     "flows/registry/graphs.py::recorded_digests::local = _download(f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder, -> local = _download(f\"{run.info.artifact_uri.rstrip('XX/XX')}/{DIGESTS_ARTIFACT}\", folder,":  # noqa: E501 - a key is one source line
         _G_RUN_URI,
