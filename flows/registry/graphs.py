@@ -68,8 +68,8 @@ def version_of(client, model_uri: str) -> tuple[str, str]:
     if not model_uri.startswith("models:/"):
         raise ValueError(f"{model_uri}: expected models:/NAME/VERSION or models:/NAME@ALIAS")
     ref = model_uri.removeprefix("models:/").strip("/")
-    if "@" in ref:
-        name, alias = ref.split("@", 1)
+    if "@" in ref:  # at the last "@", as MLflow's parser: a name may hold "@", an alias not
+        name, alias = ref.rsplit("@", 1)
         return name, str(client.get_model_version_by_alias(name, alias).version)
     if "/" in ref:
         name, version = ref.rsplit("/", 1)

@@ -122,6 +122,13 @@ def test_versions_are_named_by_number_or_alias_only(version):
     assert graphs.version_of(client, "models:/Xray/7") == ("Xray", "7")
     client.set_registered_model_alias("m", "champion", version.version)
     assert graphs.version_of(client, "models:/m@champion") == ("m", version.version)
+    # a model name may hold "@" (MLflow refuses only "/" and ":"); an alias may not, so
+    # MLflow's own URI parser splits at the last "@"
+    registry.ensure_registered_model(client, "a@b")
+    client.create_model_version("a@b", source=str(version.folder))
+    client.create_model_version("a@b", source=str(version.folder))
+    client.set_registered_model_alias("a@b", "champion", "2")
+    assert graphs.version_of(client, "models:/a@b@champion") == ("a@b", "2")
     for uri in ("runs:/abc/model", "models:/m-0123", "m/1", ""):
         with pytest.raises(ValueError, match="expected models:/NAME/VERSION or "
                                              "models:/NAME@ALIAS"):
@@ -135,8 +142,10 @@ def test_a_version_without_a_digest_record_is_not_loaded(client, tmp_path):
         "cord.artifacts.sha256), so its graph cannot be checked; it is not loaded")
     registry.ensure_registered_model(client, "runless")
     client.create_model_version("runless", source=str(tmp_path))
-    with pytest.raises(graphs.GraphRejected, match=r"^v1 has no run, so no digest record"):
+    with pytest.raises(graphs.GraphRejected) as caught:
         graphs.fetch_graph(client, client.tracking_uri, "runless", "1", tmp_path / "r")
+    assert str(caught.value) == ("v1 has no run, so no digest record to check its graph "
+                                 "against; it is not loaded")
 
 
 def test_a_manifest_or_graph_other_than_the_recorded_one_is_refused(version, tmp_path):
@@ -211,9 +220,9 @@ def test_the_mlmodel_must_name_an_onnx_file_inside_the_model(version, tmp_path):
     assert version.rejected(tmp_path) == (
         "v1: the model has no onnx flavour (flavours: ['python_function']); cord-ops runs "
         "only the ONNX graph of a model")
-    mlmodel.write_text("flavors: [a, b]")
+    mlmodel.write_text("flavors: [b, a]")  # not a mapping: named as it is, not sorted
     assert version.rejected(tmp_path) == (
-        "v1: the model has no onnx flavour (flavours: ['a', 'b']); cord-ops runs only the "
+        "v1: the model has no onnx flavour (flavours: ['b', 'a']); cord-ops runs only the "
         "ONNX graph of a model")
     mlmodel.write_text("flavors: [unclosed")
     assert version.rejected(tmp_path).startswith("v1: its MLmodel file cannot be read (")
@@ -222,8 +231,10 @@ def test_the_mlmodel_must_name_an_onnx_file_inside_the_model(version, tmp_path):
     mlmodel.write_text(yaml.safe_dump(edited))
     assert version.fetch(tmp_path).read_bytes() == version.graph.SerializeToString()
     (version.folder / "MLmodel").unlink()
-    assert "its model file MLmodel is missing from the artifact store" in version.rejected(
-        tmp_path)
+    location = version.client.get_model_version_download_uri("m", "1").rstrip("/")
+    assert version.rejected(tmp_path) == (
+        f"v1: its model file MLmodel is missing from the artifact store (no MLmodel under "
+        f"{location}); nothing of the model was run")
 
 
 def test_scores_go_in_by_the_load_rule_in_fixed_batches(version, client):
@@ -269,3 +280,170 @@ def test_record_refuses_an_uploaded_graph_that_is_not_the_verified_one(version, 
                                          r"do not match the graph whose parity was verified"):
         graphs.record_digests(version.client, version.client.tracking_uri, version.run_id,
                               version.model_uri, other, {}, tmp_path / "scratch")
+
+
+class _Recording(ort.InferenceSession):
+    """onnxruntime's own session, remembering how it was opened and the rows of each run."""
+
+    opened: list[dict] = []
+
+    def __init__(self, model, sess_options=None, providers=None, **kwargs):
+        super().__init__(model, sess_options=sess_options, providers=providers, **kwargs)
+        self.rows: list[int] = []
+        _Recording.opened.append({"options": sess_options, "providers": providers,
+                                  "rows": self.rows})
+
+    def run(self, names, feed, *args, **kwargs):
+        self.rows.extend(len(v) for v in feed.values())
+        return super().run(names, feed, *args, **kwargs)
+
+
+def test_scores_run_on_a_cpu_session_that_does_not_spin_in_batches_of_4096(version,
+                                                                         monkeypatch):
+    from onnx_export import runtime
+
+    scores = np.random.default_rng(4).normal(0.0, 3.0, (4096 + 7, K))
+    expected = _direct(version.graph, scores)["repaired"]
+    _Recording.opened = []
+    monkeypatch.setattr(runtime.ort, "InferenceSession", _Recording)
+    # as on a machine with a GPU: "auto" would ask for CUDA there, "cpu" never does
+    monkeypatch.setattr(runtime, "cuda_available", lambda: True)
+    assert np.array_equal(graphs.run_graph(version.graph, scores)["repaired"], expected)
+    [opened] = _Recording.opened
+    assert opened["providers"] == ["CPUExecutionProvider"]
+    assert opened["options"].get_session_config_entry(
+        "session.intra_op.allow_spinning") == "0"
+    assert opened["rows"] == [4096, 7]
+
+
+def _other_store(store_at, tmp_path: Path):
+    """A client of a store that is not the process's MLFLOW_TRACKING_URI."""
+    from mlflow import MlflowClient
+
+    uri = store_at(tmp_path / "other" / "mlflow.db")
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def test_recording_uses_the_store_it_is_given_not_the_processs(store, store_at, tmp_path):
+    # (MLflow's registry looks a version's logged model up in the process's store, so this
+    # store's models are logged and recorded here, not registered)
+    other = _other_store(store_at, tmp_path)
+    assert other.tracking_uri != store
+    graph = _graph()
+    experiment = other.create_experiment("elsewhere")
+    run_id = other.create_run(experiment).info.run_id
+    info = pyfunc_model.log_model(other, run_id, experiment, graph, np.zeros((2, K), np.float32))
+    (tmp_path / "scratch").mkdir()
+    digest = graphs.record_digests(other, other.tracking_uri, run_id, info.model_uri, graph,
+                                   {"a.txt": "00"}, tmp_path / "scratch")
+    assert other.get_run(run_id).data.tags[graphs.DIGESTS_TAG] == digest
+    manifest = Path(other.get_run(run_id).info.artifact_uri.removeprefix("file://"),
+                    graphs.DIGESTS_ARTIFACT).read_bytes()
+    assert hashlib.sha256(manifest).hexdigest() == digest
+
+
+def test_the_manifest_digest_does_not_depend_on_the_order_of_the_run_digests(version,
+                                                                             tmp_path):
+    digests = []
+    for i, run_digests in enumerate(({"b.txt": "01", "a.txt": "00"},
+                                     {"a.txt": "00", "b.txt": "01"})):
+        (tmp_path / f"order-{i}").mkdir()
+        digests.append(graphs.record_digests(
+            version.client, version.client.tracking_uri, version.run_id, version.model_uri,
+            version.graph, run_digests, tmp_path / f"order-{i}"))
+    assert digests[0] == digests[1]
+
+
+def test_recording_writes_only_into_its_scratch_folder(version, tmp_path, monkeypatch):
+    import tempfile
+
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    working = tmp_path / "working"
+    working.mkdir()
+    monkeypatch.chdir(working)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    graphs.record_digests(version.client, version.client.tracking_uri, version.run_id,
+                          version.model_uri, version.graph, {}, scratch)
+    assert list(working.iterdir()) == []
+    assert list(system_tmp.iterdir()) == []
+    assert (scratch / graphs.DIGESTS_ARTIFACT).is_file()
+
+
+def test_a_manifest_the_store_does_not_keep_as_written_is_refused(version, tmp_path):
+    from mlflow import MlflowClient
+
+    class Altering(MlflowClient):
+        """A store that keeps something other than the file it is handed."""
+
+        def log_artifact(self, run_id, local_path, artifact_path=None):
+            Path(local_path).write_bytes(Path(local_path).read_bytes() + b" ")
+            super().log_artifact(run_id, local_path, artifact_path)
+
+    altering = Altering(version.client.tracking_uri)
+    (tmp_path / "altered").mkdir()
+    with pytest.raises(ValueError) as caught:
+        graphs.record_digests(altering, altering.tracking_uri, version.run_id,
+                              version.model_uri, version.graph, {}, tmp_path / "altered")
+    assert str(caught.value) == (f"run {version.run_id}: artifact digests.json differs from "
+                                 "what was written; nothing registered")
+
+
+def test_a_version_whose_source_ends_in_a_slash_loads_from_that_folder(version, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copyX"  # a folder name ending in a letter the strip must keep
+    shutil.copytree(version.folder, copy)
+    number = version.client.create_model_version("m", source=f"{copy}/",
+                                                 run_id=version.run_id).version
+    assert version.client.get_model_version_download_uri("m", number) == f"{copy}/"
+    (tmp_path / "slash").mkdir()
+    path = graphs.fetch_graph(version.client, version.client.tracking_uri, "m", str(number),
+                              tmp_path / "slash")
+    assert path.read_bytes() == version.graph.SerializeToString()
+    (copy / "artifacts" / "model.onnx").unlink()
+    (tmp_path / "slash-missing").mkdir()
+    with pytest.raises(graphs.GraphRejected) as caught:
+        graphs.fetch_graph(version.client, version.client.tracking_uri, "m", str(number),
+                           tmp_path / "slash-missing")
+    assert str(caught.value) == (
+        f"v{number}: its model file artifacts/model.onnx is missing from the artifact store "
+        f"(no model.onnx under {copy}/artifacts); nothing of the model was run")
+
+
+def test_every_download_and_listing_asks_the_store_of_the_client(version, tmp_path,
+                                                                  monkeypatch):
+    # with its artifacts in local folders the store's URI changes nothing here; a served
+    # store's proxied artifacts (mlflow-artifacts:) are reached through it, and None would
+    # mean the process's MLFLOW_TRACKING_URI instead of the store the command was given
+    import mlflow.artifacts
+
+    asked = []
+    for name in ("download_artifacts", "list_artifacts"):
+        real = getattr(mlflow.artifacts, name)
+
+        def passing(*args, _real=real, _name=name, **kwargs):
+            asked.append((_name, kwargs.get("tracking_uri")))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(mlflow.artifacts, name, passing)
+    uri = version.client.tracking_uri
+    assert graphs.load_graph(version.client, "m", "1") == version.graph
+    assert asked == [("download_artifacts", uri)] * 3
+    (version.folder / "artifacts" / "model.onnx").unlink()
+    asked.clear()
+    version.rejected(tmp_path)
+    assert asked == [("download_artifacts", uri)] * 3 + [("list_artifacts", uri)]
+
+
+def test_a_listed_file_whose_name_holds_a_space_is_not_called_missing(version, tmp_path):
+    (version.folder / "artifacts" / "my model.onnx").write_bytes(b"")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")  # the download fails: its destination is a file
+    location = version.client.get_model_version_download_uri("m", "1").rstrip("/")
+    with pytest.raises(Exception) as caught:
+        graphs._model_file(location, "artifacts/my model.onnx", blocked,
+                           version.client.tracking_uri, "1")
+    assert not isinstance(caught.value, graphs.GraphRejected), caught.value
