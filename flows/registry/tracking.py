@@ -240,7 +240,8 @@ def resolve_model_uri(mlflow_client, model_uri: str) -> str:
         return model_uri
     ref = model_uri.removeprefix("models:/").strip("/")
     if "@" in ref:
-        name, alias = ref.split("@", 1)
+        # at the last @, as MLflow's parser splits: a name may hold @, an alias may not
+        name, alias = ref.rsplit("@", 1)
         version = mlflow_client.get_model_version_by_alias(name, alias).version
     elif "/" in ref:
         name, version = ref.rsplit("/", 1)

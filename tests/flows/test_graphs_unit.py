@@ -129,6 +129,11 @@ def test_versions_are_named_by_number_or_alias_only(version):
     client.create_model_version("a@b", source=str(version.folder))
     client.set_registered_model_alias("a@b", "champion", "2")
     assert graphs.version_of(client, "models:/a@b@champion") == ("a@b", "2")
+    # and the download path of batch predict resolves it the same way
+    from flows.registry.tracking import resolve_model_uri
+
+    assert resolve_model_uri(client, "models:/a@b@champion") == \
+        client.get_model_version_download_uri("a@b", "2")
     for uri in ("runs:/abc/model", "models:/m-0123", "m/1", ""):
         with pytest.raises(ValueError, match="expected models:/NAME/VERSION or "
                                              "models:/NAME@ALIAS"):
