@@ -17,6 +17,7 @@ from servers import free_port, running, wait_until_ready
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
 from flows import pyfunc_model
+from flows.registry import graphs
 from flows.registry import versions as registry
 from flows.serving.http import VERSION_HEADER
 from onnx_export import export_onnx
@@ -26,13 +27,17 @@ pytestmark = pytest.mark.slow
 MODEL = "workers"
 
 
-def _register(client, experiment: str, digits, calibrator: str) -> str:
+def _register(client, experiment: str, digits, calibrator: str, scratch) -> str:
+    """A version registered by hand, with the digest record serve checks its graph by."""
     fitted = make_calibrator(calibrator).fit(digits.scores, digits.labels)
     cord = CORD().fit(softmax(digits.scores, axis=1), fitted.predict_proba(digits.scores))
     graph = export_onnx(fitted, cord, 10, input_kind="logits", dtype="float32")
     run_id = client.create_run(experiment).info.run_id
     info = pyfunc_model.log_model(client, run_id, experiment, graph,
                                   digits.scores[:5].astype(np.float32))
+    scratch.mkdir()
+    graphs.record_digests(client, client.tracking_uri, run_id, info.model_uri, graph, {},
+                          scratch)
     registry.ensure_registered_model(client, MODEL)
     return str(client.create_model_version(MODEL, source=info.model_uri, run_id=run_id,
                                            model_id=info.model_id).version)
@@ -54,7 +59,7 @@ def test_two_workers_share_one_port_and_follow_the_alias(store, digits, tmp_path
 
     client = MlflowClient()
     experiment = client.create_experiment(MODEL)
-    first = _register(client, experiment, digits, "ts")
+    first = _register(client, experiment, digits, "ts", tmp_path / "record-1")
     client.set_registered_model_alias(MODEL, registry.CHAMPION, first)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -75,7 +80,7 @@ def test_two_workers_share_one_port_and_follow_the_alias(store, digits, tmp_path
         assert _versions(url, rows) == {first}
 
         # a swap and a rollback reach every worker
-        second = _register(client, experiment, digits, "ts")
+        second = _register(client, experiment, digits, "ts", tmp_path / "record-2")
         for target in (second, first):
             client.set_registered_model_alias(MODEL, registry.CHAMPION, target)
             deadline = time.monotonic() + 30
