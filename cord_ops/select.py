@@ -170,7 +170,8 @@ class Selection:
         for c in self.candidates:
             mark = "*" if c.name == self.chosen else " "
             lines.append(f"{mark} {c.name:<10}{c.nll:>11.5f}{c.nll_se:>10.5f}{c.ece:>9.5f}"
-                         + (f"{c.auc:>9.5f}" if auc else "")
+                         + ("" if not auc else f"{'-':>9}" if c.auc is None
+                            else f"{c.auc:>9.5f}")
                          + f"{c.tpcr:>8.4f}{c.fit_seconds:>8.2f}")
         lines += [f"  {name:<10}skipped: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)

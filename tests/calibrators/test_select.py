@@ -146,3 +146,30 @@ def test_identity_may_have_its_own_near_tie_width():
     ts_se = float(np.std(losses["ts"] - losses["sms"], ddof=1) / math.sqrt(400))
     assert ts_gap < ts_se
     assert choose(losses, 1.0, identity_se=0.0)[0] == "ts"
+
+
+def test_the_record_and_the_table_hold_every_figure_as_given():
+    """The run's artifact and the summary's table, written out by hand (literal values)."""
+    from cord_ops.select import RULES, Candidate, Selection
+
+    ts = Candidate("ts", 0.25, 0.0125, 0.03125, 0.875, 0.0, 1.5, ("w1",))
+    identity = Candidate("identity", 0.5, 0.025, 0.0625, None, 0.125, 0.25)
+    picked = Selection("ts", "lowest mean", (ts, identity), {"ms": "too few rows"}, 5, 7,
+                       0.5, 0.25)
+    assert ts.record() == {"family": "ts", "nll": 0.25, "nll_se": 0.0125, "ece": 0.03125,
+                           "auc": 0.875, "tpcr": 0.0, "fit_seconds": 1.5, "warnings": ["w1"]}
+    assert picked.record() == {
+        "chosen": "ts", "reason": "lowest mean", "n_splits": 5, "seed": 7, "tie_se": 0.5,
+        "identity_se": 0.25, "rules": RULES,
+        "candidates": [ts.record(), identity.record()], "skipped": {"ms": "too few rows"}}
+    assert identity.record()["auc"] is None and identity.record()["warnings"] == []
+    assert picked.candidate("identity") is identity and picked.candidate("vs") is None
+    assert picked.table().splitlines() == [
+        "  family         CV NLL      +-SE      ECE      AUC    TPCR   fit s",
+        "* ts            0.25000   0.01250  0.03125  0.87500  0.0000    1.50",
+        "  identity      0.50000   0.02500  0.06250        -  0.1250    0.25",
+        "  ms        skipped: too few rows"]
+    no_auc = Selection("identity", "r", (identity,), {}, 5, 0, 0.5, 0.5)
+    assert no_auc.table().splitlines() == [
+        "  family         CV NLL      +-SE      ECE    TPCR   fit s",
+        "* identity      0.50000   0.02500  0.06250  0.1250    0.25"]
