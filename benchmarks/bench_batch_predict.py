@@ -82,7 +82,7 @@ def spark_seconds(folder: Path, model_path: Path, repeats: int) -> float:
     from pyspark.sql import SparkSession
 
     from flows import pyfunc_model
-    from flows.registry import versions as registry
+    from flows.store import registry
     from onnx_export import load_model
 
     uri = f"sqlite:///{folder / 'mlflow.db'}"
@@ -127,7 +127,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     from distributed import LocalCluster
 
-    from flows.serving.batch import predict_batch
+    from flows.serve.batch import predict_batch
 
     total = args.files * args.rows
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:

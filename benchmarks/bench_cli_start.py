@@ -6,7 +6,7 @@ In a fresh temporary folder (no PREFECT_API_URL, no MLFLOW_TRACKING_URI):
 1. cold: ``cord-ops recalibrate`` as a new user runs it first: Prefect's temporary server,
    a new MLflow store (schema migrations);
 2. ``cord-ops server start`` (timed: what a user pays once; it includes the warm runner
-   importing everything, ``flows/runtime/warm.py``);
+   importing everything, ``flows/platform/warm.py``);
 3. warm: ``cord-ops recalibrate`` again, several times: the command checks its inputs and
    hands itself to the warm runner, which forks the work against the managed server and
    the existing store. Target: at most 5 s end to end, and at most 2x the flow's own task
@@ -51,7 +51,7 @@ import mlflow
 mark("import mlflow")
 import onnx, onnxruntime
 mark("import onnx, onnxruntime")
-from flows.recalibration.flow import recalibrate
+from flows.recalibrate.flow import recalibrate
 mark("import the rest of cord-ops flows")
 from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL, temporary_settings

@@ -29,7 +29,7 @@ difference between the reference's and the pool's rows of each class); ``oracle`
 no estimator but the floor of label-shift estimation: the accuracy of a batch whose label
 shares are known exactly and whose per-class accuracy is the pool's (sum over classes of
 batch share x pool accuracy of the class), so what is left is the batch's own sampling
-noise; and whether ``flows.monitoring.label_free.alert_reasons`` alarms at the default
+noise; and whether ``flows.monitor.label_free.records.alert_reasons`` alarms at the default
 thresholds (false alarms on (i), detection on (ii)-(iv)). NannyML's CBPE (accuracy, its own
 isotonic calibration on the reference split's raw probabilities, defaults otherwise) runs on
 the same batches in the interpreter ``--nannyml PYTHON`` names, or in this one when it has
@@ -67,7 +67,7 @@ from cord_ops import CORD
 from cord_ops import label_free as lf
 from cord_ops.calibrators import make_calibrator
 from cord_ops.softmax import softmax
-from flows.monitoring.label_free import Thresholds, alert_reasons
+from flows.monitor.label_free.records import Thresholds, alert_reasons
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -77,7 +77,7 @@ SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence", "predicted-
 #: The imbalanced binary group: positive shares and the class-balanced models.
 RARE_SHARES = (0.01, 0.028, 0.05)
 RARE_MODELS = ("logreg", "gb")
-#: What each alarm reason starts with (flows.monitoring.label_free.alert_reasons).
+#: What each alarm reason starts with (flows.monitor.label_free.records.alert_reasons).
 CAUSES = {"ks": "ks drift", "chi2": "chi2 drift", "accuracy": "estimated accuracy",
           "priors": "class priors moved"}
 

@@ -35,7 +35,7 @@ COMPUTE_STEPS = ("load_dataset", "check_options", "split_dataset", "fit_calibrat
 INSTRUMENTED = """
 import json, sys, time
 started = time.perf_counter()
-from flows.recalibration.flow import recalibrate
+from flows.recalibrate.flow import recalibrate
 imported = time.perf_counter()
 result = recalibrate(data=sys.argv[1], calibrator=sys.argv[2])
 finished = time.perf_counter()

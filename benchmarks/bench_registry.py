@@ -9,7 +9,7 @@ Prints:
 - lock overhead: acquire + publish holder + release of the registry lock, uncontended,
   per kind (``file`` always; ``prefect`` against a temporary Prefect server; ``lease``
   is not measured here, it needs a tracking server, and costs at least its settle delay
-  of ``flows.registry.lock.LEASE_SETTLE`` seconds by design);
+  of ``flows.store.lock.LEASE_SETTLE`` seconds by design);
 - time to fail: wall time of ``cord-ops recalibrate`` against a tracking URI nobody
   listens on (the bound is ``--store-timeout``, default 60 s);
 - 4 concurrent vs 4 serial: wall time of four ``cord-ops recalibrate`` processes (ts, vs,
@@ -43,7 +43,7 @@ def _env(**extra) -> dict[str, str]:
 
 
 def lock_overhead(kind: str, repeats: int, folder: Path) -> list[float]:
-    from flows.registry import lock, owner
+    from flows.store import lock, owner
 
     log = logging.getLogger("bench")
     holder = {"run_id": "bench", **owner.Owner.current().record()}
@@ -51,7 +51,7 @@ def lock_overhead(kind: str, repeats: int, folder: Path) -> list[float]:
     if kind == "prefect":
         from mlflow import MlflowClient
 
-        from flows.registry import versions as registry
+        from flows.store import registry
 
         client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
         registry.ensure_registered_model(client, "bench")
@@ -111,7 +111,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
     from cord_ops import data as cord_data
-    from flows.runtime import temporary_server as prefect_server
+    from flows.platform import temporary_server as prefect_server
 
     with tempfile.TemporaryDirectory(prefix="bench-registry-") as tmp:
         root = Path(tmp)

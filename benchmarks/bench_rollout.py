@@ -7,9 +7,9 @@ Builds a throw-away store with two registered versions of one model (VS + CORD a
 ``@champion``, TS + CORD as the candidate), starts one ``cord-ops serve`` and measures
 every (clients, rows per request) cell three times: with no rollout, with a shadow
 rollout record, and with a canary record at 10 %. The records are written directly
-(:func:`flows.promotion.rollout.new_record`), skipping ``rollout start``'s promotability checks,
-which need a recalibration's run; their budgets are wide and their minimum evidence out of
-reach (a step lasts 10^9 s), so the server stays at that step for the whole
+(:func:`flows.promotion.rollout_record.new_record`), skipping ``rollout start``'s
+promotability checks, which need a recalibration's run; their budgets are wide and their
+minimum evidence out of reach (a step lasts 10^9 s), so the server stays at that step for the whole
 measurement; after 50 comparisons a canary compares one answer in ten. Each request carries
 its own ``X-Rollout-Key`` (a counter), so the canary answers about 10 % of requests, not
 10 % of the clients. The three settings are measured back to back, ``--repeat`` rounds
@@ -51,8 +51,7 @@ def register_versions(uri: str, artifacts: Path) -> np.ndarray:
     from cord_ops import CORD
     from cord_ops.calibrators import make_calibrator
     from flows import pyfunc_model
-    from flows.registry import graphs
-    from flows.registry import versions as registry
+    from flows.store import graphs, registry
     from onnx_export import export_onnx
 
     rng = np.random.default_rng(0)
@@ -85,7 +84,7 @@ def set_rollout(uri: str, mode: str | None) -> str | None:
     """Write a rollout record of v2 that stays at its first step (None: end any)."""
     from mlflow import MlflowClient
 
-    from flows.promotion import rollout
+    from flows.promotion import rollout_record as rollout
     from flows.promotion.rollout_steps import Budget, Plan
 
     client = MlflowClient(uri)

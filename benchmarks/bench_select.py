@@ -183,7 +183,7 @@ def flow_timing(stem: str, folder: Path) -> str:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     lines = ["", f"recalibrate on {stem} (in flow tasks, in-process, temporary store):"]
     with tempfile.TemporaryDirectory() as tmp, prefect_test_harness():

@@ -61,8 +61,7 @@ def register_model(uri: str, artifacts: Path, graph_file: Path | None = None) ->
     from cord_ops import CORD
     from cord_ops.calibrators import make_calibrator
     from flows import pyfunc_model
-    from flows.registry import graphs
-    from flows.registry import versions as registry
+    from flows.store import graphs, registry
     from onnx_export import export_onnx
 
     rng = np.random.default_rng(0)

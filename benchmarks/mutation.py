@@ -1,7 +1,7 @@
 """Mutation score of the modules that carry the product's promises (issue 25).
 
     pip install -e ".[test,mutation]"
-    python benchmarks/mutation.py [--modules cord_ops/cord.py flows/registry/owner.py ...]
+    python benchmarks/mutation.py [--modules cord_ops/cord.py flows/store/owner.py ...]
                                   [--max-children 2] [--survivors] [--keep]
 
 For each module of :data:`MODULES` it runs mutmut (configured in ``pyproject.toml``,
@@ -92,12 +92,12 @@ MODULES: dict[str, list[str]] = {
     "flows/promotion/guards.py": ["tests/flows/test_guards.py"],
     "flows/promotion/champion.py": _GATE_TESTS,
     # test_registry.py without its retry test, whose Prefect setup takes ~100 s per process
-    "flows/registry/lock.py": [
+    "flows/store/lock.py": [
         "tests/flows/test_registry.py::test_file_lock_serialises_processes_names_the_holder_and_survives_a_kill_9",  # noqa: E501
         "tests/flows/test_registry.py::test_lease_lock_serialises_processes_and_a_dead_local_holder_is_taken_over",  # noqa: E501
         "tests/flows/test_registry.py::test_a_foreign_or_unreadable_store_file_gives_one_error_line",  # noqa: E501
         "tests/flows/test_lock_unit.py"],
-    "flows/registry/versions.py": [
+    "flows/store/registry.py": [
         "tests/flows/test_versions_unit.py", "tests/flows/test_owner.py",
         "tests/flows/test_registry.py::test_only_a_locked_sqlite_database_is_retried",
         "tests/flows/test_registry.py::test_clean_up_undoes_dead_owners_only",
@@ -114,10 +114,10 @@ MODULES: dict[str, list[str]] = {
         # a second of CRC over 720 MB per mutant; the smaller archives reach the same lines
         "--deselect=tests/core/test_read_budget.py::test_a_small_npz_that_inflates_to_720_mb_is_refused_by_default"],  # noqa: E501
     "flows/redact.py": ["tests/flows/test_redact.py"],
-    "flows/registry/owner.py": ["tests/flows/test_owner.py"],
-    "flows/registry/journal.py": ["tests/flows/test_journal.py"],
+    "flows/store/owner.py": ["tests/flows/test_owner.py"],
+    "flows/store/journal.py": ["tests/flows/test_journal.py"],
     # without the two tests that fit, export and serve a model (10 s setup per process)
-    "flows/serving/contract.py": ["tests/flows/test_scoring_contract.py"] + [
+    "flows/serve/contract.py": ["tests/flows/test_scoring_contract.py"] + [
         f"tests/flows/test_scoring_input.py::{name}" for name in (
             "test_every_accepted_form_gives_the_same_matrix",
             "test_the_first_non_finite_row_is_named", "test_a_wrong_width_is_refused",
@@ -129,13 +129,13 @@ MODULES: dict[str, list[str]] = {
     # issue 42: who may hand the warm runner a command; the servers' credential and the
     # owner-only files; a deployment's pinned parameters (its one non-slow end-to-end test
     # starts Prefect's test server once per process)
-    "flows/runtime/warm_access.py": ["tests/flows/test_warm_access.py"],
+    "flows/platform/warm_access.py": ["tests/flows/test_warm_access.py"],
     # issue 42 item 2 / 45 item 4: the one loader of registered graphs (digest checked, no
     # stored code run) and the scoring every reported NLL comes from
-    "flows/registry/graphs.py": ["tests/flows/test_graphs_unit.py"],
-    "flows/runtime/credential.py": ["tests/flows/test_credential.py"],
-    "flows/serving/access.py": ["tests/flows/test_serve_access.py"],
-    "flows/runtime/pinned.py": [
+    "flows/store/graphs.py": ["tests/flows/test_graphs_unit.py"],
+    "flows/platform/credential.py": ["tests/flows/test_credential.py"],
+    "flows/serve/access.py": ["tests/flows/test_serve_access.py"],
+    "flows/platform/pinned.py": [
         "tests/flows/test_schedule.py::test_differences_name_every_parameter_changed_added_or_left_out",  # noqa: E501
         "tests/flows/test_schedule.py::test_outside_a_flow_run_there_is_nothing_to_check",
         "tests/flows/test_schedule.py::test_scheduled_monitoring_skips_while_there_is_no_champion",  # noqa: E501
@@ -251,7 +251,7 @@ _V_TWO_COLUMNS = ("_column gets only what is_one_column accepts ((n,) or (n, 1),
                   "stored_scores checks): an (n, 1) column kept 2-D gives the same "
                   "checks, row numbers, values and n x 2 column_stack")
 
-# Reasons shared by several of flows/serving/contract.py's equivalent survivors.
+# Reasons shared by several of flows/serve/contract.py's equivalent survivors.
 _C_KINDS = ("'X' is no numpy or pandas dtype kind: the kind test with 'XX' around the letters "
             "accepts and refuses exactly the same dtypes")
 
@@ -290,7 +290,7 @@ _P_UPPER_ARRAY = ("a 0-d array of 1 - 1e-12 broadcasts against g: the same per-r
 _P_ETA_ONE = ("at eta = 1 both forms are sqrt(g) to rounding, an estimate the screen allows "
               "for (7.5 u per row)")
 
-# Reasons shared by flows/registry/graphs.py's equivalent survivors.
+# Reasons shared by flows/store/graphs.py's equivalent survivors.
 _G_LISTED = ("MLflow lists an artifact URI's files as '<its last folder>/<name>' (one '/'), so "
              "rsplit('/', 1)[-1], [+1], rsplit('/'), rsplit('/', 2) and split('/', 1) all "
              "give the name")
@@ -307,7 +307,7 @@ _G_CHUNK = ("the chunk size of the SHA-256 read (read(None): the whole file): th
             "in the same order give the same digest")
 
 #: Survivors shown to be equivalent (no test can tell them from the original), with why.
-# Reasons shared by flows/serving/access.py's equivalent survivors.
+# Reasons shared by flows/serve/access.py's equivalent survivors.
 _ONE_COLON = ("under host.count(':') == 1 split and rsplit, with any maxsplit, cut at the "
               "same colon")
 _HEADERS_ANY_CASE = "Starlette's Headers look names up case-insensitively"
@@ -563,25 +563,25 @@ ACCEPTED: dict[str, str] = {
         _V_RESHAPE,
     'cord_ops/validation.py::_column::return _one_column_values(arr[:, 0] if arr.ndim == 2 else arr, name) -> return _one_column_values(arr[:, 0] if arr.ndim == 3 else arr, name)':  # noqa: E501 - a key is one source line
         _V_TWO_COLUMNS,
-    # flows/serving/contract.py
-    'flows/serving/contract.py::_reason::if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "iuf" or ( -> if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "XXiufXX" or (':  # noqa: E501 - a key is one source line
+    # flows/serve/contract.py
+    'flows/serve/contract.py::_reason::if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "iuf" or ( -> if arr.ndim not in (1, 2) or arr.shape[0] == 0 or arr.dtype.kind not in "XXiufXX" or (':  # noqa: E501 - a key is one source line
         _C_KINDS,
-    'flows/serving/contract.py::_as_array::if isinstance(value, np.ndarray) and value.dtype.kind in "iuf": -> if isinstance(value, np.ndarray) and value.dtype.kind in "XXiufXX":':  # noqa: E501 - a key is one source line
+    'flows/serve/contract.py::_as_array::if isinstance(value, np.ndarray) and value.dtype.kind in "iuf": -> if isinstance(value, np.ndarray) and value.dtype.kind in "XXiufXX":':  # noqa: E501 - a key is one source line
         _C_KINDS,
-    'flows/serving/contract.py::_frame_array::if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "iuf": -> if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "XXiufXX":':  # noqa: E501 - a key is one source line
+    'flows/serve/contract.py::_frame_array::if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "iuf": -> if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "XXiufXX":':  # noqa: E501 - a key is one source line
         _C_KINDS,
-    'flows/serving/contract.py::_frame_array::if dtype.kind not in "iuf": -> if dtype.kind not in "XXiufXX":':  # noqa: E501 - a key is one source line
+    'flows/serve/contract.py::_frame_array::if dtype.kind not in "iuf": -> if dtype.kind not in "XXiufXX":':  # noqa: E501 - a key is one source line
         _C_KINDS,
-    'flows/serving/contract.py::_list_array::if arr is not None and arr.dtype.kind in "iuf": -> if arr is not None and arr.dtype.kind in "XXiufXX":':  # noqa: E501 - a key is one source line
+    'flows/serve/contract.py::_list_array::if arr is not None and arr.dtype.kind in "iuf": -> if arr is not None and arr.dtype.kind in "XXiufXX":':  # noqa: E501 - a key is one source line
         _C_KINDS,
-    'flows/serving/contract.py::_list_array::if arr is not None and arr.dtype.kind in "USb": -> if arr is not None and arr.dtype.kind in "XXUSbXX":':  # noqa: E501 - a key is one source line
+    'flows/serve/contract.py::_list_array::if arr is not None and arr.dtype.kind in "USb": -> if arr is not None and arr.dtype.kind in "XXUSbXX":':  # noqa: E501 - a key is one source line
         _C_KINDS,
     # round 8 survivors found equivalent after the first after-run
-    'flows/serving/contract.py::_frame_array::if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "iuf": -> if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "IUF":':  # noqa: E501 - a key is one source line
+    'flows/serve/contract.py::_frame_array::if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "iuf": -> if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "IUF":':  # noqa: E501 - a key is one source line
         _C_ONE_COLUMN_FRAME,
-    'flows/serving/contract.py::_list_array::rows = list(value) if not np.isscalar(value) and value is not None else None -> rows = list(value) if not np.isscalar(None) and value is not None else None':  # noqa: E501 - a key is one source line
+    'flows/serve/contract.py::_list_array::rows = list(value) if not np.isscalar(value) and value is not None else None -> rows = list(value) if not np.isscalar(None) and value is not None else None':  # noqa: E501 - a key is one source line
         _C_ONLY_NONE,
-    'flows/serving/contract.py::_list_array::f"got {type(value).__name__}") -> f"got {type(None).__name__}")':  # noqa: E501 - a key is one source line
+    'flows/serve/contract.py::_list_array::f"got {type(value).__name__}") -> f"got {type(None).__name__}")':  # noqa: E501 - a key is one source line
         'only None reaches this message (see the line above it): type(value) is type(None)',
     'cord_ops/validation.py::check_class_labels::return classes, codes.reshape(-1).astype(np.int64) -> return classes, codes.reshape(-2).astype(np.int64)':  # noqa: E501 - a key is one source line
         'numpy (2.4) reads any negative size as the one unknown dimension: reshape(-2) is '
@@ -635,66 +635,66 @@ ACCEPTED: dict[str, str] = {
         _CHAMPION_REPAIRED,
     'flows/promotion/champion.py::score_champion::repaired = np.asarray(outputs["repaired"], dtype=np.float64) -> repaired = np.asarray(outputs["repaired"], )':  # noqa: E501 - a key is one source line
         _CHAMPION_REPAIRED,
-    # flows/registry/journal.py
-    'flows/registry/journal.py::record::error: OSError | None = None -> error: OSError | None = ""':
+    # flows/store/journal.py
+    'flows/store/journal.py::record::error: OSError | None = None -> error: OSError | None = ""':
         "folders() is never empty, so error is always reassigned before the raise",
-    # flows/registry/owner.py
-    "flows/registry/owner.py::terminate_group::time.sleep(0.05) -> time.sleep(1.05)":
+    # flows/store/owner.py
+    "flows/store/owner.py::terminate_group::time.sleep(0.05) -> time.sleep(1.05)":
         "poll interval: only how soon a group that obeyed SIGTERM is noticed (latency, "
         "which a test on a loaded machine cannot pin without flaking)",
-    "flows/registry/owner.py::terminate_group::with contextlib.suppress(ProcessLookupError): -> "
+    "flows/store/owner.py::terminate_group::with contextlib.suppress(ProcessLookupError): -> "
     "with contextlib.suppress(None):":
         "the second suppress (before SIGKILL) only matters if the group ends between the "
         "last poll and the kill: a race no test can force (the first one is tested)",
-    "flows/registry/owner.py::terminate_group::while time.monotonic() < deadline: -> "
+    "flows/store/owner.py::terminate_group::while time.monotonic() < deadline: -> "
     "while time.monotonic() <= deadline:":
         "the clock equals the deadline to the nanosecond: no observable difference",
-    "flows/registry/owner.py::Heartbeat.__exit__::self._thread.join(timeout=5) -> "
+    "flows/store/owner.py::Heartbeat.__exit__::self._thread.join(timeout=5) -> "
     "self._thread.join(timeout=None)":
         "differs only when a set_tag call hangs for more than 5 s (a daemon thread either way)",
-    "flows/registry/owner.py::Heartbeat.__exit__::self._thread.join(timeout=5) -> "
+    "flows/store/owner.py::Heartbeat.__exit__::self._thread.join(timeout=5) -> "
     "self._thread.join(timeout=6)":
         "differs only when a set_tag call hangs for more than 5 s",
-    "flows/registry/owner.py::Owner.process_alive::"
+    "flows/store/owner.py::Owner.process_alive::"
     "return abs(psutil.Process(self.pid).create_time() - self.started) < 0.01 -> "
     "return abs(psutil.Process(self.pid).create_time() - self.started) <= 0.01":
         "start times that differ by exactly 10 ms: no float pair a test can construct "
         "against a real process's create_time",
-    'flows/registry/owner.py::process_stamp::return None if started is None else f"epoch:{started!r}" -> return None if (started is None) and False else f"epoch:{started!r}"':  # noqa: E501 - a key is one source line
+    'flows/store/owner.py::process_stamp::return None if started is None else f"epoch:{started!r}" -> return None if (started is None) and False else f"epoch:{started!r}"':  # noqa: E501 - a key is one source line
         "started is None there only when the process ends between the liveness check two "
         "lines up and this one (a race no test can force); the 'epoch:None' stamp then "
         "matches no live process either",
-    "flows/registry/owner.py::Owner.process_alive::return True -> return False":
+    "flows/store/owner.py::Owner.process_alive::return True -> return False":
         "AccessDenied needs another user's process; the tests run as root, where psutil "
         "never denies (not equivalent: untestable here)",
-    # flows/registry/versions.py
-    'flows/registry/versions.py::withdraw_version::holder = None -> holder = ""':
+    # flows/store/registry.py
+    'flows/store/registry.py::withdraw_version::holder = None -> holder = ""':
         'a version number is never "", so "" and None both differ from str(version)',
-    # flows/registry/lock.py
-    "flows/registry/lock.py::_hold_file_lock::lock = FileLock(lock_file, thread_local=False) "
+    # flows/store/lock.py
+    "flows/store/lock.py::_hold_file_lock::lock = FileLock(lock_file, thread_local=False) "
     "-> lock = FileLock(lock_file, thread_local=None)":
         "filelock only tests the flag's truth (None and False both pick the shared context)",
-    "flows/registry/lock.py::_hold_file_lock::lock.acquire(timeout=seconds, poll_interval=0.05)"
+    "flows/store/lock.py::_hold_file_lock::lock.acquire(timeout=seconds, poll_interval=0.05)"
     " -> lock.acquire(timeout=seconds, poll_interval=None)":
         "None means the instance's poll interval, which is filelock's default 0.05",
-    "flows/registry/lock.py::_hold_file_lock::lock.acquire(timeout=seconds, poll_interval=0.05)"
+    "flows/store/lock.py::_hold_file_lock::lock.acquire(timeout=seconds, poll_interval=0.05)"
     " -> lock.acquire(timeout=seconds, )":
         "the argument left out is the instance's poll interval, filelock's default 0.05",
-    "flows/registry/lock.py::_hold_file_lock::lock.acquire(timeout=seconds, poll_interval=0.05)"
+    "flows/store/lock.py::_hold_file_lock::lock.acquire(timeout=seconds, poll_interval=0.05)"
     " -> lock.acquire(timeout=seconds, poll_interval=1.05)":
         "poll interval: only how soon a released lock is noticed (latency, which a test on a "
         "loaded machine cannot pin without flaking; not equivalent)",
-    "flows/registry/lock.py::_hold_lease::renewer.join(timeout=5) -> "
+    "flows/store/lock.py::_hold_lease::renewer.join(timeout=5) -> "
     "renewer.join(timeout=None)":
         "differs only when a renewal's tag call hangs for more than 5 s (a daemon thread "
         "either way)",
-    "flows/registry/lock.py::_hold_lease::renewer.join(timeout=5) -> renewer.join(timeout=6)":
+    "flows/store/lock.py::_hold_lease::renewer.join(timeout=5) -> renewer.join(timeout=6)":
         "differs only when a renewal's tag call hangs for more than 5 s",
-    "flows/registry/lock.py::_hold_prefect_slot::slot = concurrency(name, occupy=1, "
+    "flows/store/lock.py::_hold_prefect_slot::slot = concurrency(name, occupy=1, "
     "timeout_seconds=seconds or timeout, -> slot = concurrency(name, "
     "timeout_seconds=seconds or timeout,":
         "occupy=1 is prefect.concurrency.sync.concurrency's default",
-    'flows/registry/lock.py::_lease_free::if float(lease.get("expires", 0)) <= now: -> '
+    'flows/store/lock.py::_lease_free::if float(lease.get("expires", 0)) <= now: -> '
     'if float(lease.get("expires", 1)) <= now:':
         "a lease without an expiry is expired at any time.time() from 1 s after the epoch on; "
         "the two defaults differ only for a clock before 1970-01-01 00:00:01",
@@ -755,89 +755,89 @@ ACCEPTED: dict[str, str] = {
     'flows/promotion/guards.py::harm_words::reason = tags.get(REASON_TAG) or "" -> reason = tags.get(REASON_TAG) or "XXXX"':  # noqa: E501 - a key is one source line
         "the default only stands for a missing reason, whose parts are then searched for "
         "one starting 'does harm': neither '' nor 'XXXX' has one, so the words are the same",
-    # flows/runtime/warm_access.py (issue 42)
-    "flows/runtime/warm_access.py::command_of::sink = io.StringIO() -> sink = None":
+    # flows/platform/warm_access.py (issue 42)
+    "flows/platform/warm_access.py::command_of::sink = io.StringIO() -> sink = None":
         _ARGPARSE_SILENT,
-    "flows/runtime/warm_access.py::command_of::with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink): -> with contextlib.redirect_stdout(None), contextlib.redirect_stderr(sink):":  # noqa: E501 - a key is one source line
+    "flows/platform/warm_access.py::command_of::with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink): -> with contextlib.redirect_stdout(None), contextlib.redirect_stderr(sink):":  # noqa: E501 - a key is one source line
         _ARGPARSE_SILENT,
-    "flows/runtime/warm_access.py::command_of::with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink): -> with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(None):":  # noqa: E501 - a key is one source line
+    "flows/platform/warm_access.py::command_of::with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink): -> with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(None):":  # noqa: E501 - a key is one source line
         _ARGPARSE_SILENT,
-    # flows/serving/access.py (issue 42 item 3)
-    'flows/serving/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.rsplit(":", )[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
+    # flows/serve/access.py (issue 42 item 3)
+    'flows/serve/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.rsplit(":", )[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
         _ONE_COLON,
-    'flows/serving/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.split(":", 1)[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
+    'flows/serve/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.split(":", 1)[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
         _ONE_COLON,
-    'flows/serving/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.rsplit(":", 2)[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
+    'flows/serve/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.rsplit(":", 2)[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
         _ONE_COLON,
-    'flows/serving/access.py::resolve::token = secrets.token_urlsafe(32) -> token = secrets.token_urlsafe(None)':  # noqa: E501 - a key is one source line
+    'flows/serve/access.py::resolve::token = secrets.token_urlsafe(32) -> token = secrets.token_urlsafe(None)':  # noqa: E501 - a key is one source line
         "secrets' default entropy is 32 bytes: the same 43-character token",
-    'flows/serving/access.py::Access.local::return cls(token=token or secrets.token_urlsafe(32), hosts=frozenset(hosts), -> return cls(token=token or secrets.token_urlsafe(None), hosts=frozenset(hosts),':  # noqa: E501 - a key is one source line
+    'flows/serve/access.py::Access.local::return cls(token=token or secrets.token_urlsafe(32), hosts=frozenset(hosts), -> return cls(token=token or secrets.token_urlsafe(None), hosts=frozenset(hosts),':  # noqa: E501 - a key is one source line
         "secrets' default entropy is 32 bytes: the same 43-character token",
-    'flows/serving/access.py::Access.authorized::scheme, _, given = (authorization or "").partition(" ") -> scheme, _, given = (authorization or "XXXX").partition(" ")':  # noqa: E501 - a key is one source line
+    'flows/serve/access.py::Access.authorized::scheme, _, given = (authorization or "").partition(" ") -> scheme, _, given = (authorization or "XXXX").partition(" ")':  # noqa: E501 - a key is one source line
         "no header: scheme \"\" or \"XXXX\", neither is bearer, refused either way",
-    'flows/serving/access.py::Access.host_refusal::name = _host_name(host.decode("latin-1")) -> name = _host_name(host.decode("LATIN-1"))':  # noqa: E501 - a key is one source line
+    'flows/serve/access.py::Access.host_refusal::name = _host_name(host.decode("latin-1")) -> name = _host_name(host.decode("LATIN-1"))':  # noqa: E501 - a key is one source line
         "codec names are case-insensitive",
-    'flows/serving/access.py::Access.local::hosts = set(LOCAL_HOSTS) | {h.strip().lower().strip("[]") for h in allowed_hosts -> hosts = set(LOCAL_HOSTS) | {h.strip().lower().strip("XX[]XX") for h in allowed_hosts':  # noqa: E501 - a key is one source line
+    'flows/serve/access.py::Access.local::hosts = set(LOCAL_HOSTS) | {h.strip().lower().strip("[]") for h in allowed_hosts -> hosts = set(LOCAL_HOSTS) | {h.strip().lower().strip("XX[]XX") for h in allowed_hosts':  # noqa: E501 - a key is one source line
         "the name is lowercased first: no \"X\" is left to strip",
-    'flows/serving/access.py::Access.post_refusal::media = headers.get("content-type", "").split(";")[0].strip().lower() -> media = headers.get("CONTENT-TYPE", "").split(";")[0].strip().lower()':  # noqa: E501 - a key is one source line
+    'flows/serve/access.py::Access.post_refusal::media = headers.get("content-type", "").split(";")[0].strip().lower() -> media = headers.get("CONTENT-TYPE", "").split(";")[0].strip().lower()':  # noqa: E501 - a key is one source line
         _HEADERS_ANY_CASE,
-    'flows/serving/access.py::Access.post_refusal::if token and not self.authorized(headers.get("authorization")): -> if token and not self.authorized(headers.get("AUTHORIZATION")):':  # noqa: E501 - a key is one source line
+    'flows/serve/access.py::Access.post_refusal::if token and not self.authorized(headers.get("authorization")): -> if token and not self.authorized(headers.get("AUTHORIZATION")):':  # noqa: E501 - a key is one source line
         _HEADERS_ANY_CASE,
-    # flows/runtime/credential.py (issue 42)
-    'flows/runtime/credential.py::new::return f"{USER}:{secrets.token_urlsafe(32)}" -> return f"{USER}:{secrets.token_urlsafe(None)}"':  # noqa: E501 - a key is one source line
+    # flows/platform/credential.py (issue 42)
+    'flows/platform/credential.py::new::return f"{USER}:{secrets.token_urlsafe(32)}" -> return f"{USER}:{secrets.token_urlsafe(None)}"':  # noqa: E501 - a key is one source line
         "secrets' default entropy is 32 bytes: the same 43-character password",
-    "flows/runtime/credential.py::private_folder::folder.mkdir(mode=0o700) -> folder.mkdir(mode=449)":  # noqa: E501 - a key is one source line
+    "flows/platform/credential.py::private_folder::folder.mkdir(mode=0o700) -> folder.mkdir(mode=449)":  # noqa: E501 - a key is one source line
         "0o701; the folder is chmod 0700 on the next lines, so only the instant between "
         "mkdir and chmod differs, when the new folder is empty and others could enter but "
         "not list it",
-    "flows/runtime/credential.py::write_private::tmp.unlink(missing_ok=True) -> tmp.unlink(missing_ok=None)":  # noqa: E501 - a key is one source line
+    "flows/platform/credential.py::write_private::tmp.unlink(missing_ok=True) -> tmp.unlink(missing_ok=None)":  # noqa: E501 - a key is one source line
         _TMP_EXISTS,
-    "flows/runtime/credential.py::write_private::tmp.unlink(missing_ok=True) -> tmp.unlink(missing_ok=False)":  # noqa: E501 - a key is one source line
+    "flows/platform/credential.py::write_private::tmp.unlink(missing_ok=True) -> tmp.unlink(missing_ok=False)":  # noqa: E501 - a key is one source line
         _TMP_EXISTS,
-    'flows/runtime/credential.py::write_private::tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp") -> tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(None)}.tmp")':  # noqa: E501 - a key is one source line
+    'flows/platform/credential.py::write_private::tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp") -> tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(None)}.tmp")':  # noqa: E501 - a key is one source line
         _TMP_SUFFIX,
-    'flows/runtime/credential.py::write_private::tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp") -> tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(5)}.tmp")':  # noqa: E501 - a key is one source line
+    'flows/platform/credential.py::write_private::tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp") -> tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(5)}.tmp")':  # noqa: E501 - a key is one source line
         _TMP_SUFFIX,
-    # flows/registry/graphs.py (round 19)
-    'flows/registry/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.rsplit("/", )[-1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
+    # flows/store/graphs.py (round 19)
+    'flows/store/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.rsplit("/", )[-1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
         _G_LISTED,
-    'flows/registry/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.split("/", 1)[-1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.split("/", 1)[-1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
         _G_LISTED,
-    'flows/registry/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.rsplit("/", 2)[-1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.rsplit("/", 2)[-1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
         _G_LISTED,
-    'flows/registry/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.rsplit("/", 1)[+1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.rsplit("/", 1)[+1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
         _G_LISTED,
-    'flows/registry/graphs.py::load_graph::with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp: -> with tempfile.TemporaryDirectory(prefix=None) as tmp:':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::load_graph::with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp: -> with tempfile.TemporaryDirectory(prefix=None) as tmp:':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
-    'flows/registry/graphs.py::load_graph::with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp: -> with tempfile.TemporaryDirectory(prefix="XXcord-ops-model-XX") as tmp:':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::load_graph::with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp: -> with tempfile.TemporaryDirectory(prefix="XXcord-ops-model-XX") as tmp:':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
-    'flows/registry/graphs.py::load_graph::with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp: -> with tempfile.TemporaryDirectory(prefix="CORD-OPS-MODEL-") as tmp:':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::load_graph::with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as tmp: -> with tempfile.TemporaryDirectory(prefix="CORD-OPS-MODEL-") as tmp:':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
-    'flows/registry/graphs.py::record_digests::model_dir = tracking.download(uri, model_uri, folder / "model") -> model_dir = tracking.download(uri, model_uri, folder / "XXmodelXX")':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::record_digests::model_dir = tracking.download(uri, model_uri, folder / "model") -> model_dir = tracking.download(uri, model_uri, folder / "XXmodelXX")':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
-    'flows/registry/graphs.py::record_digests::model_dir = tracking.download(uri, model_uri, folder / "model") -> model_dir = tracking.download(uri, model_uri, folder / "MODEL")':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::record_digests::model_dir = tracking.download(uri, model_uri, folder / "model") -> model_dir = tracking.download(uri, model_uri, folder / "MODEL")':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
-    'flows/registry/graphs.py::record_digests::run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "back"), -> run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "XXbackXX"),':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::record_digests::run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "back"), -> run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "XXbackXX"),':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
-    'flows/registry/graphs.py::record_digests::run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "back"), -> run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "BACK"),':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::record_digests::run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "back"), -> run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "BACK"),':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
-    'flows/registry/graphs.py::record_digests::payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\\n").encode() -> payload = (json.dumps(manifest, indent=None, sort_keys=True) + "\\n").encode()':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::record_digests::payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\\n").encode() -> payload = (json.dumps(manifest, indent=None, sort_keys=True) + "\\n").encode()':  # noqa: E501 - a key is one source line
         _G_LAYOUT,
-    'flows/registry/graphs.py::record_digests::payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\\n").encode() -> payload = (json.dumps(manifest, sort_keys=True) + "\\n").encode()':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::record_digests::payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\\n").encode() -> payload = (json.dumps(manifest, sort_keys=True) + "\\n").encode()':  # noqa: E501 - a key is one source line
         _G_LAYOUT,
-    'flows/registry/graphs.py::record_digests::payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\\n").encode() -> payload = (json.dumps(manifest, indent=3, sort_keys=True) + "\\n").encode()':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::record_digests::payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\\n").encode() -> payload = (json.dumps(manifest, indent=3, sort_keys=True) + "\\n").encode()':  # noqa: E501 - a key is one source line
         _G_LAYOUT,
-    "flows/registry/graphs.py::recorded_digests::local = _download(f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder, -> local = _download(f\"{run.info.artifact_uri.rstrip(None)}/{DIGESTS_ARTIFACT}\", folder,":  # noqa: E501 - a key is one source line
+    "flows/store/graphs.py::recorded_digests::local = _download(f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder, -> local = _download(f\"{run.info.artifact_uri.rstrip(None)}/{DIGESTS_ARTIFACT}\", folder,":  # noqa: E501 - a key is one source line
         _G_RUN_URI,
-    "flows/registry/graphs.py::recorded_digests::local = _download(f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder, -> local = _download(f\"{run.info.artifact_uri.rstrip('XX/XX')}/{DIGESTS_ARTIFACT}\", folder,":  # noqa: E501 - a key is one source line
+    "flows/store/graphs.py::recorded_digests::local = _download(f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder, -> local = _download(f\"{run.info.artifact_uri.rstrip('XX/XX')}/{DIGESTS_ARTIFACT}\", folder,":  # noqa: E501 - a key is one source line
         _G_RUN_URI,
-    'flows/registry/graphs.py::run_graph::session = open_session(graph, provider="cpu", spin=False) -> session = open_session(graph, provider="cpu", spin=None)':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::run_graph::session = open_session(graph, provider="cpu", spin=False) -> session = open_session(graph, provider="cpu", spin=None)':  # noqa: E501 - a key is one source line
         _G_SPIN,
-    'flows/registry/graphs.py::sha256_file::for block in iter(lambda: handle.read(1 << 20), b""): -> for block in iter(lambda: handle.read(None), b""):':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::sha256_file::for block in iter(lambda: handle.read(1 << 20), b""): -> for block in iter(lambda: handle.read(None), b""):':  # noqa: E501 - a key is one source line
         _G_CHUNK,
-    'flows/registry/graphs.py::sha256_file::for block in iter(lambda: handle.read(1 << 20), b""): -> for block in iter(lambda: handle.read(2 << 20), b""):':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::sha256_file::for block in iter(lambda: handle.read(1 << 20), b""): -> for block in iter(lambda: handle.read(2 << 20), b""):':  # noqa: E501 - a key is one source line
         _G_CHUNK,
-    'flows/registry/graphs.py::sha256_file::for block in iter(lambda: handle.read(1 << 20), b""): -> for block in iter(lambda: handle.read(1 << 21), b""):':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::sha256_file::for block in iter(lambda: handle.read(1 << 20), b""): -> for block in iter(lambda: handle.read(1 << 21), b""):':  # noqa: E501 - a key is one source line
         _G_CHUNK,
 }
 

@@ -1,6 +1,6 @@
 """Which files an ``--input`` names when it is a folder or a glob of Parquet files.
 
-Shared by batch scoring (:mod:`flows.serving.batch`), the shard plan
+Shared by batch scoring (:mod:`flows.serve.batch`), the shard plan
 (:mod:`flows.shards.plan`) and the command line's checks; it imports nothing heavy
 at import time, so the checks that use it run before numpy is loaded.
 """

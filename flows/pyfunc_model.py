@@ -1,5 +1,5 @@
 """The registered model's pyfunc flavour: the exported ONNX graph run by onnxruntime behind
-MLflow's ``python_function`` interface, with the input rules of :mod:`flows.serving.contract`.
+MLflow's ``python_function`` interface, with the input rules of :mod:`flows.serve.contract`.
 
 What one logged model holds (``MODEL_ARTIFACT`` of a recalibration run):
 
@@ -19,7 +19,7 @@ Loading needs cord-ops installed where the model is served (``mlflow models serv
 --env-manager local``, ``spark_udf(..., env_manager="local")``); it is not listed in the
 model's pip requirements because it is not published on a package index. This flavour is
 for MLflow's own tools, which execute ``pyfunc_code.py``; cord-ops itself never loads it
-and runs only the ``.onnx`` file (:mod:`flows.registry.graphs`, docs/security.md item 2).
+and runs only the ``.onnx`` file (:mod:`flows.store.graphs`, docs/security.md item 2).
 
 ``predict`` returns a dict of arrays: ``repaired`` [n, K], ``label`` [n] (the input's
 top-1, which ``repaired`` keeps) and ``confidence`` [n] by default; the ``outputs``
@@ -39,7 +39,7 @@ import mlflow.pyfunc
 import numpy as np
 
 from cord_ops.atomic import owned_temporary_directory
-from flows.serving.contract import InputContract, ScoringInputError, score_matrix
+from flows.serve.contract import InputContract, ScoringInputError, score_matrix
 
 ONNX_ARTIFACT = "onnx_model"
 ONNX_FILE = "model.onnx"
@@ -150,7 +150,7 @@ def log_model(client, run_id: str, experiment_id: str, graph, example: np.ndarra
     depends on MLflow's process-wide active experiment or run. ``example`` (a few rows of
     scores in the graph's dtype) becomes the input example.
     """
-    from flows.registry import tracking
+    from flows.store import tracking
     from onnx_export.export import model_metadata, save_model
 
     meta = model_metadata(graph)

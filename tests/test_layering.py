@@ -76,8 +76,8 @@ def test_the_product_never_imports_the_paper_reproduction():
                if name not in ("flows", "flows.cli.main", "flows.cli.parser",
                                "flows.cli.warm_main")
                and not name.startswith("flows.reproduce")]
-    assert {"flows.recalibration.flow", "flows.recalibration.monitor", "flows.registry.versions",
-            "flows.registry.tracking"} <= set(product)
+    assert {"flows.recalibrate.flow", "flows.monitor.labelled", "flows.store.registry",
+            "flows.store.tracking"} <= set(product)
     reached = _run(PRODUCT_PROBE.format(modules=product))
     assert reached == "", f"product modules import {reached}"
 
@@ -163,14 +163,18 @@ FLOORS = (
     ("onnx_export",),
     ("flows", "errors", "files"),
     ("redact",),         # credentials out of URIs, before anything prints or stores one
-    ("registry",),
-    ("runtime", "shards"),
+    ("store",),
+    ("platform", "shards"),
     ("promotion",),
-    ("preflight", "monitoring"),
-    ("serving",),
+    # the label-free records are the label-free room's lowest shelf: the served-traffic
+    # monitor reads them, and the room's flows stand above recalibration
+    ("inputs", "monitor.label_free.records"),
+    ("serve",),
     ("pyfunc_model",),   # the logged model's MLflow flavour, with serving's input contract
     ("pyfunc_code",),    # what MLflow executes to load that flavour
-    ("recalibration",),
+    ("recalibrate",),
+    ("monitor",),        # labelled monitoring recalibrates as a subflow
+    ("schedule",),       # deploys recalibrate and both monitors
     ("reproduce",),
     ("cli",),
 )
@@ -199,8 +203,16 @@ FORBIDDEN_ANYWHERE = {
 
 
 def _room(module: str) -> str:
+    """The room of a module: its subpackage of flows (or the module's own name directly in
+    flows), or the longest dotted room of FLOORS that holds it (a shelf of its own)."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "flows" and len(parts) > 1 else parts[0]
+    if parts[0] != "flows" or len(parts) == 1:
+        return parts[0]
+    inner = parts[1:]
+    for end in range(len(inner), 1, -1):
+        if ".".join(inner[:end]) in FLOOR:
+            return ".".join(inner[:end])
+    return inner[0]
 
 
 def _all_modules() -> dict[str, Path]:
@@ -240,10 +252,10 @@ def test_the_room_check_catches_an_injected_wrong_way_import(tmp_path):
     modules = _all_modules()
     upward = tmp_path / "injected.py"
     upward.write_text("def f():\n    from flows.cli import main\n"
-                      "from flows.registry import versions\n")
-    modules["flows.registry.injected"] = upward
+                      "from flows.store import registry\n")
+    modules["flows.store.injected"] = upward
     assert _wrong_way(modules) - set(KNOWN_WRONG_WAY) == {
-        ("flows.registry.injected", "flows.cli.main")}
+        ("flows.store.injected", "flows.cli.main")}
 
 
 def _scope(key: str) -> dict[str, Path]:
@@ -313,7 +325,7 @@ def test_a_pure_module_reaches_no_forbidden_library_when_imported(module):
 def test_the_pure_import_check_catches_a_module_that_reaches_prefect(tmp_path):
     """A module importing the recalibration flow reaches Prefect and ONNX through it, with
     no import of either in its own source."""
-    (tmp_path / "injected_pure.py").write_text("from flows.recalibration import flow\n")
+    (tmp_path / "injected_pure.py").write_text("from flows.recalibrate import flow\n")
     reached = _run(PURE_PROBE.format(extra=[str(tmp_path)], module="injected_pure",
                                      forbidden=PURE_MODULES["flows.promotion.rules"]))
     assert {"onnx", "prefect"} <= set(reached.split(","))
@@ -384,7 +396,7 @@ def test_the_private_name_check_catches_an_injected_use(tmp_path):
 #: stays: the test fails on any other and on any of these that is gone. Keys are (module,
 #: the attribute as written).
 KNOWN_PRIVATE_ATTRIBUTES = {
-    ("flows.runtime.warm", "atexit._run_exitfuncs"):
+    ("flows.platform.warm", "atexit._run_exitfuncs"):
         "the warm runner's child runs the interpreter's exit handlers (Prefect sends the "
         "logs and events it still queues) before os._exit; the standard library has no "
         "public call for that",

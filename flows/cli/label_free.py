@@ -3,22 +3,22 @@ anything is started or written) and its summary. A ``--data`` that is a folder, 
 file without labels takes this path; a labelled file keeps the labelled monitor.
 
 Exit status 0, or :data:`ALERT_STATUS` (3) when any batch is an alert (thresholds:
-:mod:`flows.monitoring.label_free`, docs/label-free.md), after every batch was logged.
+:mod:`flows.monitor.label_free.records`, docs/label-free.md), after every batch was logged.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from flows.preflight import checks as inputs
+from flows import inputs
 
 ALERT_STATUS = 3
-#: flows.monitoring.label_free's defaults, restated so building the parser imports no
+#: flows.monitor.label_free.records's defaults, restated so building the parser imports no
 #: numpy (a test keeps them equal).
 DEFAULT_ALPHA = 0.01
 DEFAULT_MAX_ACCURACY_DROP = 0.03
 DEFAULT_MAX_PRIOR_SHIFT = 0.1
-#: flows.serving.traffic.DEFAULT_WINDOW_ROWS and MIN_ROWS, restated for the parser.
+#: flows.serve.traffic.DEFAULT_WINDOW_ROWS and MIN_ROWS, restated for the parser.
 DEFAULT_MONITOR_WINDOW = 10_000
 MIN_MONITOR_WINDOW = 50
 
@@ -72,7 +72,7 @@ def validate_schedule(args) -> None:
         return
     from pathlib import Path
 
-    from flows.monitoring import label_free
+    from flows.monitor.label_free import records as label_free
 
     if not inputs.is_batch_input(args.label_free_data):
         raise inputs.InputError(f"--label-free-data {args.label_free_data}: expected a glob "
@@ -112,7 +112,7 @@ def is_label_free(args) -> bool:
     if inputs.is_batch_input(args.data):
         return True
     path = inputs.data_file(args.data, "--data")
-    from flows.monitoring import label_free
+    from flows.monitor.label_free import records as label_free
 
     try:
         return not label_free.has_labels(path)
@@ -122,8 +122,8 @@ def is_label_free(args) -> bool:
 
 def validate(args) -> None:
     """Thresholds, files, the champion and every batch against what it reads."""
-    from flows.monitoring import label_free
-    from flows.registry.versions import CHAMPION
+    from flows.monitor.label_free import records as label_free
+    from flows.store.registry import CHAMPION
 
     try:
         label_free.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
@@ -155,7 +155,7 @@ def validate(args) -> None:
 
 
 def _validate_labels(args, files, n_classes: int, input_kind: str, source: str) -> None:
-    from flows.recalibration import label_free_labels
+    from flows.monitor.label_free import labels as label_free_labels
 
     if inputs.is_batch_input(args.data) or len(files) != 1:
         raise inputs.InputError(f"--labels: expected --data to name the one batch file the "
@@ -208,10 +208,10 @@ def summary(result) -> list[str]:
 
 
 def run(args) -> int:
-    from flows.recalibration.label_free_monitor import monitor_label_free
+    from flows.monitor.label_free.flow import monitor_label_free
 
     if getattr(args, "labels", None) is not None:
-        from flows.recalibration.label_free_labels import meet_labels_file
+        from flows.monitor.label_free.labels import meet_labels_file
 
         settled = meet_labels_file(data=str(args.data), labels=str(args.labels),
                                    model_name=args.model_name, tracking_uri=args.tracking_uri)

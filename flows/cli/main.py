@@ -5,10 +5,10 @@
 How every command runs (:func:`run`):
 
 1. ``validate``: the command's own check of its files, keys, shapes, classes, options,
-   cron expressions and model names (:mod:`flows.preflight.checks`). Nothing is started, contacted
+   cron expressions and model names (:mod:`flows.inputs`). Nothing is started, contacted
    or written before it passes, so a bad input exits in about a second.
 2. The command, against the Prefect server ``PREFECT_API_URL`` names, else the local
-   server cord-ops manages (:mod:`flows.runtime.managed_server`) when it is running, else Prefect's
+   server cord-ops manages (:mod:`flows.platform.managed_server`) when it is running, else Prefect's
    temporary per-command server. MLflow is used through the tracking URI resolved once
    (``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``./mlruns/mlflow.db``) and
    handed down explicitly.
@@ -33,16 +33,16 @@ import time
 import traceback
 from pathlib import Path
 
+from flows import inputs
 from flows.cli import label_free as label_free_cli
 from flows.cli import operator as operator_cli
 from flows.cli import parser as cli_parser
 from flows.cli import rollout as rollout_cli
 from flows.errors import CordOpsError, in_words
-from flows.preflight import checks as inputs
+from flows.platform import credential, tick_lines, warm
+from flows.platform import managed_server as server
 from flows.redact import PASSWORD_ENV, USERNAME_ENV, credentials_to_environment, redact
-from flows.registry import owner, tracking
-from flows.runtime import credential, tick_lines, warm
-from flows.runtime import managed_server as server
+from flows.store import owner, tracking
 
 SUMMARY_METRICS = (("ECE", "ece"), ("NLL", "nll"), ("Brier", "brier"),
                    ("accuracy", "accuracy"), ("TPCR", "tpcr"))
@@ -118,7 +118,7 @@ def _serving_step(result, data) -> list[str]:
     if decision.promote or decision.champion_version is not None:
         return [f"          cord-ops predict --model models:/{result.model_name}@champion "
                 f"{predict_hint(data)}"]
-    from flows.registry import versions as registry
+    from flows.store import registry
 
     tags = {registry.REASON_TAG: decision.reason, registry.DECISION_TAG: decision.label,
             registry.HARMS_TAG: str(bool(decision.harms)).lower()}
@@ -181,7 +181,7 @@ def _print_result(result, started: float, data=None) -> None:
 
 def selection_lines(result) -> list[str]:
     """The family fitted and how it was chosen; when it was cross-validated, every
-    candidate best first, the fitted one marked ``*`` (:mod:`flows.recalibration.selection`)."""
+    candidate best first, the fitted one marked ``*`` (:mod:`flows.recalibrate.selection`)."""
     choice = getattr(result, "choice", None)
     if choice is None:
         return []
@@ -208,13 +208,13 @@ def prefect_api(args, start_managed: bool = False):
     ``PREFECT_API_URL`` (environment or Prefect profile) wins, and must answer. Otherwise
     the managed server of this store is used when it is running, or started when
     ``start_managed``; failing both, a temporary server that dies with this process
-    (:func:`flows.runtime.temporary_server.temporary_api`). The managed server's URL and
+    (:func:`flows.platform.temporary_server.temporary_api`). The managed server's URL and
     credential are set for the body through Prefect's settings context (this process's
     environment is untouched) and are inherited by the flow-run processes Prefect starts.
     """
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    from flows.runtime import temporary_server as prefect_server
+    from flows.platform import temporary_server as prefect_server
 
     configured = prefect_server.configured_api_url()
     if configured:
@@ -252,12 +252,12 @@ def _drain_prefect_workers(timeout: float = 10.0) -> None:
 @contextlib.contextmanager
 def flow_context(args, start_managed: bool = False):
     """What a command that runs flows needs, after its inputs passed: the store made ready
-    (created or upgraded once, under a lock: :func:`flows.registry.tracking.prepare_store`), a
+    (created or upgraded once, under a lock: :func:`flows.store.tracking.prepare_store`), a
     Prefect API (:func:`prefect_api`), the registry lock's kind for it (``args.lock``) and
     Prefect's console log without tracebacks unless ``--verbose``. Yields the managed
     server in use, or None."""
-    from flows.registry import lock
-    from flows.runtime import temporary_server as prefect_server
+    from flows.platform import temporary_server as prefect_server
+    from flows.store import lock
 
     timeout = getattr(args, "store_timeout", tracking.DEFAULT_STORE_TIMEOUT)
     tracking.prepare_store(args.tracking_uri, timeout)
@@ -374,7 +374,7 @@ def validate_demo(args) -> None:
 
 
 def validate_monitor(args) -> None:
-    from flows.registry.versions import CHAMPION
+    from flows.store.registry import CHAMPION
 
     if not inputs.is_batch_input(args.data):
         inputs.data_file(args.data, "--data")
@@ -465,7 +465,7 @@ def _gate_options(args) -> dict:
 
 
 def cmd_recalibrate(args) -> int:
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     shards = ({"dask_address": args.dask_address, "dask_workers": args.dask_workers,
                "eval_sample": args.eval_sample} if _on_shards(args) else {})
@@ -481,7 +481,7 @@ def cmd_recalibrate(args) -> int:
 def cmd_demo(args) -> int:
     """Digits classifier (or ``--data``) -> full flow -> ``cord-ops-demo`` -> table."""
     from cord_ops import data
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     if args.data is None:
         folder = Path.cwd() / tracking.STORE_DIR / "demo"
@@ -500,7 +500,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_monitor(args) -> int:
-    from flows.recalibration.monitor import monitor
+    from flows.monitor.labelled import monitor
 
     if getattr(args, "label_free", False):
         return label_free_cli.run(args)
@@ -535,7 +535,7 @@ def cmd_schedule(args) -> int:
     # SIGTERM before serving starts (while the managed server comes up) ends the command
     # like Ctrl-C; once serving, Prefect's runner takes SIGTERM over and shuts down.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    from flows.recalibration import schedule
+    from flows import schedule
 
     # Absolute paths: runs start later, from the runner's or the worker's directory.
     recal = {"data": str(args.data.resolve()),
@@ -619,14 +619,14 @@ def cmd_server(args) -> int:
 def local_model_path(model: str, folder: Path, tracking_uri: str) -> Path:
     """``model`` as a local .onnx file: a path as given, or a registry URI downloaded from
     the store ``tracking_uri`` to ``folder``: a registered version (``models:/NAME@ALIAS``,
-    ``models:/NAME/VERSION``) by :func:`flows.registry.graphs.fetch_graph` (the graph only,
+    ``models:/NAME/VERSION``) by :func:`flows.store.graphs.fetch_graph` (the graph only,
     checked by digest), any other (``runs:/...``, a logged model's id) as one .onnx file.
     """
     if ":/" not in model:
         return Path(model)
     if model.startswith("models:/") and ("/" in model[8:].strip("/") or "@" in model):
         # a registered version: its graph alone, checked against its run's digest
-        from flows.registry import graphs
+        from flows.store import graphs
 
         client = tracking.client(tracking_uri)
         name, version = graphs.version_of(client, model)
@@ -665,10 +665,10 @@ def _batch_predict_requested(args) -> bool:
 
 
 def cmd_predict_batch(args) -> int:
-    """``predict`` over many Parquet files on a Dask cluster (:mod:`flows.serving.batch`)."""
+    """``predict`` over many Parquet files on a Dask cluster (:mod:`flows.serve.batch`)."""
     import tempfile
 
-    from flows.serving.batch import predict_batch
+    from flows.serve.batch import predict_batch
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-model-") as folder:
         path = local_model_path(args.model, Path(folder), args.tracking_uri)
@@ -681,9 +681,9 @@ def cmd_predict_batch(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    """MLflow's UI with MLflow's basic authentication (:mod:`flows.runtime.mlflow_ui`):
+    """MLflow's UI with MLflow's basic authentication (:mod:`flows.platform.mlflow_ui`):
     its API writes the registry, so no other local account may use it."""
-    from flows.runtime import mlflow_ui
+    from flows.platform import mlflow_ui
 
     uri = args.tracking_uri
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
@@ -705,7 +705,7 @@ def cmd_ui(args) -> int:
 def validate_serve(args) -> None:
     """Options, then the port (a taken one is a second's mistake, not one found after the
     model loaded), then the registered model."""
-    from flows.serving.http import bind, check_options
+    from flows.serve.app import bind, check_options
 
     check_options(args.port, args.poll_interval, args.batch_window_ms / 1e3,
                   args.batch_max_rows, args.max_inflight, args.max_body_bytes,
@@ -716,7 +716,7 @@ def validate_serve(args) -> None:
     if args.workers < 1:
         raise ValueError(f"--workers: expected a positive integer, got {args.workers}")
     if args.token_file:
-        from flows.serving.access import read_token_file
+        from flows.serve.access import read_token_file
 
         read_token_file(Path(args.token_file))
     try:
@@ -728,7 +728,7 @@ def validate_serve(args) -> None:
 
 
 def cmd_serve(args) -> int:
-    from flows.serving.http import serve
+    from flows.serve.app import serve
 
     serve(args.tracking_uri, args.model_name, alias=args.alias, host=args.host,
           port=args.port, poll_interval=args.poll_interval,
@@ -828,9 +828,9 @@ def _without_credentials(args) -> str:
 def run(args: argparse.Namespace, forward: bool = False, watch: bool = False) -> int:
     """Validate, then run ``args.func``; every failure becomes the last line ``error: ...``.
     With ``forward``, a flow command whose inputs passed goes to the managed server's warm
-    runner when one is ready for it (:mod:`flows.runtime.warm`), else runs here. With ``watch``
+    runner when one is ready for it (:mod:`flows.platform.warm`), else runs here. With ``watch``
     (this process is the command's), once the inputs passed a watchdog is started that
-    kills what the command started when it ends (:func:`flows.registry.owner.watch_command`)."""
+    kills what the command started when it ends (:func:`flows.store.owner.watch_command`)."""
     args.tracking_uri_given = args.tracking_uri
     args.tracking_uri = args.tracking_uri or tracking.tracking_uri()
     try:
@@ -866,7 +866,7 @@ def main(argv: list[str] | None = None, started: float | None = None,
     start in the process that received it, and no forwarding from the runner itself.
     ``owns_process`` (default: when ``argv`` is None, i.e. the console script): this
     process exists for the command, so it marks what it starts and starts the watchdog
-    that kills those processes when it ends (:func:`flows.registry.owner.watch_command`),
+    that kills those processes when it ends (:func:`flows.store.owner.watch_command`),
     and sets the owner-only umask for all it creates (:func:`private_umask`)."""
     started = time.perf_counter() if started is None else started
     argv_given = argv

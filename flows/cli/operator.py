@@ -1,6 +1,6 @@
 """``cord-ops status | promote | rollback``: the operator's commands on a registered model
 (logic in :mod:`flows.promotion.operations`). None of them imports Prefect; each talks to the
-tracking store :func:`flows.registry.tracking.tracking_uri` names."""
+tracking store :func:`flows.store.tracking.tracking_uri` names."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import argparse
 
 def validate(args) -> None:
     """status / promote / rollback (and, through :func:`check_move`, rollout start): what
-    the store's cheap reads can tell (:mod:`flows.registry.store_reads`: read-only sqlite
+    the store's cheap reads can tell (:mod:`flows.store.reads`: read-only sqlite
     for an embedded store) is checked before MLflow, Prefect or onnx is imported, so a
     wrong version, the current champion or a version the guards of
     :mod:`flows.promotion.guards` refuse costs a second, not the stack's start-up."""
-    from flows.preflight import checks as inputs
+    from flows import inputs
 
     inputs.registered_model(args.tracking_uri, args.model_name)
     if args.command == "promote":
@@ -27,12 +27,12 @@ def validate(args) -> None:
 
 
 def model_state(uri: str, name: str) -> dict:
-    """:func:`flows.registry.store_reads.model_state` of a registered model, its read
+    """:func:`flows.store.reads.model_state` of a registered model, its read
     errors as one line."""
     import sqlite3
 
-    from flows.preflight import checks as inputs
-    from flows.registry import store_reads
+    from flows import inputs
+    from flows.store import reads as store_reads
 
     try:
         state = store_reads.model_state(uri, name)
@@ -47,9 +47,9 @@ def check_move(uri: str, name: str, state: dict, version: str, args, verb: str) 
     """A move of ``@champion`` to ``version`` (``verb``: promote, roll out), from the
     model's ``state``: the version exists, does not hold the alias already, and passes
     the guards with the overrides ``args`` gives."""
-    from flows.preflight import checks as inputs
+    from flows import inputs
     from flows.promotion import guards
-    from flows.registry.versions import CHAMPION
+    from flows.store.registry import CHAMPION
 
     held = state["versions"]
     if version not in held:
@@ -65,10 +65,10 @@ def check_move(uri: str, name: str, state: dict, version: str, args, verb: str) 
 
 
 def _check_rollback(args, state: dict) -> None:
-    from flows.preflight import checks as inputs
+    from flows import inputs
     from flows.promotion import guards
     from flows.promotion.champion import HISTORY_TAG, parse_history, rollback_target
-    from flows.registry.versions import CHAMPION
+    from flows.store.registry import CHAMPION
 
     name = args.model_name
     target = rollback_target(parse_history(state["tags"].get(HISTORY_TAG)),
@@ -86,7 +86,7 @@ def store_client(args):
     """(client, uri) of the store ``--tracking-uri`` or the environment names, checked
     (and created) first; every registry-side subcommand (here and :mod:`flows.cli.rollout`)
     opens its store with it."""
-    from flows.registry import tracking
+    from flows.store import tracking
 
     uri = tracking.store_uri(getattr(args, "tracking_uri", None))
     tracking.prepare_store(uri)
@@ -100,7 +100,7 @@ def cmd_status(args) -> int:
     import sys
 
     from flows.promotion import operations as champion_ops
-    from flows.promotion import rollout
+    from flows.promotion import rollout_record as rollout
 
     client, _ = store_client(args)
     record = rollout.read(client, args.model_name)

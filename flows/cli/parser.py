@@ -15,16 +15,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cord_ops.names import CALIBRATOR_CHOICES, INPUT_KINDS
+from flows import inputs
 from flows.cli import label_free as label_free_cli
 from flows.cli import operator as operator_cli
 from flows.cli import rollout as rollout_cli
-from flows.preflight import checks as inputs
-from flows.registry import tracking
 from flows.reproduce import cli as reproduce_cli
+from flows.store import tracking
 
 DEMO_MODEL = "cord-ops-demo"
 UI_PORT = 5000
-#: flows.registry.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
+#: flows.store.lock.DEFAULT_TIMEOUT, repeated so building the parser imports no flow module.
 DEFAULT_LOCK_TIMEOUT = 600.0
 #: flows.promotion.rules.MIN_RARER_CLASS_ROWS, repeated for the same reason.
 MIN_RARER_CLASS_ROWS = 20

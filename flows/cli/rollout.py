@@ -1,6 +1,6 @@
 """``cord-ops rollout start | status | abort``: an operator's commands for a staged rollout
-(state and rules in :mod:`flows.promotion.rollout`; every ``cord-ops serve`` of the model carries it
-out). None of them imports Prefect."""
+(state and rules in :mod:`flows.promotion.rollout_record`; every ``cord-ops serve`` of the
+model carries it out). None of them imports Prefect."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _steps(text: str) -> tuple[float, ...]:
 
 def cmd_rollout(args) -> int:
     from flows.cli.operator import store_client
-    from flows.promotion import rollout
+    from flows.promotion import rollout_record as rollout
 
     if args.action == "start":
         plan = Plan.build(args.mode, args.steps, args.min_requests, args.min_seconds)
@@ -73,10 +73,10 @@ def validate(args) -> None:
     (:func:`check_start`), then, from the store's cheap reads, a champion to roll out
     against and a version that may take its place (:func:`flows.cli.operator.check_move`),
     all before MLflow or onnx is imported."""
+    from flows import inputs
     from flows.cli import operator
-    from flows.preflight import checks as inputs
     from flows.promotion.rollout_steps import ROLLOUT_TAG, active_refusal, record_of
-    from flows.registry.versions import CHAMPION
+    from flows.store.registry import CHAMPION
 
     inputs.registered_model(args.tracking_uri, args.model_name)
     if args.action != "start":

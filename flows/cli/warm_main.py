@@ -1,9 +1,9 @@
 """The warm runner's process: ``python -m flows.cli.warm_main STATE_FOLDER``, its fingerprint
-in ``CORD_OPS_WARM_FINGERPRINT`` (:data:`flows.runtime.warm.FINGERPRINT_ENV`).
+in ``CORD_OPS_WARM_FINGERPRINT`` (:data:`flows.platform.warm.FINGERPRINT_ENV`).
 
-Started detached by ``cord-ops server start`` (:func:`flows.runtime.warm.spawn`). It lives
-apart from :mod:`flows.runtime.warm` so that the runner can run the CLI's entry point while
-the CLI imports :mod:`flows.runtime.warm` to hand commands over, without an import cycle.
+Started detached by ``cord-ops server start`` (:func:`flows.platform.warm.spawn`). It lives
+apart from :mod:`flows.platform.warm` so that the runner can run the CLI's entry point while
+the CLI imports :mod:`flows.platform.warm` to hand commands over, without an import cycle.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from flows.cli import main as cli
-from flows.runtime import warm
+from flows.platform import warm
 
 
 def first_drawing() -> None:
@@ -23,7 +23,7 @@ def first_drawing() -> None:
 
     import numpy as np
 
-    from flows.recalibration import plots
+    from flows.recalibrate import plots
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-warm-") as folder:
         plots.reliability_png(np.array([[0.75, 0.25], [0.4, 0.6]]), np.array([0, 1]),

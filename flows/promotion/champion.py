@@ -15,8 +15,7 @@ import numpy as np
 from cord_ops import data, metrics
 from flows.errors import CordOpsError, in_words
 from flows.promotion.rules import ChampionScore
-from flows.registry import reference, retries
-from flows.registry import versions as registry
+from flows.store import reference, registry, retries
 
 #: Registered-model tags.
 HEALTH_TAG = "cord.champion.health"
@@ -48,7 +47,7 @@ def record_health(client, name: str, version: str, problem: str | None,
     """Set the registered-model health tag (only when it changes, to spare the store).
 
     Processes that write a model's first health tag at once race on MLflow's insert of
-    the tag row (:func:`flows.registry.retries.is_insert_race`): the loser reads the
+    the tag row (:func:`flows.store.retries.is_insert_race`): the loser reads the
     winner's value and writes again only when it still differs. Other errors propagate.
     """
     from mlflow.exceptions import MlflowException

@@ -1,7 +1,7 @@
 """The guards every hand move of ``@champion`` applies from a version's registry tags alone:
 ``promote``, ``rollback``, ``rollout start`` and a rollout's promotion at its end ask the
 same questions with the same words, and the command line asks them first, from the
-store's cheap reads (:mod:`flows.registry.store_reads`), before MLflow or Prefect is
+store's cheap reads (:mod:`flows.store.reads`), before MLflow or Prefect is
 imported.
 
 A version is refused, in this order, when
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from flows.registry.versions import (
+from flows.store.registry import (
     COMPLETE,
     HARMS_TAG,
     LABEL_FREE_SOURCE_TAG,

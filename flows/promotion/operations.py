@@ -9,7 +9,7 @@ roll ``@champion`` back.
 - :func:`promote` moves ``@champion`` to a version after the checks the gate relies on
   (:func:`check_promotable`): the version finished registration, its run verified ONNX
   parity and TPCR 0, it reads the K and input kind of the current champion, its graph is
-  the file its run recorded (SHA-256, :mod:`flows.registry.graphs`), and run from the
+  the file its run recorded (SHA-256, :mod:`flows.store.graphs`), and run from the
   registry on its own pinned reference split it still keeps every top-1 (its NLL there,
   the figure its gate and run recorded, is reported). Who, when and why are recorded as
   version tags and in the champion history (registered-model tag ``cord.champion.history``).
@@ -46,8 +46,7 @@ from flows.promotion.champion import (
     rollback_target,
 )
 from flows.promotion.rules import DEFAULT_NLL_TOLERANCE
-from flows.registry import graphs, reference
-from flows.registry import versions as registry
+from flows.store import graphs, reference, registry
 from onnx_export import parity
 
 PROMOTED_BY_TAG = "cord.promoted_by"
@@ -71,11 +70,11 @@ class _StderrLog:
 @contextmanager
 def registry_section(client, uri: str, name: str,
                      timeout: float | None = None) -> Iterator[None]:
-    """Hold the model's registry lock (:mod:`flows.registry.lock`, the one recalibrations take from
+    """Hold the model's registry lock (:mod:`flows.store.lock`, the one recalibrations take from
     registration to the alias move) around an operator's alias move, so a promote or
     rollback never interleaves with a gate reading and moving ``@champion``."""
-    from flows.registry import lock, owner, tracking
-    from flows.runtime import temporary_server as prefect_server
+    from flows.platform import temporary_server as prefect_server
+    from flows.store import lock, owner, tracking
 
     folder = tracking.local_store_folder(uri)
     kind = lock.choose(folder, prefect_server.configured_api_url())
@@ -168,7 +167,7 @@ def verdict(version: str, tags: dict, rollout: dict | None) -> tuple[str, str]:
 
 def status(client, name: str, limit: int = 10, rollout: dict | None = None) -> Status:
     """The state of registered model ``name`` (raises LookupError when it does not exist);
-    ``rollout``: its rollout record (:func:`flows.promotion.rollout.read`), whose outcome is
+    ``rollout``: its rollout record (:func:`flows.promotion.rollout_record.read`), whose outcome is
     part of its version's verdict (:func:`verdict`)."""
     from mlflow.exceptions import MlflowException
 

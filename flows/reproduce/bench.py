@@ -25,13 +25,13 @@ import pandas as pd
 
 from cord_ops import CORD, data
 from cord_ops.atomic import atomic_path
-from flows.registry import tracking
+from flows.platform.prefect_api import prefect_api
+from flows.platform.progress import Progress
 from flows.reproduce import paper
 from flows.reproduce.defaults import BENCH_EXPERIMENT, dataset_and_classifier
 from flows.reproduce.report import markdown
 from flows.reproduce.timing import measure, once
-from flows.runtime.prefect_api import prefect_api
-from flows.runtime.progress import Progress
+from flows.store import tracking
 
 CORD_CONSTRUCTIONS = 9
 CORD_REPAIRS = 21
@@ -143,7 +143,7 @@ def onnx_rows(dataset_name: str, split, calibrator: str) -> list[dict]:
 
 def flow_row(dataset_name: str, path: str, calibrator: str, uri: str) -> dict:
     """Wall time of one recalibration flow run on ``path`` (register, no promotion)."""
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     with prefect_api():
         seconds = once(lambda: recalibrate(data=path, calibrator=calibrator,

@@ -26,8 +26,8 @@ import numpy as np
 from cord_ops import CORD, data, metrics, minimal_repair
 from cord_ops.calibrators import make_calibrator
 from cord_ops.validation import top1
+from flows.platform.task_presets import compute_task
 from flows.reproduce.defaults import LOCAL_WEIGHTS, MEAN_TARGET_VARIANTS, dataset_and_classifier
-from flows.runtime.tasks import compute_task
 
 
 def repair_metrics(p0: np.ndarray, q: np.ndarray, repaired: np.ndarray,

@@ -42,10 +42,10 @@ def run_reproduce(args: argparse.Namespace) -> int:
     """``cord-ops reproduce``: run the sweep, print where the outputs went; exit code 1
     when a task failed (the tables then cover the cells that finished)."""
     require_extra("reproduce")
-    from flows.registry import tracking
+    from flows.platform.prefect_api import prefect_api
     from flows.reproduce import flow
     from flows.reproduce.plan import plan_sweep, write_digits_data
-    from flows.runtime.prefect_api import prefect_api
+    from flows.store import tracking
 
     data_dir = args.data or default_data_dir()
     if data_dir is None and args.quick:

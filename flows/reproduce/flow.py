@@ -21,13 +21,13 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from flows.registry import tracking
+from flows.platform.prefect_api import api_environment
+from flows.platform.progress import Progress
 from flows.reproduce import report
 from flows.reproduce.cell import evaluate_cell
 from flows.reproduce.defaults import DEFAULT_OUT, DEFAULT_SEEDS, DEFAULT_WORKERS, EXPERIMENT
 from flows.reproduce.plan import SweepPlan, plan_sweep
-from flows.runtime.prefect_api import api_environment
-from flows.runtime.progress import Progress
+from flows.store import tracking
 
 #: Dask's own INFO lines (cluster start, worker registration) drown the flow's log.
 DASK_LOG_LEVEL = "warning"
@@ -76,7 +76,7 @@ def reproduce(data_dir: str, out_dir: str = str(DEFAULT_OUT), seeds: int = DEFAU
 
     ``tracking_uri``: the MLflow store (default: MLFLOW_TRACKING_URI, else the embedded
     store of the working directory). ``progress``: report cells done of the total with an
-    ETA on stderr (:class:`flows.runtime.progress.Progress`).
+    ETA on stderr (:class:`flows.platform.progress.Progress`).
 
     Reads top to bottom: plan -> submit one task per (file, calibrator, seed) to the Dask
     workers -> collect -> write tables and figures -> log the MLflow parent and child runs.

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cord_ops.select import SIMPLICITY, candidate_families, choose, select_calibrator
-from flows.recalibration.selection import forced_warning
+from flows.recalibrate.selection import forced_warning
 
 
 def test_auto_keeps_identity_on_an_exactly_calibrated_classifier():

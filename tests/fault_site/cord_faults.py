@@ -1,4 +1,4 @@
-"""Test-only fault injection, installed as the hook of :mod:`flows.runtime.checkpoints`:
+"""Test-only fault injection, installed as the hook of :mod:`flows.platform.checkpoints`:
 kill this process with SIGKILL at a named step, or break its environment there.
 
 A process gets it through ``sitecustomize.py`` beside this file, which Python runs at
@@ -24,7 +24,7 @@ import os
 import signal
 from pathlib import Path
 
-from flows.runtime import checkpoints
+from flows.platform import checkpoints
 
 KILL_AT = "CORD_OPS_TEST_KILL_AT"
 FAULT = "CORD_OPS_TEST_FAULT"

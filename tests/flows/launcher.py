@@ -38,7 +38,7 @@ import prefect  # noqa: F401
 import psutil
 
 import flows.cli.main
-import flows.recalibration.flow  # noqa: F401
+import flows.recalibrate.flow  # noqa: F401
 
 
 def _child(spec: dict) -> None:
@@ -48,7 +48,7 @@ def _child(spec: dict) -> None:
     os.dup2(fd, 2)
     os.environ.update(spec.get("env", {}))
     if spec.get("finalize_kill"):
-        # flows.registry.tracking.log_model marks the model READY through the client it was given;
+        # flows.store.tracking.log_model marks the model READY through the client it was given;
         # dying there leaves the logged model PENDING with its run still RUNNING.
         finalize = mlflow.MlflowClient.finalize_logged_model
 

@@ -22,7 +22,7 @@ from servers import dask_cluster, free_port
 from cord_ops import CORD, data
 from cord_ops.calibrators import make_calibrator
 from flows.cli import main as cli
-from flows.serving.batch import predict_batch
+from flows.serve.batch import predict_batch
 from onnx_export import export_onnx, predict_file, save_model
 
 pytestmark = pytest.mark.slow
@@ -135,8 +135,8 @@ def test_partial_folders_of_dead_clients_are_swept_and_live_ones_kept(cluster, m
 
     import psutil
 
-    from flows.registry.owner import Owner
-    from flows.serving.batch import OWNER_FILE
+    from flows.serve.batch import OWNER_FILE
+    from flows.store.owner import Owner
 
     address, _ = cluster
     write_partitions(tmp_path / "in", n_files=2, rows=50, seed=5)

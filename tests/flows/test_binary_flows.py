@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flows.recalibration.flow import recalibrate
+from flows.recalibrate.flow import recalibrate
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -34,8 +34,8 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
     from starlette.testclient import TestClient
 
     from flows.cli import main as cli
-    from flows.registry import versions as registry
-    from flows.serving import http as serve
+    from flows.serve import app as serve
+    from flows.store import registry
 
     p, labels = _binary_outputs()
     # as a pipeline stores them: 1 - p and p computed in float32, exact 0/1 rows, and one

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from fault_site import cord_faults
 
-from flows.runtime import checkpoints
+from flows.platform import checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
-PASS_EVERY_STEP = ("from flows.runtime import checkpoints\n"
+PASS_EVERY_STEP = ("from flows.platform import checkpoints\n"
                    "for step in checkpoints.STEPS:\n"
                    "    checkpoints.checkpoint(step)\n"
                    "    print(step, flush=True)\n")
@@ -65,19 +65,21 @@ def test_an_installed_hook_sees_every_step_and_can_be_removed():
 
 
 def _called(*names: str) -> list[str]:
-    """The steps the modules ``names`` of flows/recalibration pass, in source order."""
+    """The steps the modules ``names`` (paths under flows/) pass, in source order."""
     import re
 
-    source = "\n".join((REPO / "flows" / "recalibration" / name).read_text() for name in names)
+    source = "\n".join((REPO / "flows" / name).read_text() for name in names)
     return re.findall(r'checkpoints\.checkpoint\("([a-z_]+)"\)', source)
 
 
 def test_the_flow_passes_every_named_step_and_no_other():
     # The flow and its store tasks pass them, in this order; the label-free registration
     # passes all but the alias move (it never moves @champion); no other module passes any.
-    assert _called("flow.py", "store_tasks.py") == list(checkpoints.STEPS)
-    assert _called("label_free_register.py") == [
+    assert _called("recalibrate/flow.py", "recalibrate/store_steps.py") == list(checkpoints.STEPS)
+    assert _called("monitor/label_free/candidate.py") == [
         s for s in checkpoints.STEPS if s != "alias_moved"]
-    others = sorted(p.name for p in (REPO / "flows" / "recalibration").glob("*.py")
-                    if p.name not in ("flow.py", "store_tasks.py", "label_free_register.py"))
+    others = sorted(str(p.relative_to(REPO / "flows")) for p in (REPO / "flows").rglob("*.py")
+                    if str(p.relative_to(REPO / "flows")) not in (
+                        "recalibrate/flow.py", "recalibrate/store_steps.py",
+                        "monitor/label_free/candidate.py", "platform/checkpoints.py"))
     assert _called(*others) == []

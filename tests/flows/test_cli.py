@@ -13,7 +13,7 @@ import pytest
 from cord_ops import data
 from flows import pyfunc_model
 from flows.cli.main import main
-from flows.registry import tracking
+from flows.store import tracking
 
 
 def test_embedded_default_store_is_under_the_working_directory(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """The credential of the Prefect servers cord-ops starts and the owner-only files around it
-(flows/runtime/credential.py; issue 42, item 1): real folders, modes under a permissive
+(flows/platform/credential.py; issue 42, item 1): real folders, modes under a permissive
 umask, a second account's folder and a planted link, Prefect's own client for the header,
 and a real temporary server that refuses a request without the credential."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import second_user
 
-from flows.runtime import credential
+from flows.platform import credential
 
 
 @contextlib.contextmanager
@@ -134,7 +134,7 @@ def test_a_temporary_server_refuses_whoever_lacks_its_credential(tmp_path, monke
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    from flows.runtime import prefect_api, temporary_server
+    from flows.platform import prefect_api, temporary_server
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.delenv("PREFECT_API_AUTH_STRING", raising=False)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.preflight import checks as inputs
+from flows import inputs
 
 FIELD_RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 

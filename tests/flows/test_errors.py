@@ -8,17 +8,17 @@ import pytest
 
 from flows.cli.main import describe_error
 from flows.errors import CordOpsError
-from flows.preflight.checks import InputError
+from flows.inputs import InputError
+from flows.platform.managed_server import ServerError
+from flows.platform.temporary_server import TemporaryServerError
 from flows.promotion.champion import ChampionUnhealthyError
 from flows.promotion.operations import PromotionRefused
-from flows.recalibration.flow import RecalibrationError
-from flows.registry.lock import LockTimeout
-from flows.registry.reference import ReferenceUnavailable
-from flows.registry.tracking import StoreError
-from flows.runtime.managed_server import ServerError
-from flows.runtime.temporary_server import TemporaryServerError
-from flows.serving.contract import ScoringInputError
-from flows.serving.http import VersionRejected
+from flows.recalibrate.flow import RecalibrationError
+from flows.serve.app import VersionRejected
+from flows.serve.contract import ScoringInputError
+from flows.store.lock import LockTimeout
+from flows.store.reference import ReferenceUnavailable
+from flows.store.tracking import StoreError
 
 URI = "sqlite:///nowhere/mlflow.db"
 

@@ -73,7 +73,7 @@ def test_a_bad_umask_setting_is_refused_in_one_line():
 
 
 def test_copied_model_files_lose_what_the_umask_takes_away(tmp_path, umask):
-    from flows.registry.tracking import current_umask, honour_umask
+    from flows.store.tracking import current_umask, honour_umask
 
     model = tmp_path / "model"
     (model / "code").mkdir(parents=True)

@@ -11,7 +11,7 @@ import json
 import numpy as np
 
 from flows.promotion import champion, rules
-from flows.registry import versions as registry
+from flows.store import registry
 
 
 def test_health_history_and_unscorable_champions(store):

@@ -1,4 +1,4 @@
-"""``flows.registry.graphs`` in the test process on a real embedded store: what one load
+"""``flows.store.graphs`` in the test process on a real embedded store: what one load
 downloads (the graph, the MLmodel, the digest manifest; never the stored code), every way a
 version is refused (no onnx flavour, a path outside the model folder, no run, no digest
 record, a manifest or graph that is not the recorded file, a missing file), and how scores go
@@ -19,8 +19,7 @@ from scipy.special import softmax
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
 from flows import pyfunc_model
-from flows.registry import graphs
-from flows.registry import versions as registry
+from flows.store import graphs, registry
 from onnx_export import export_onnx
 
 K = 3
@@ -130,7 +129,7 @@ def test_versions_are_named_by_number_or_alias_only(version):
     client.set_registered_model_alias("a@b", "champion", "2")
     assert graphs.version_of(client, "models:/a@b@champion") == ("a@b", "2")
     # and the download path of batch predict resolves it the same way
-    from flows.registry.tracking import resolve_model_uri
+    from flows.store.tracking import resolve_model_uri
 
     assert resolve_model_uri(client, "models:/a@b@champion") == \
         client.get_model_version_download_uri("a@b", "2")

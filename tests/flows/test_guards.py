@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flows.promotion import guards
-from flows.registry import versions as registry
+from flows.store import registry
 
 COMPLETE = {registry.REGISTRATION_TAG: registry.COMPLETE}
 HARMFUL = {**COMPLETE, registry.HARMS_TAG: "true", registry.UNCALIBRATED_NLL_TAG: "0.128",

@@ -1,4 +1,4 @@
-"""Unit tests of the failure journal (flows/registry/journal.py): where an entry goes, which entries
+"""Unit tests of the failure journal (flows/store/journal.py): where an entry goes, which entries
 a replay takes, and that a replay stops at the first entry the store still refuses.
 
 No tracking store is needed: ``replay``'s ``apply`` is the caller's write to the store, so
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.registry import journal
+from flows.store import journal
 
 URI = "sqlite:////stores/a/mlflow.db"
 OTHER = "http://tracking.example:5000"

@@ -12,11 +12,11 @@ import pytest
 from cord_ops import data
 from cord_ops.prior_shift import PriorShiftRepair
 from flows.cli.main import main
-from flows.monitoring import label_free
-from flows.promotion import rollout
-from flows.recalibration import label_free_register
-from flows.recalibration.flow import recalibrate
-from flows.registry import versions as registry
+from flows.monitor.label_free import candidate as label_free_register
+from flows.monitor.label_free import records as label_free
+from flows.promotion import rollout_record as rollout
+from flows.recalibrate.flow import recalibrate
+from flows.store import registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

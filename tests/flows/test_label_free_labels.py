@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from cord_ops import data
 from flows.cli.main import main
-from flows.monitoring import label_free
-from flows.recalibration.label_free_labels import batch_keys, join_labels
-from flows.recalibration.label_free_monitor import monitor_label_free
+from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free.flow import monitor_label_free
+from flows.monitor.label_free.labels import batch_keys, join_labels
 
 
 @settings(max_examples=40, deadline=None)
@@ -65,7 +65,7 @@ def test_labels_only_file_meets_the_earlier_estimates(prefect_harness, store, tm
                                                       digits, capsys):
     from mlflow import MlflowClient
 
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     client = MlflowClient()
     recalibrate(data=str(data.save_npz(tmp_path / "d.npz", digits.scores, digits.labels,

@@ -17,11 +17,11 @@ import pytest
 from cord_ops import data
 from flows.cli import label_free as label_free_cli
 from flows.cli.main import main
-from flows.monitoring import label_free
-from flows.recalibration.flow import recalibrate
-from flows.recalibration.label_free_monitor import monitor_label_free
-from flows.recalibration.monitor import monitor
-from flows.serving import traffic as traffic_monitor
+from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free.flow import monitor_label_free
+from flows.monitor.labelled import monitor
+from flows.recalibrate.flow import recalibrate
+from flows.serve import traffic as traffic_monitor
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

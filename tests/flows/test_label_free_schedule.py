@@ -13,11 +13,11 @@ import pytest
 from cord_ops import data
 from flows.cli import label_free as label_free_cli
 from flows.cli.main import build_parser
-from flows.monitoring import label_free
-from flows.preflight.checks import InputError
-from flows.recalibration.label_free_monitor import monitor_label_free
-from flows.recalibration.label_free_schedule import LABEL_FREE_DEPLOYMENT, monitor_new_batches
-from flows.recalibration.schedule import MONITOR_DEPLOYMENT, build_deployments
+from flows.inputs import InputError
+from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free.flow import monitor_label_free
+from flows.monitor.label_free.schedule import LABEL_FREE_DEPLOYMENT, monitor_new_batches
+from flows.schedule import MONITOR_DEPLOYMENT, build_deployments
 
 
 def _schedule_args(*extra: str):
@@ -61,7 +61,7 @@ def test_schedule_options_and_the_label_free_deployment(tmp_path, monkeypatch):
     assert [s.schedule.cron for s in scheduled.schedules] == ["*/10 * * * *"]
     assert scheduled.parameters == parameters
     assert scheduled.entrypoint == \
-        "flows.recalibration.label_free_schedule.monitor_new_batches"
+        "flows.monitor.label_free.schedule.monitor_new_batches"
     assert scheduled.concurrency_limit == 1
     # without its own cron: the monitoring one
     fallback = build_deployments("0 3 * * *", {}, None, "45 * * * *", parameters)
@@ -72,7 +72,7 @@ def test_scheduled_label_free_monitor_logs_only_new_batches(prefect_harness, sto
                                                             digits):
     from mlflow import MlflowClient
 
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     client = MlflowClient()
     incoming = tmp_path / "incoming"
@@ -104,7 +104,7 @@ def test_scheduled_label_free_monitor_logs_only_new_batches(prefect_harness, sto
     assert all(r.data.tags["cord.kind"] == label_free.KIND for r in runs)
 
     # -------- registering candidates on the schedule: a shifted new batch gets a version
-    from flows.registry import versions as registry
+    from flows.store import registry
 
     champion = str(registry.champion_version(client, "lf").version)
     np.savez(incoming / "d-shifted.npz", logits=digits.scores[digits.labels <= 2])

@@ -1,4 +1,4 @@
-"""``flows.registry.lock`` in the test process (issue 25): the kind chosen per store, the
+"""``flows.store.lock`` in the test process (issue 25): the kind chosen per store, the
 holder in words, the lock file names, the lease rule, the wait's log lines and timeout
 error, and each kind's hold: the file lock on real files (a rival lock object in this
 process stands in for another process), the Prefect slot against a stand-in server, the
@@ -27,7 +27,7 @@ import pytest
 from filelock import FileLock, Timeout
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-from flows.registry import lock, owner
+from flows.store import lock, owner
 
 
 def test_the_kind_follows_the_store():

@@ -20,7 +20,7 @@ import pytest
 from servers import clean_env
 
 from cord_ops import data
-from flows.runtime import credential
+from flows.platform import credential
 
 pytestmark = pytest.mark.slow
 

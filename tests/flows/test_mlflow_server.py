@@ -15,8 +15,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from flows.recalibration.flow import recalibrate
-from flows.registry import versions as registry
+from flows.recalibrate.flow import recalibrate
+from flows.store import registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 

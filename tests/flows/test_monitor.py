@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from cord_ops import data
-from flows.recalibration.flow import recalibrate
-from flows.recalibration.monitor import monitor
-from flows.registry import versions as registry
+from flows.monitor.labelled import monitor
+from flows.recalibrate.flow import recalibrate
+from flows.store import registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

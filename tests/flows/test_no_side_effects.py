@@ -67,8 +67,8 @@ def test_the_demo_flow_in_process_changes_nothing_process_wide(tmp_path, monkeyp
 
     import mlflow
 
-    from flows.recalibration.flow import recalibrate
-    from flows.registry import versions as registry
+    from flows.recalibrate.flow import recalibrate
+    from flows.store import registry
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
@@ -111,7 +111,7 @@ LOOKUPS = """
 import json, os, sys
 import mlflow
 from mlflow import MlflowClient
-from flows.registry import tracking
+from flows.store import tracking
 
 store, pin, env_after_pin = sys.argv[1:4]
 if pin:

@@ -207,7 +207,7 @@ def test_a_second_rollback_to_a_harmful_version_needs_allow_harm(at, capsys):
 def test_a_rollout_of_a_version_worse_than_its_champion_says_so_at_start_and_end(at, capsys):
     from mlflow import MlflowClient
 
-    from flows.promotion import rollout
+    from flows.promotion import rollout_record as rollout
 
     uri = at("promoted")
     code, _, err, imported = cli("rollout", "start", "--model-name", MODEL, "--version", "1",

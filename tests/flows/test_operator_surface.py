@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli.main import describe_error, predict_hint
-from flows.runtime import temporary_server as prefect_server
+from flows.platform import temporary_server as prefect_server
 
 
 def test_a_server_that_fails_at_start_up_names_its_own_exception_and_keeps_its_log(
@@ -93,7 +93,7 @@ def test_promote_of_a_missing_version_is_refused_before_mlflow_prefect_or_onnx_l
     assert "no version 99" in line and "versions: 1)" in line, line
     imported = {row.rsplit("|", 1)[-1].strip().split(".")[0]
                 for row in done.stderr.splitlines() if row.startswith("import time:")}
-    # The lookup reads the sqlite store itself (flows.registry.store_reads): no MLflow.
+    # The lookup reads the sqlite store itself (flows.store.reads): no MLflow.
     assert not imported & {"mlflow", "prefect", "onnx", "onnxruntime"}, imported
 
 
@@ -110,7 +110,7 @@ def test_the_predict_hint_takes_the_kind_of_input_the_run_read(tmp_path):
 
 KILLED_COMMAND = """
 import os, signal, subprocess, sys, time
-from flows.registry import owner
+from flows.store import owner
 owner.watch_command(owner.mark_command())
 # A child that ignores SIGTERM, in a session of its own (no group signal, no parent-death
 # signal reaches it), and a grandchild of it: what a library may leave behind.

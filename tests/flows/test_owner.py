@@ -1,5 +1,5 @@
-"""Unit tests of owner liveness (flows/registry/owner.py) and of the run-level reading of it that
-clean-up decides by (``flows.registry.versions._owner_alive``): a live or dead process on this host,
+"""Unit tests of owner liveness (flows/store/owner.py) and of the run-level reading of it that
+clean-up decides by (``flows.store.registry._owner_alive``): a live or dead process on this host,
 a remote owner with a fresh or stale heartbeat, a record without an owner, and a run's
 start time (milliseconds) standing in for a missing heartbeat.
 
@@ -20,8 +20,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from flows.registry import owner
-from flows.registry import versions as registry
+from flows.store import owner, registry
 
 NOW = 1_800_000_000.0
 STALE = owner.STALE_AFTER
@@ -392,7 +391,7 @@ def test_the_watchdog_kills_what_carries_the_marker_once_the_command_ends(tmp_pa
 def test_the_managed_server_and_warm_runner_records_survive_a_clock_step(tmp_path):
     """A server.json / runner.json whose start time a clock step moved by a second still
     names its live process; one written before stamps (no "stamp") is judged by the time."""
-    from flows.runtime import managed_server, warm
+    from flows.platform import managed_server, warm
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                              start_new_session=True)

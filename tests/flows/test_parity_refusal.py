@@ -1,5 +1,5 @@
 """A graph that does not compute what cord_ops computes is never registered: the parity
-check of the recalibration flow (flows.recalibration.tasks.verify_parity, Parity.ok) and the
+check of the recalibration flow (flows.recalibrate.compute.verify_parity, Parity.ok) and the
 registry step that refuses it, on a real exported graph whose calibrator was perturbed,
 run with onnxruntime, against the real sqlite store. The task bodies are called directly
 (``.fn``): the refusal happens before any Prefect or store machinery is needed."""
@@ -13,7 +13,8 @@ import pytest
 from cord_ops import CORD, data
 from cord_ops.calibrators import make_calibrator
 from flows.promotion import rules
-from flows.recalibration import store_tasks, tasks
+from flows.recalibrate import compute as tasks
+from flows.recalibrate import store_steps as store_tasks
 
 
 @pytest.fixture(scope="module")

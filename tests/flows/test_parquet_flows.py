@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cord_ops import data
-from flows.recalibration.flow import RecalibrationError, recalibrate
-from flows.recalibration.monitor import monitor
+from flows.monitor.labelled import monitor
+from flows.recalibrate.flow import RecalibrationError, recalibrate
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -62,8 +62,8 @@ def test_bad_parquet_fails_before_any_run_exists(store, tmp_path, digits):
 
 def test_cli_refuses_bad_parquet_before_any_store_or_server(mlflow_uri, tmp_path, digits,
                                                             capsys):
+    from flows import inputs
     from flows.cli import main as cli
-    from flows.preflight import checks as inputs
 
     assert inputs.PARQUET_SUFFIXES == data.PARQUET_SUFFIXES
     (tmp_path / "junk.parquet").write_bytes(b"PAR1 but not really")

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from flows.runtime.progress import Progress, format_seconds
+from flows.platform.progress import Progress, format_seconds
 
 
 class Clock:

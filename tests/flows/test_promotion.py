@@ -14,8 +14,7 @@ from cord_ops import data, metrics
 from flows.cli.main import main
 from flows.promotion import champion
 from flows.promotion import operations as champion_ops
-from flows.registry import reference
-from flows.registry import versions as registry
+from flows.store import reference, registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -242,7 +241,7 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from flows.registry import lock
+from flows.store import lock
 with lock.registry_lock("file", "m", 5, None, {"run_id": "holder-run"},
                         store_folder=Path(sys.argv[1])):
     print("held", flush=True)
@@ -256,7 +255,7 @@ def test_promote_and_rollback_wait_for_the_registry_lock(store, tmp_path, capsys
     import subprocess
     import sys
 
-    from flows.registry import tracking
+    from flows.store import tracking
 
     client = _client()
     client.create_registered_model("m")

@@ -20,8 +20,8 @@ from servers import free_port, running, wait_until_ready
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
 from flows import pyfunc_model
-from flows.registry import versions as registry
-from flows.serving.contract import InputContract, ScoringInputError, score_matrix
+from flows.serve.contract import InputContract, ScoringInputError, score_matrix
+from flows.store import registry
 from onnx_export import export_onnx
 
 

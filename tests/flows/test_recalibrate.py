@@ -16,8 +16,8 @@ import pytest
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import calibrator_from_dict
 from flows.promotion.champion import HEALTH_TAG, ChampionUnhealthyError
-from flows.recalibration.flow import RecalibrationError, recalibrate
-from flows.registry import versions as registry
+from flows.recalibrate.flow import RecalibrationError, recalibrate
+from flows.store import registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -197,8 +197,8 @@ def test_bad_data_fails_before_any_run_exists(store, tmp_path, digits):
 
 CRASH_MID_REGISTRATION = """
 import os, signal, sys
-from flows.registry import versions as registry
-from flows.recalibration.flow import recalibrate
+from flows.store import registry
+from flows.recalibrate.flow import recalibrate
 
 def killed(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)

@@ -103,7 +103,7 @@ def test_recalibrate_on_shards_logs_the_contract_of_in_memory_rows(cluster, stor
     import onnxruntime as ort
     from mlflow import MlflowClient
 
-    from flows.registry import reference, tracking
+    from flows.store import reference, tracking
     from onnx_export import export_onnx
 
     address, dask_client = cluster
@@ -269,7 +269,7 @@ def test_a_bad_row_fails_the_load_before_any_run_exists(cluster, store, tmp_path
     import pyarrow.parquet as pq
     from mlflow import MlflowClient
 
-    from flows.recalibration.flow import RecalibrationError, recalibrate
+    from flows.recalibrate.flow import RecalibrationError, recalibrate
 
     address, _ = cluster
     root = write_shards(tmp_path / "shards", {"a.parquet": 400, "b.parquet": 400}, 7)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cord_ops import data
-from flows.registry import reference
+from flows.store import reference
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ PIN_AT_ONCE = """
 import sys, time
 from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag
-from flows.registry import reference
+from flows.store import reference
 uri, run_id, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
 client = MlflowClient(uri)
 # What log_reference_split records, for one split shared by every run.
@@ -94,7 +94,7 @@ def test_runs_pinning_the_same_split_at_once_all_succeed(tmp_path):
     from mlflow import MlflowClient
 
     import cord_ops
-    from flows.registry import tracking
+    from flows.store import tracking
 
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     tracking.prepare_store(uri)

@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows.registry import versions as registry
-from flows.registry.retries import is_transient
+from flows.store import registry
+from flows.store.retries import is_transient
 
 
 def test_only_a_locked_sqlite_database_is_retried():
@@ -21,7 +21,7 @@ def test_only_a_locked_sqlite_database_is_retried():
     from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
     from sqlalchemy.exc import OperationalError
 
-    from flows.registry.retries import is_store_outage
+    from flows.store.retries import is_store_outage
 
     def sql(message):
         return OperationalError("INSERT ...", {}, sqlite3.OperationalError(message))
@@ -55,7 +55,7 @@ def dead_owner() -> dict:
     """The owner record of a process that really ran on this host and has exited."""
     import subprocess
 
-    from flows.registry import owner
+    from flows.store import owner
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
     record = owner.Owner(owner.Owner.current().host, child.pid,
@@ -81,7 +81,7 @@ def _version(client, name, owner_tags, run_status="RUNNING", pending=True, previ
 def test_clean_up_undoes_dead_owners_only(client, dead_owner):
     from mlflow.entities import LoggedModelStatus
 
-    from flows.registry import owner
+    from flows.store import owner
 
     live = owner.Owner.current().record()
     champion = _version(client, "m", live, run_status="FINISHED", pending=False)
@@ -143,7 +143,7 @@ def test_withdraw_restores_the_alias_and_deletes_the_version(client, had_champio
 def test_store_tasks_retry_transient_errors_and_only_those():
     from sqlalchemy.exc import OperationalError
 
-    from flows.runtime.tasks import store_task
+    from flows.platform.task_presets import store_task
 
     calls = []
 
@@ -168,14 +168,15 @@ def test_store_tasks_retry_transient_errors_and_only_those():
 HOLD_LOCK = """
 import logging, sys, time
 from pathlib import Path
-from flows.registry import lock, owner
+from flows.store import lock
+from flows.store import owner
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 folder, timeout, run_id = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 hold, kind = float(sys.argv[4]), sys.argv[5]
 client = None
 if kind == "lease":
     from mlflow import MlflowClient
-    from flows.registry import versions as registry
+    from flows.store import registry
     client = MlflowClient(sys.argv[6])
     registry.ensure_registered_model(client, "m")
 holder = {"run_id": run_id, **owner.Owner.current().record()}
@@ -241,7 +242,7 @@ def test_lease_lock_serialises_processes_and_a_dead_local_holder_is_taken_over(s
     import signal
     import time
 
-    from flows.registry import lock
+    from flows.store import lock
 
     holders = [_holder(tmp_path, 120, f"run-{i}", 1.5, "lease", store) for i in range(3)]
     ends = [h.communicate(timeout=180) for h in holders]
@@ -332,7 +333,7 @@ def test_the_command_line_lists_the_versions_of_a_quoted_name(client, store):
     from types import SimpleNamespace
 
     from flows.cli.operator import check_move, model_state
-    from flows.preflight.checks import InputError
+    from flows.inputs import InputError
 
     client.create_registered_model("o'brien")
     client.create_model_version("o'brien", source=str(Path.cwd()))
@@ -342,7 +343,7 @@ def test_the_command_line_lists_the_versions_of_a_quoted_name(client, store):
 
 
 def test_store_reads_read_an_embedded_store_and_never_write_one(client, store, tmp_path):
-    from flows.registry import store_reads
+    from flows.store import reads as store_reads
 
     experiment = client.create_experiment("e")
     run = client.create_run(experiment)

@@ -29,9 +29,8 @@ import psutil
 import pytest
 from fault_site import cord_faults as faults
 
-from flows.registry import owner
-from flows.registry import versions as registry
-from flows.runtime import checkpoints
+from flows.platform import checkpoints
+from flows.store import owner, registry
 
 pytestmark = [pytest.mark.slow]
 
@@ -410,8 +409,8 @@ def test_kill_9_of_a_label_free_registration_at_every_step_it_passes_then_one_re
     abandoned and exactly one label-free candidate is registered, the rerun's."""
     from mlflow import MlflowClient
 
-    from flows.monitoring import label_free
-    from flows.recalibration import label_free_register
+    from flows.monitor.label_free import candidate as label_free_register
+    from flows.monitor.label_free import records as label_free
 
     work = tmp_path / "work"
     uri = store_at(work / "mlruns" / "mlflow.db")
@@ -642,7 +641,7 @@ def test_a_partial_artifact_is_never_registered(store, digits_file, monkeypatch)
     the artifact named."""
     from mlflow import MlflowClient
 
-    from flows.recalibration.flow import RecalibrationError, recalibrate
+    from flows.recalibrate.flow import RecalibrationError, recalibrate
 
     monkeypatch.setenv(faults.FAULT,
                        "log_model=truncate:mlruns/*/*/artifacts/state/calibrator.json")
@@ -663,7 +662,7 @@ def test_read_only_store_refuses_a_label_free_candidate_and_stays_intact(
     champion was registered: one error line naming the store, before anything is written
     (no run, no version, no artifact)."""
     from cord_ops import data
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     recalibrate(data=str(data.save_npz(tmp_path / "d.npz", digits.scores, digits.labels,
                                        "logits")), model_name="m")

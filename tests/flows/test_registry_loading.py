@@ -12,8 +12,7 @@ import pytest
 
 from cord_ops import data, metrics
 from flows.cli.main import main
-from flows.registry import graphs
-from flows.registry import versions as registry
+from flows.store import graphs, registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from servers import free_port, running, wait_until_ready
 
-from flows.promotion import rollout
+from flows.promotion import rollout_record as rollout
 from flows.promotion.champion import read_history
-from flows.registry import versions as registry
-from flows.serving.http import VERSION_HEADER
-from flows.serving.rollout import KEY_HEADER
+from flows.serve.app import VERSION_HEADER
+from flows.serve.rollout import KEY_HEADER
+from flows.store import registry
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def _plant(client, version: str, graph: bytes) -> None:
     import hashlib
     import json
 
-    from flows.registry import graphs
+    from flows.store import graphs
 
     _model_file(client, version).write_bytes(graph)
     run_id = client.get_model_version(MODEL, version).run_id
@@ -246,7 +246,7 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
     from mlflow import MlflowClient
 
     from flows.promotion.operations import who
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     client = MlflowClient()
     first = recalibrate(data=str(digits_file), calibrator="vs", model_name=MODEL)
@@ -405,7 +405,7 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
 
 def _two_versions(digits_file):
     """v1 (VS, @champion) and v2 (TS, registered without promotion) of MODEL."""
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     first = recalibrate(data=str(digits_file), calibrator="vs", model_name=MODEL)
     second = recalibrate(data=str(digits_file), calibrator="ts", model_name=MODEL,
@@ -473,7 +473,7 @@ def test_a_candidate_deleted_or_emptied_during_its_rollout_is_rolled_back(
 
     from mlflow import MlflowClient
 
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     client = MlflowClient()
     v1, v2 = _two_versions(digits_file)

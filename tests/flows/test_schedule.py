@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cord_ops import data
-from flows.recalibration.label_free_schedule import LABEL_FREE_DEPLOYMENT
-from flows.recalibration.schedule import MONITOR_DEPLOYMENT, RECALIBRATE_DEPLOYMENT
+from flows.monitor.label_free.schedule import LABEL_FREE_DEPLOYMENT
+from flows.schedule import MONITOR_DEPLOYMENT, RECALIBRATE_DEPLOYMENT
 
 
 def _wait_for_deployment(client, name: str, process: subprocess.Popen, log: Path,
@@ -113,7 +113,7 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    from flows.recalibration.schedule import deploy_to_work_pool
+    from flows.schedule import deploy_to_work_pool
 
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name="cord-ops-pool", type="process"))
@@ -130,14 +130,14 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
     assert sorted(ids) == sorted([str(recal.id), str(watch.id), str(unlabelled.id)])
     # the label-free monitor of new batches: on the monitoring schedule, from this checkout
     assert unlabelled.entrypoint == \
-        "flows/recalibration/label_free_schedule.py:monitor_new_batches"
+        "flows/monitor/label_free/schedule.py:monitor_new_batches"
     assert [s.schedule.cron for s in unlabelled.schedules] == ["0 * * * *"]
     assert unlabelled.parameters == label_free
     assert unlabelled.global_concurrency_limit.limit == 1
     assert (recal.work_pool_name, watch.work_pool_name) == ("cord-ops-pool", "cord-ops-pool")
     assert [s.schedule.cron for s in recal.schedules] == ["15 2 * * 1"]
     assert [s.schedule.cron for s in watch.schedules] == ["0 * * * *"]
-    assert recal.entrypoint == "flows/recalibration/flow.py:recalibrate"
+    assert recal.entrypoint == "flows/recalibrate/flow.py:recalibrate"
     assert recal.global_concurrency_limit.limit == watch.global_concurrency_limit.limit == 1
     # a tick that finds the previous run still going is dropped, not queued
     assert recal.concurrency_options.collision_strategy == "CANCEL_NEW"
@@ -147,11 +147,11 @@ def test_deploy_to_a_work_pool_registers_both_cron_deployments(prefect_harness, 
 
 def test_scheduled_monitoring_skips_while_there_is_no_champion(prefect_harness, store,
                                                                digits_file, caplog):
-    """Also a flow run outside any deployment: flows.runtime.pinned has nothing to compare
+    """Also a flow run outside any deployment: flows.platform.pinned has nothing to compare
     and lets it run."""
     from mlflow import MlflowClient
 
-    from flows.recalibration.monitor import monitor
+    from flows.monitor.labelled import monitor
 
     with caplog.at_level("INFO"):
         result = monitor(data=str(digits_file), model_name="fresh", tracking_uri=store,
@@ -175,10 +175,10 @@ def test_a_flow_run_with_other_parameters_than_its_deployment_is_refused(
     from prefect.client.orchestration import get_client
     from prefect.flow_engine import run_flow
 
-    from flows.recalibration.flow import recalibrate
-    from flows.recalibration.label_free_schedule import monitor_new_batches
-    from flows.recalibration.monitor import monitor
-    from flows.recalibration.schedule import build_deployments
+    from flows.monitor.label_free.schedule import monitor_new_batches
+    from flows.monitor.labelled import monitor
+    from flows.recalibrate.flow import recalibrate
+    from flows.schedule import build_deployments
 
     other = data.save_npz(tmp_path / "theirs.npz", digits.scores[:300], digits.labels[:300],
                           "logits")
@@ -224,7 +224,7 @@ def test_a_flow_run_with_other_parameters_than_its_deployment_is_refused(
 
 
 def test_differences_name_every_parameter_changed_added_or_left_out():
-    from flows.runtime.pinned import differences
+    from flows.platform.pinned import differences
 
     deployment = {"data": "/d/a.npz", "tracking_uri": "sqlite:///s.db", "eval_data": None,
                   "fraction": 0.5}
@@ -241,6 +241,6 @@ def test_differences_name_every_parameter_changed_added_or_left_out():
 
 
 def test_outside_a_flow_run_there_is_nothing_to_check():
-    from flows.runtime.pinned import check
+    from flows.platform.pinned import check
 
     assert check() is None

@@ -1,4 +1,4 @@
-"""flows.serving.contract refusal by refusal (issue 25): each reason code with its whole
+"""flows.serve.contract refusal by refusal (issue 25): each reason code with its whole
 one-line message, the contract's own checks, and the MLflow payload shapes, on tiny
 hand-written inputs (no graph, no server)."""
 
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from flows.errors import CordOpsError
-from flows.serving.contract import (
+from flows.serve.contract import (
     REASONS,
     InputContract,
     ScoringInputError,

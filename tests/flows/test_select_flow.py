@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from flows.cli.main import main
-from flows.recalibration.flow import recalibrate
+from flows.recalibrate.flow import recalibrate
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from servers import free_port, running, wait_until_ready
 
-from flows.registry import versions as registry
-from flows.serving.http import VERSION_HEADER
+from flows.serve.app import VERSION_HEADER
+from flows.store import registry
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def test_serve_follows_the_champion_without_failing_a_request(
         store, prefect_harness, digits_file, digits, tmp_path, cord_ops_command):
     from mlflow import MlflowClient
 
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     first = recalibrate(data=str(digits_file), calibrator="vs", model_name=MODEL)
     assert first.decision.promote

@@ -8,9 +8,9 @@ import stat
 import pytest
 from starlette.testclient import TestClient
 
-from flows.serving import access as serve_access
-from flows.serving.http import Metrics, build_app
-from flows.serving.traffic import TrafficMonitor
+from flows.serve import access as serve_access
+from flows.serve.app import Metrics, build_app
+from flows.serve.traffic import TrafficMonitor
 
 TOKEN = "t0ken-for-the-tests-only-0123456789"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 def test_a_model_without_its_alias_is_said_once_with_the_next_step(store, capsys):
     from mlflow import MlflowClient
 
-    from flows.serving.http import Metrics, RegistryFollower
+    from flows.serve.app import Metrics, RegistryFollower
 
     MlflowClient(store).create_registered_model("waiting")
     metrics = Metrics()
@@ -31,8 +31,8 @@ def test_a_rollout_ended_elsewhere_is_said_once_by_the_server_routing_it(store, 
     from mlflow import MlflowClient
 
     from flows.promotion.rollout_steps import ROLLOUT_TAG, Budget, Plan
-    from flows.serving.http import Metrics, VersionRejected
-    from flows.serving.rollout import ActiveStep, RolloutController
+    from flows.serve.app import Metrics, VersionRejected
+    from flows.serve.rollout import ActiveStep, RolloutController
 
     client = MlflowClient(store)
     client.create_registered_model("rolled")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from servers import free_port, running, wait_until_ready
 
-from flows.monitoring import label_free
+from flows.monitor.label_free import records as label_free
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ def test_serve_monitors_its_traffic_and_flushes_a_label_free_run(
         store, prefect_harness, digits_file, digits, tmp_path, cord_ops_command):
     from mlflow import MlflowClient
 
-    from flows.recalibration.flow import recalibrate
+    from flows.recalibrate.flow import recalibrate
 
     first = recalibrate(data=str(digits_file), model_name="watched")
     port = free_port()

@@ -18,9 +18,9 @@ from scipy.special import softmax
 
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from flows.serving import http as serve
-from flows.serving.access import Access
-from flows.serving.contract import InputContract
+from flows.serve import app as serve
+from flows.serve.access import Access
+from flows.serve.contract import InputContract
 from onnx_export import export_onnx, open_session
 
 WAIT = 20.0  # seconds: far above any answer here; reached only when something is stuck

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from flows.serving.http import bind
+from flows.serve.app import bind
 
 
 def _accepted_nodelay(listener: socket.socket) -> int:

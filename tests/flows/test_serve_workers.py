@@ -17,9 +17,8 @@ from servers import free_port, running, wait_until_ready
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
 from flows import pyfunc_model
-from flows.registry import graphs
-from flows.registry import versions as registry
-from flows.serving.http import VERSION_HEADER
+from flows.serve.app import VERSION_HEADER
+from flows.store import graphs, registry
 from onnx_export import export_onnx
 
 pytestmark = pytest.mark.slow

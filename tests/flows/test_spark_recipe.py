@@ -17,7 +17,7 @@ from scipy.special import softmax
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
 from flows import pyfunc_model
-from flows.registry import versions as registry
+from flows.store import registry
 from onnx_export import export_onnx
 
 pytestmark = [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 PREPARE = """
 import sys
-from flows.registry import tracking
+from flows.store import tracking
 tracking.prepare_store(sys.argv[1])
 print("ready", flush=True)
 """
@@ -35,7 +35,7 @@ def test_an_old_schema_is_upgraded_once_while_four_processes_wait(tmp_path):
     from mlflow import MlflowClient
     from mlflow.store.db.utils import _get_alembic_config, _get_latest_schema_revision
 
-    from flows.registry import tracking
+    from flows.store import tracking
 
     db = tmp_path / "mlruns" / "mlflow.db"
     uri = f"sqlite:///{db}"
@@ -87,7 +87,7 @@ import sys, sqlalchemy
 from alembic import command
 from mlflow import MlflowClient
 from mlflow.store.db.utils import _get_alembic_config
-from flows.registry import tracking
+from flows.store import tracking
 tracking.prepare_store(sys.argv[1])
 MlflowClient(sys.argv[1]).create_experiment("kept")
 config = _get_alembic_config(sys.argv[1])
@@ -113,7 +113,7 @@ def test_a_store_mlflow_refuses_as_out_of_date_is_kept_then_upgraded_by_mlflow_d
     upgrade`` in a child process, the second open."""
     from mlflow import MlflowClient
 
-    from flows.registry import tracking
+    from flows.store import tracking
 
     db, old, latest = _downgraded_store(tmp_path)
     assert old != latest
@@ -137,7 +137,7 @@ def test_mlflow_refuses_an_old_schema_with_the_message_the_store_check_reads(tmp
     """A store with every table but an older revision recorded: opening it with the public
     client raises MLflow's out-of-date error, which :func:`_open_store` reads as False,
     and nothing is written."""
-    from flows.registry import tracking
+    from flows.store import tracking
 
     _, old, _ = _downgraded_store(tmp_path)
     # every table back (as a store of an MLflow whose newest migration only altered one)

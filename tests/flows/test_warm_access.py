@@ -1,5 +1,5 @@
 """Who may hand the warm runner a command and which requests it runs
-(flows/runtime/warm_access.py), and the runner's keyed fingerprint (issue 42, item 6).
+(flows/platform/warm_access.py), and the runner's keyed fingerprint (issue 42, item 6).
 Unit tests on real sockets, the CLI's real parser and real files; the runner itself is
 probed end to end in test_warm_runner.py."""
 
@@ -16,8 +16,8 @@ import pytest
 import second_user
 
 from flows.cli.main import build_parser
-from flows.registry import owner
-from flows.runtime import credential, warm, warm_access
+from flows.platform import credential, warm, warm_access
+from flows.store import owner
 
 COMMANDS = ("recalibrate", "monitor", "demo")
 FINGERPRINT = "f" * 64

@@ -1,4 +1,4 @@
-"""The warm runner beside the managed Prefect server (flows/runtime/warm.py), broken as an operator
+"""The warm runner beside the managed Prefect server (flows/platform/warm.py), broken as an operator
 would break it: real ``cord-ops`` processes, a real managed server and runner, a real
 MLflow store, and kill -9 / SIGTERM sent to the command while its work runs.
 
@@ -30,8 +30,8 @@ import second_user
 from servers import clean_env
 
 from cord_ops import data
-from flows.registry import owner
-from flows.runtime import credential
+from flows.platform import credential
+from flows.store import owner
 
 pytestmark = pytest.mark.slow
 
@@ -204,7 +204,7 @@ def state(work: Path) -> Path:
 
 
 def request(fingerprint: str, argv: list[str], **changes) -> bytes:
-    """A request as :func:`flows.runtime.warm.forward` frames it, with ``changes``."""
+    """A request as :func:`flows.platform.warm.forward` frames it, with ``changes``."""
     return json.dumps({"argv": argv, "cwd": "/", "env": {}, "fingerprint": fingerprint,
                        "started_ago": 0.0, **changes}).encode()
 

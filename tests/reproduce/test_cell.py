@@ -11,6 +11,7 @@ import pytest
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
+from flows.platform.progress import Progress
 from flows.reproduce import cli as reproduce_cli
 from flows.reproduce import flow as reproduce_flow
 from flows.reproduce import plan as reproduce_plan
@@ -21,7 +22,6 @@ from flows.reproduce.defaults import (
     QUICK_CALIBRATORS,
     dataset_and_classifier,
 )
-from flows.runtime.progress import Progress
 
 
 @pytest.fixture(scope="module")

@@ -1,1 +1,0 @@
-"""Input checks that run before anything is started or written (one ``error:`` line each)."""

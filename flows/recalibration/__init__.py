@@ -1,1 +1,0 @@
-"""The recalibration product: the Prefect flow, its monitor and schedule, and its plots."""

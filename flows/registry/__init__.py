@@ -1,2 +1,0 @@
-"""The MLflow store and registry: tracking URI, versions, the registry lock and journal,
-owner records, store retries."""

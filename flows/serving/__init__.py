@@ -1,2 +1,0 @@
-"""Serving a registered model: the scoring-input contract, the MLflow pyfunc, HTTP and
-batch scoring."""
