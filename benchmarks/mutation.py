@@ -50,59 +50,66 @@ TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT = 3.0, 10.0
 
 #: The selection of both halves of the champion gate (flows/promotion/rules.py and
 #: champion.py), kept as it was when they were one module, gate.py.
-_GATE_TESTS = ["tests/flows/test_gate.py", "tests/flows/test_gate_units.py",
-               "tests/flows/test_champion_history.py", "tests/flows/test_gate_store.py",
+_GATE_TESTS = ["tests/flows/promotion/test_rules.py",
+               "tests/flows/promotion/test_gate_units.py",
+               "tests/flows/promotion/test_champion_history.py",
+               "tests/flows/promotion/test_champion.py",
                # its TS cases (ms per fit), not the hypothesis test over 5 families
-               "tests/flows/test_parity_tolerance.py::test_tolerance_grows_with_the_values_and_still_catches_a_wrong_graph",  # noqa: E501
-               "tests/flows/test_parity_tolerance.py::test_tolerance_is_never_below_the_fixed_floor"]  # noqa: E501
+               "tests/flows/recalibrate/test_parity_tolerance.py::test_tolerance_grows_with_the_values_and_still_catches_a_wrong_graph",  # noqa: E501
+               "tests/flows/recalibrate/test_parity_tolerance.py::test_tolerance_is_never_below_the_fixed_floor"]  # noqa: E501
 
 #: The fast tests of CORD's three modules (estimator, kernels, solver): cord.py was one
 #: module when these were written, and test_reduce.py reaches the estimator's fit helpers.
-_CORD_TESTS = ["tests/core/test_cord_mutants.py", "tests/core/test_cord.py",
-               "tests/core/test_cord_blocks.py", "tests/core/test_mutation_gaps.py",
+_CORD_TESTS = ["tests/core/test_cord_pieces.py", "tests/core/test_cord.py",
+               "tests/core/test_cord_blocks.py", "tests/core/test_cord_bisection.py",
                "tests/core/test_reduce.py", "tests/core/test_threshold.py"]
 
 #: module -> its own fast tests (files or node ids; ``-m "not slow"`` is added).
 MODULES: dict[str, list[str]] = {
     # mutmut runs a mutant's tests fastest first and stops at the first failure (-x), so
-    # test_cord_mutants.py's unit tests decide most kills before the hypothesis properties
+    # test_cord_pieces.py's unit tests decide most kills before the hypothesis properties
     "cord_ops/cord.py": _CORD_TESTS,
     "cord_ops/cord_kernels.py": _CORD_TESTS,
     "cord_ops/cord_solve.py": _CORD_TESTS,
-    # test_reduce_mutants.py's unit tests first: they decide most kills in ~4 s
-    "cord_ops/reduce.py": ["tests/core/test_reduce_mutants.py", "tests/core/test_reduce.py",
-                           "tests/core/test_mutation_gaps.py"],
-    "cord_ops/partition_sums.py": ["tests/core/test_reduce_mutants.py",
+    # test_reduce_drivers.py's unit tests first: they decide most kills in ~4 s
+    "cord_ops/reduce.py": ["tests/core/test_reduce_drivers.py", "tests/core/test_reduce.py",
+                           "tests/core/test_cord_bisection.py"],
+    "cord_ops/partition_sums.py": ["tests/core/test_partition_sums.py",
                                    "tests/core/test_reduce.py",
-                                   "tests/core/test_mutation_gaps.py"],
-    "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_mutation_gaps.py",
+                                   "tests/core/test_cord_bisection.py",
+                                   "tests/calibrators/test_temperature_fit.py"],
+    "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_cord_bisection.py",
+                            "tests/calibrators/test_temperature_fit.py",
                             # issue 44: the repair's effect and the metrics at a threshold
                             "tests/core/test_binary_production.py",
                             "tests/core/test_threshold.py"],
     "cord_ops/calibrators/temperature.py": [
-        "tests/calibrators/test_closed_forms.py", "tests/core/test_mutation_gaps.py",
+        "tests/calibrators/test_closed_forms.py", "tests/core/test_cord_bisection.py",
+        "tests/calibrators/test_temperature_fit.py",
         "tests/calibrators/test_bounded_refit.py",
         # it checks the warning's stack level, which mutmut's trampoline frame shifts
-        "--deselect=tests/core/test_mutation_gaps.py::test_the_bound_warning_points_at_the_caller_of_fit"],  # noqa: E501
+        "--deselect=tests/calibrators/test_temperature_fit.py::test_the_bound_warning_points_at_the_caller_of_fit"],  # noqa: E501
     "cord_ops/validation.py": ["tests/calibrators/test_bad_input.py",
-                               "tests/core/test_mutation_gaps.py", "tests/core/test_validation.py"],
+                               "tests/core/test_cord_bisection.py",
+                               "tests/calibrators/test_temperature_fit.py",
+                               "tests/core/test_validation.py"],
     "onnx_export/repair.py": ["tests/onnx/test_repair_graph.py", "tests/onnx/test_fixup.py"],
     "flows/promotion/rules.py": _GATE_TESTS,
     # the guards of every hand move of @champion (issue 45), pure functions of tags
-    "flows/promotion/guards.py": ["tests/flows/test_guards.py"],
+    "flows/promotion/guards.py": ["tests/flows/promotion/test_guards.py"],
     "flows/promotion/champion.py": _GATE_TESTS,
     # test_registry.py without its retry test, whose Prefect setup takes ~100 s per process
     "flows/store/lock.py": [
-        "tests/flows/test_registry.py::test_file_lock_serialises_processes_names_the_holder_and_survives_a_kill_9",  # noqa: E501
-        "tests/flows/test_registry.py::test_lease_lock_serialises_processes_and_a_dead_local_holder_is_taken_over",  # noqa: E501
-        "tests/flows/test_registry.py::test_a_foreign_or_unreadable_store_file_gives_one_error_line",  # noqa: E501
-        "tests/flows/test_lock_unit.py"],
+        "tests/flows/store/test_registry.py::test_file_lock_serialises_processes_names_the_holder_and_survives_a_kill_9",  # noqa: E501
+        "tests/flows/store/test_registry.py::test_lease_lock_serialises_processes_and_a_dead_local_holder_is_taken_over",  # noqa: E501
+        "tests/flows/store/test_registry.py::test_a_foreign_or_unreadable_store_file_gives_one_error_line",  # noqa: E501
+        "tests/flows/store/test_lock.py"],
     "flows/store/registry.py": [
-        "tests/flows/test_versions_unit.py", "tests/flows/test_owner.py",
-        "tests/flows/test_registry.py::test_only_a_locked_sqlite_database_is_retried",
-        "tests/flows/test_registry.py::test_clean_up_undoes_dead_owners_only",
-        "tests/flows/test_registry.py::test_register_version_is_idempotent_per_run",
-        "tests/flows/test_registry.py::test_withdraw_restores_the_alias_and_deletes_the_version"],
+        "tests/flows/store/test_registry_unit.py", "tests/flows/store/test_owner.py",
+        "tests/flows/store/test_registry.py::test_only_a_locked_sqlite_database_is_retried",
+        "tests/flows/store/test_registry.py::test_clean_up_undoes_dead_owners_only",
+        "tests/flows/store/test_registry.py::test_register_version_is_idempotent_per_run",
+        "tests/flows/store/test_registry.py::test_withdraw_restores_the_alias_and_deletes_the_version"],
     "cord_ops/label_free.py": ["tests/core/test_label_free.py"],
     # issue 41: choosing the calibrator family by cross-validation
     "cord_ops/select.py": ["tests/calibrators/test_select.py"],
@@ -114,11 +121,11 @@ MODULES: dict[str, list[str]] = {
         # a second of CRC over 720 MB per mutant; the smaller archives reach the same lines
         "--deselect=tests/core/test_read_budget.py::test_a_small_npz_that_inflates_to_720_mb_is_refused_by_default"],  # noqa: E501
     "flows/redact.py": ["tests/flows/test_redact.py"],
-    "flows/store/owner.py": ["tests/flows/test_owner.py"],
-    "flows/store/journal.py": ["tests/flows/test_journal.py"],
+    "flows/store/owner.py": ["tests/flows/store/test_owner.py"],
+    "flows/store/journal.py": ["tests/flows/store/test_journal.py"],
     # without the two tests that fit, export and serve a model (10 s setup per process)
-    "flows/serve/contract.py": ["tests/flows/test_scoring_contract.py"] + [
-        f"tests/flows/test_scoring_input.py::{name}" for name in (
+    "flows/serve/contract.py": ["tests/flows/serve/test_contract.py"] + [
+        f"tests/flows/serve/test_scoring_input.py::{name}" for name in (
             "test_every_accepted_form_gives_the_same_matrix",
             "test_the_first_non_finite_row_is_named", "test_a_wrong_width_is_refused",
             "test_probability_rows_must_sum_to_one", "test_malformed_inputs_get_their_own_reason",
@@ -129,12 +136,12 @@ MODULES: dict[str, list[str]] = {
     # issue 42: who may hand the warm runner a command; the servers' credential and the
     # owner-only files; a deployment's pinned parameters (its one non-slow end-to-end test
     # starts Prefect's test server once per process)
-    "flows/platform/warm_access.py": ["tests/flows/test_warm_access.py"],
+    "flows/platform/warm_access.py": ["tests/flows/platform/test_warm_access.py"],
     # issue 42 item 2 / 45 item 4: the one loader of registered graphs (digest checked, no
     # stored code run) and the scoring every reported NLL comes from
-    "flows/store/graphs.py": ["tests/flows/test_graphs_unit.py"],
-    "flows/platform/credential.py": ["tests/flows/test_credential.py"],
-    "flows/serve/access.py": ["tests/flows/test_serve_access.py"],
+    "flows/store/graphs.py": ["tests/flows/store/test_graphs.py"],
+    "flows/platform/credential.py": ["tests/flows/platform/test_credential.py"],
+    "flows/serve/access.py": ["tests/flows/serve/test_access.py"],
     "flows/platform/pinned.py": [
         "tests/flows/test_schedule.py::test_differences_name_every_parameter_changed_added_or_left_out",  # noqa: E501
         "tests/flows/test_schedule.py::test_outside_a_flow_run_there_is_nothing_to_check",
@@ -191,7 +198,7 @@ _K_LAST_WORD = ("with no block result every block takes the whole-array check (w
                 "terms, slower")
 _K_BLOCK_FAILED = ("at this call (a block check failed) _layouts has already passed both "
                    "arrays' widths against n_classes, so the count adds nothing; the call "
-                   "before the AssertionError is pinned by test_cord_mutants.py")
+                   "before the AssertionError is pinned by test_cord_pieces.py")
 _K_ORDER = ("numpy reads the order letter case-insensitively, and 'K' (None or left out) "
             "keeps the transposed F layout: the same values, and every later step is "
             "elementwise or a reduction along axis 0, exact in any layout")

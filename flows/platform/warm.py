@@ -20,7 +20,7 @@ the command's own. Anything that does not match sends the command down the ordin
 in-process path; nothing is half-forwarded (a runner that refuses answers before any work
 starts).
 
-Operator promises, each tested in ``tests/flows/test_warm_runner.py``:
+Operator promises, each tested in ``tests/flows/platform/test_warm_runner.py``:
 
 - Ctrl-C / SIGTERM / SIGHUP to the command reach the child's process group; a command
   killed by a signal re-raises it on itself once the child is gone, so its exit status is

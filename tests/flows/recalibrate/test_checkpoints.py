@@ -14,7 +14,7 @@ from fault_site import cord_faults
 
 from flows.platform import checkpoints
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PASS_EVERY_STEP = ("from flows.platform import checkpoints\n"
                    "for step in checkpoints.STEPS:\n"
                    "    checkpoints.checkpoint(step)\n"

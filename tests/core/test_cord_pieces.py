@@ -1,5 +1,6 @@
-"""Tests for what mutation round 9 showed no other test could see (issue 25) in CORD's
-solver (cord_solve), kernels (cord_kernels) and estimator (cord).
+"""CORD's solver (cord_solve), kernels (cord_kernels) and estimator (cord), one piece at a
+time: the screen margin, the mean response, the screen, the bisection, the target mean,
+the kernels bit for bit, and the estimator's records.
 
 Expected values are written out by hand or computed here with plain numpy from the
 equations (Section 3, Appendix A), never by the code under test.

@@ -17,7 +17,7 @@ import pytest
 
 from cord_ops import data
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 IMPORT_ALL = """
 import importlib, json, os, pkgutil, sys

@@ -73,7 +73,7 @@ def test_real_outputs_through_recalibrate_predict_and_serve(
     client = MlflowClient(store)
     [version] = client.search_model_versions(f"name = '{model}'")
     # An alias of the test's own, so predict and serve run this version whatever the
-    # gate decided about @champion (that decision is tests/flows/test_gate.py's).
+    # gate decided about @champion (that decision is tests/flows/promotion/test_rules.py's).
     client.set_registered_model_alias(model, ALIAS, version.version)
     run = client.get_run(version.run_id)
     assert run.data.metrics["cord.tpcr"] == 0.0
