@@ -35,27 +35,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
-import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
 
-import numpy as np
-
-from flows.errors import CordOpsError
 from flows.redact import redact
 from flows.serve.access import Access
+from flows.serve.batcher import MicroBatcher
 from flows.serve.contract import (
-    REASONS,
-    InputContract,
     ScoringInputError,
     from_payload,
     score_matrix,
 )
+from flows.serve.follower import RegistryFollower, say
+from flows.serve.metrics import Metrics
 
 DEFAULT_PORT = 5005
 DEFAULT_POLL_INTERVAL = 10.0
@@ -65,14 +58,6 @@ DEFAULT_BATCH_MAX_ROWS = 4096
 #: under 5 s.
 SHUTDOWN_GRACE = 3.0
 VERSION_HEADER = "X-Model-Version"
-OUTPUTS = ("repaired", "label", "confidence")
-#: Rows of the synthetic probe batch every new version is verified on.
-PROBE_ROWS = 256
-#: The micro-batching lane of the served (champion) version's requests.
-MAIN_LANE = "main"
-ERROR_REASONS = (*REASONS, "bad_json", "unsupported_media_type", "no_model", "internal",
-                 "bad_host", "unauthorized", "overloaded", "too_large", "slow_body",
-                 "too_many_rows", "not_found", "method_not_allowed", "http")
 #: Scoring requests admitted at once (read, queued or being scored); more get 503 at once.
 DEFAULT_MAX_INFLIGHT = 128
 #: Largest request body; a bigger one is refused (413) before it is read whole.
@@ -85,423 +70,6 @@ DEFAULT_MAX_ROWS = 65536
 BODY_TIMEOUT = 10.0
 #: What an overloaded server tells a client to wait before trying again (seconds).
 RETRY_AFTER = 1
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
-class VersionRejected(CordOpsError, RuntimeError):
-    """A version that must not be served (unreadable graph, failed verification)."""
-
-
-@dataclass(frozen=True, eq=False)
-class ServedModel:
-    """One verified version and its session; immutable once built."""
-
-    name: str
-    version: str
-    run_id: str | None
-    contract: InputContract
-    eta_star: str | None
-    calibrator: str | None
-    session: object
-    providers: tuple[str, ...]
-    verification: dict
-    loaded_at: float = field(default_factory=time.time)
-
-    def describe(self) -> dict:
-        return {"name": self.name, "version": self.version, "run_id": self.run_id,
-                "input_kind": self.contract.input_kind, "n_classes": self.contract.n_classes,
-                "input_widths": list(self.contract.widths),
-                "dtype": str(self.contract.dtype), "eta_star": self.eta_star,
-                "calibrator": self.calibrator, "providers": list(self.providers),
-                "verification": self.verification, "loaded_at": self.loaded_at}
-
-
-# ---------------------------------------------------------------- loading and verification
-def _probe_scores(contract: InputContract, seed: int = 0) -> np.ndarray:
-    """A seeded batch spanning confident, flat and tied rows, in the graph's input kind."""
-    from scipy.special import softmax
-
-    rng = np.random.default_rng(seed)
-    k = contract.n_classes
-    logits = rng.normal(0.0, 1.0, (PROBE_ROWS, k)) * rng.choice([0.1, 1.0, 4.0, 12.0],
-                                                                 (PROBE_ROWS, 1))
-    logits[:4] = 0.0  # all-tied rows: the tie rule picks class 0
-    if contract.input_kind == "probs":
-        return softmax(logits, axis=1)
-    return logits
-
-
-def _logged_state(client, run_id: str | None, folder: Path):
-    """(calibrator, CORD) rebuilt from the run's ``state/`` JSON, or None without them."""
-    from mlflow.exceptions import MlflowException
-
-    from cord_ops import CORD
-    from cord_ops.calibrators import calibrator_from_dict
-
-    if not run_id:
-        return None
-    try:
-        state = Path(client.download_artifacts(run_id, "state", str(folder)))
-    except (MlflowException, OSError):
-        return None
-    paths = state / "calibrator.json", state / "cord.json"
-    if not all(p.is_file() for p in paths):
-        return None
-    return (calibrator_from_dict(json.loads(paths[0].read_text())),
-            CORD.from_dict(json.loads(paths[1].read_text())))
-
-
-def verify(session, contract: InputContract, state=None) -> dict:
-    """Check a session before it serves: on the probe batch every ``repaired`` row is
-    finite, sums to 1 and keeps the input's top-1 (== ``label``); with the logged
-    ``state`` (calibrator, CORD), ``repaired`` matches cord_ops within the export's parity
-    tolerance. Returns what was checked; raises VersionRejected naming the failure."""
-    from cord_ops.threshold import decisions
-    from onnx_export.export import THRESHOLD_KEY
-    from onnx_export.parity import FIXED_PARITY_TOLERANCE, parity_tolerance
-
-    # The graph's own input, upcast: parity is defined against cord_ops on the same inputs.
-    probe = _probe_scores(contract).astype(contract.dtype).astype(np.float64)
-    try:
-        repaired, label = session.run(["repaired", "label"],
-                                      {session.get_inputs()[0].name: probe.astype(contract.dtype)})
-    except Exception as exc:  # any runtime failure on valid input disqualifies the graph
-        raise VersionRejected(f"the graph failed on the probe batch ({exc})") from exc
-    repaired = repaired.astype(np.float64)
-    # a binary graph fitted to keep a decision threshold keeps the decisions at it
-    t = session.get_modelmeta().custom_metadata_map.get(THRESHOLD_KEY)
-    t = None if t is None or float(t) == 0.5 else float(t)
-    expected_top1 = (decisions(probe, None) if t is None else
-                     decisions(probe if contract.input_kind == "probs" else _softmax(probe), t))
-    tolerance = FIXED_PARITY_TOLERANCE[str(contract.dtype)]
-    if repaired.shape != probe.shape or not np.isfinite(repaired).all():
-        raise VersionRejected("repaired output is not a finite [N, K] array")
-    if not np.array_equal(label, expected_top1) or not np.array_equal(decisions(repaired, t),
-                                                                      expected_top1):
-        raise VersionRejected("repaired output changes a top-1 decision on the probe batch")
-    if np.max(np.abs(repaired.sum(axis=1) - 1.0)) > max(tolerance, 1e-6) * contract.n_classes:
-        raise VersionRejected("repaired rows do not sum to 1 on the probe batch")
-    report = {"probe_rows": int(probe.shape[0]), "top1_kept": True, "reference": None,
-              "decision_threshold": t}
-    if state is not None:
-        calibrator, cord = state
-        tolerance = parity_tolerance(calibrator, cord, probe, str(contract.dtype))
-        reference = cord.transform(
-            probe if contract.input_kind == "probs" else _softmax(probe),
-            calibrator.predict_proba(probe))
-        diff = float(np.max(np.abs(repaired - reference)))
-        if not diff <= tolerance:
-            raise VersionRejected(f"max |onnx - cord_ops| = {diff:.3g} on the probe batch "
-                                  f"exceeds the parity tolerance {tolerance:g}")
-        report.update(reference="cord_ops from the run's logged state", max_abs_diff=diff,
-                      tolerance=tolerance)
-    return report
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    from scipy.special import softmax
-
-    return softmax(x, axis=1)
-
-
-def load_version(client, tracking_uri: str, name: str, version: str,
-                 provider: str = "auto") -> ServedModel:
-    """Download, open and verify ``name`` v``version``. Raises VersionRejected for a graph
-    that must not be served; store errors propagate unchanged."""
-    from flows.store import graphs
-    from onnx_export.export import load_model, model_metadata
-    from onnx_export.runtime import open_session
-
-    mv = client.get_model_version(name, version)
-    with tempfile.TemporaryDirectory(prefix="cord-ops-serve-") as tmp:
-        folder = Path(tmp)
-        try:  # the graph alone, checked against its run's digest (no stored code runs)
-            path = graphs.fetch_graph(client, tracking_uri, name, version, folder)
-        except graphs.GraphRejected as exc:
-            raise VersionRejected(str(exc)) from exc
-        try:
-            graph = load_model(path)
-            meta = model_metadata(graph)
-            contract = InputContract.from_metadata(meta)
-            # Two versions share the cores in a rollout; spinning intra-op threads of one
-            # take the CPU the other's working threads need.
-            session = open_session(graph, provider=provider, spin=False)
-        except (ValueError, RuntimeError) as exc:
-            raise VersionRejected(f"v{version}: cannot load its graph ({exc})") from exc
-        state = _logged_state(client, mv.run_id, folder / "state")
-    try:
-        report = verify(session, contract, state)
-    except VersionRejected as exc:
-        raise VersionRejected(f"v{version}: {exc}") from exc
-    return ServedModel(name=name, version=str(version), run_id=mv.run_id, contract=contract,
-                       eta_star=meta.get("cord.eta_star"), calibrator=meta.get("cord.calibrator"),
-                       session=session, providers=tuple(session.get_providers()),
-                       verification=report)
-
-
-# ---------------------------------------------------------------- metrics
-class Metrics:
-    """The server's Prometheus metrics, in a registry of its own."""
-
-    def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("cord_serve_requests", "Scoring requests by HTTP status",
-                                ["status"], registry=r)
-        self.errors = Counter("cord_serve_errors", "Refused or failed scoring requests",
-                              ["reason"], registry=r)
-        for reason in ERROR_REASONS:
-            self.errors.labels(reason)
-        self.latency = Histogram("cord_serve_request_duration_seconds",
-                                 "Time from reading a scoring request to its answer",
-                                 buckets=LATENCY_BUCKETS, registry=r)
-        self.rows = Counter("cord_serve_rows", "Rows scored", registry=r)
-        self.batch_rows = Histogram("cord_serve_batch_rows", "Rows per onnxruntime run",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
-                                    registry=r)
-        self.version = Gauge("cord_serve_model_version", "Registry version being served "
-                             "(0: none yet)", registry=r)
-        self.info = Gauge("cord_serve_model_info", "The served model (value 1)",
-                          ["name", "version", "run_id"], registry=r)
-        self.swaps = Counter("cord_serve_swaps", "Versions swapped in after verification",
-                             registry=r)
-        self.swap_failures = Counter("cord_serve_swap_failures",
-                                     "Versions that failed to load or verify", registry=r)
-        self.worker = Gauge("cord_serve_worker", "The worker process answering this "
-                            "scrape under --workers (value 1)", ["worker"], registry=r)
-        self.poll_errors = Counter("cord_serve_poll_errors",
-                                   "Registry polls that could not reach the store", registry=r)
-        self._info_labels: tuple[str, ...] | None = None
-
-    def served(self, model: ServedModel) -> None:
-        if self._info_labels is not None:
-            self.info.remove(*self._info_labels)
-        self._info_labels = (model.name, model.version, model.run_id or "")
-        self.info.labels(*self._info_labels).set(1)
-        self.version.set(float(model.version) if model.version.isdigit() else math.nan)
-
-    def render(self) -> bytes:
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry)
-
-
-# ---------------------------------------------------------------- following the alias
-class RegistryFollower:
-    """Keeps ``current`` at the verified version the alias points to.
-
-    Runs in a daemon thread (a hung store call cannot hold up shutdown). ``current`` is
-    replaced by assignment only, so readers always see one whole ServedModel.
-    """
-
-    def __init__(self, tracking_uri: str, name: str, alias: str, interval: float,
-                 metrics: Metrics, provider: str = "auto"):
-        from mlflow import MlflowClient
-
-        self.client = MlflowClient(tracking_uri)
-        self.tracking_uri, self.name, self.alias = tracking_uri, name, alias
-        self.interval, self.metrics, self.provider = interval, metrics, provider
-        self.current: ServedModel | None = None
-        self.rejected: dict[str, str] = {}
-        self.last_error: str | None = None
-        self.last_poll: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="registry-follower",
-                                        daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.poll_once()
-            self._stop.wait(self.interval)
-
-    def poll_once(self) -> None:
-        """One poll: resolve the alias and swap in its version if new and verified."""
-        try:
-            target = str(self.client.get_model_version_by_alias(self.name, self.alias).version)
-        except Exception as exc:  # store down, or the alias is not set (yet)
-            self._poll_failed(exc, unset=_alias_unset(exc))
-            return
-        self.last_poll = time.time()
-        served = self.current
-        if (served is not None and served.version == target) or target in self.rejected:
-            self.last_error = None
-            return
-        try:
-            model = load_version(self.client, self.tracking_uri, self.name, target,
-                                 self.provider)
-        except VersionRejected as exc:
-            self.rejected[target] = str(exc)
-            self.metrics.swap_failures.inc()
-            self._log(f"not serving {self.name} v{target}: {exc}")
-            return
-        except Exception as exc:  # the store failed mid-download: try again next poll
-            self._poll_failed(exc, unset=False)
-            return
-        self.current = model
-        self.last_error = None
-        self.metrics.served(model)
-        if served is not None:
-            self.metrics.swaps.inc()
-        self._log(f"serving {self.name} v{model.version} ({model.contract.input_kind}, "
-                  f"K={model.contract.n_classes}, {model.providers[0]})")
-
-    def _poll_failed(self, exc: BaseException, unset: bool) -> None:
-        """Say once why no version is followed, then poll quietly until that changes; an
-        unset alias is the model's state (no outage counted), with the next step named."""
-        from flows.errors import in_words
-
-        if unset:
-            message = (f"{self.name} has no @{self.alias} yet; serving starts when one is "
-                       f"set (`cord-ops status --model-name {self.name}` says why; "
-                       f"`cord-ops promote --model-name {self.name} --version N --reason "
-                       "TEXT` sets it)")
-        else:
-            message = "registry poll failed: " + in_words(exc).splitlines()[0][:500]
-        if message != self.last_error:
-            self._log(message)
-        self.last_error = message
-        if not unset:
-            self.metrics.poll_errors.inc()
-
-    @staticmethod
-    def _log(message: str) -> None:
-        import sys
-
-        print(f"cord-ops serve: {message}", file=sys.stderr, flush=True)
-
-
-def _alias_unset(exc: BaseException) -> bool:
-    """The store answered that the alias (or the model) does not exist: not an outage."""
-    from mlflow.exceptions import MlflowException
-
-    return isinstance(exc, MlflowException) and exc.error_code in (
-        "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE") and "not found" in exc.message
-
-
-# ---------------------------------------------------------------- micro-batching
-@dataclass(eq=False)
-class _Pending:
-    model: ServedModel
-    scores: np.ndarray
-    future: asyncio.Future
-
-
-class _Lane:
-    """One batching loop with its own worker thread (see :class:`MicroBatcher`)."""
-
-    def __init__(self, name: str):
-        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self.executor = ThreadPoolExecutor(max_workers=1,
-                                           thread_name_prefix=f"onnxruntime-{name}")
-        self.task: asyncio.Task | None = None
-
-
-class MicroBatcher:
-    """Scores queued requests together: one onnxruntime run per version per batch.
-
-    The batch loop takes every request already queued; while requests are still being
-    read (``arriving``) and the batch is under ``max_rows``, it waits up to ``window``
-    seconds for them. Runs happen on a worker thread (onnxruntime releases the GIL and
-    uses its own intra-op threads), so the event loop keeps reading requests meanwhile.
-
-    Each *lane* (``score(..., lane=)``) has its own queue, loop and worker thread. The
-    champion's requests use :data:`MAIN_LANE`; a rollout's candidate uses another, so a
-    candidate whose runs are slow delays only the requests it answers: on one shared
-    thread every champion request queued behind a slow candidate run would wait for it,
-    the champion's latency would rise with the candidate's and the rollout's p99 ratio
-    (candidate over champion) could not see the slowness.
-    """
-
-    def __init__(self, window: float, max_rows: int, metrics: Metrics):
-        self.window, self.max_rows, self.metrics = window, max_rows, metrics
-        self.arriving = 0
-        self._lanes: dict[str, _Lane] = {}
-
-    def start(self) -> None:
-        self._lane(MAIN_LANE)
-
-    def _lane(self, name: str) -> _Lane:
-        lane = self._lanes.get(name)
-        if lane is None:
-            lane = self._lanes[name] = _Lane(name)
-            lane.task = asyncio.get_running_loop().create_task(self._loop(lane))
-        return lane
-
-    async def stop(self) -> None:
-        for lane in self._lanes.values():
-            if lane.task is not None:
-                lane.task.cancel()
-            lane.executor.shutdown(wait=False, cancel_futures=True)
-
-    async def score(self, model: ServedModel, scores: np.ndarray,
-                    lane: str = MAIN_LANE) -> dict[str, np.ndarray]:
-        future = asyncio.get_running_loop().create_future()
-        self._lane(lane).queue.put_nowait(_Pending(model, scores, future))
-        return await future
-
-    async def _collect(self, lane: _Lane) -> list[_Pending]:
-        batch = [await lane.queue.get()]
-        rows = batch[0].scores.shape[0]
-        deadline = asyncio.get_running_loop().time() + self.window
-        while rows < self.max_rows:
-            if lane.queue.empty():
-                remaining = deadline - asyncio.get_running_loop().time()
-                if self.arriving <= 0 or remaining <= 0:
-                    break
-                try:
-                    item = await asyncio.wait_for(lane.queue.get(), remaining)
-                except TimeoutError:
-                    break
-            else:
-                item = lane.queue.get_nowait()
-            batch.append(item)
-            rows += item.scores.shape[0]
-        return batch
-
-    async def _loop(self, lane: _Lane) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._collect(lane)
-            groups: dict[int, list[_Pending]] = {}
-            for item in batch:  # one run per version: a request never mixes versions
-                groups.setdefault(id(item.model), []).append(item)
-            for items in groups.values():
-                try:
-                    outputs = await loop.run_in_executor(lane.executor, _run_group, items)
-                except Exception as exc:
-                    for item in items:
-                        if not item.future.done():
-                            item.future.set_exception(exc)
-                    continue
-                self.metrics.batch_rows.observe(sum(i.scores.shape[0] for i in items))
-                for item, result in zip(items, outputs, strict=True):
-                    if not item.future.done():
-                        item.future.set_result(result)
-
-
-def _run_group(items: list[_Pending]) -> list[dict[str, np.ndarray]]:
-    from onnx_export.runtime import run_host
-
-    session = items[0].model.session
-    scores = items[0].scores if len(items) == 1 else np.concatenate([i.scores for i in items])
-    # On a CUDA session (--provider cuda) run_host binds the input on the GPU and the
-    # outputs to host memory.
-    values = run_host(session, scores, list(OUTPUTS))
-    results, start = [], 0
-    for item in items:
-        stop = start + item.scores.shape[0]
-        results.append({name: value[start:stop] for name, value in zip(OUTPUTS, values,
-                                                                         strict=True)})
-        start = stop
-    return results
 
 
 # ---------------------------------------------------------------- HTTP
@@ -817,16 +385,16 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
                     "max_body_bytes": max_body_bytes, "max_rows": max_rows,
                     "hosts": sorted(access.hosts),
                     "require_token": require_token}
-        RegistryFollower._log(f"{name}@{alias} on http://{host}:{port} (tracking "
-                              f"{redact(tracking_uri)}, polling every {poll_interval:g} s"
-                              f"{f', {workers} workers' if workers > 1 else ''})")
-        RegistryFollower._log(f"token for POST /monitor/flush"
-                              f"{' and /invocations' if require_token else ''}: {access.source}")
+        say(f"{name}@{alias} on http://{host}:{port} (tracking "
+            f"{redact(tracking_uri)}, polling every {poll_interval:g} s"
+            f"{f', {workers} workers' if workers > 1 else ''})")
+        say(f"token for POST /monitor/flush"
+            f"{' and /invocations' if require_token else ''}: {access.source}")
         if workers == 1:
             _serve_on(sock, settings, access)
         else:
             _supervise(sock, settings, access, workers)
-        RegistryFollower._log("stopped serving")
+        say("stopped serving")
     finally:
         if access is not None:
             access.forget()
@@ -854,8 +422,7 @@ def _serve_on(sock, settings: dict, access: Access, worker: int | None = None) -
 
     shadow_queue = settings["shadow_queue"]
     queue_size = DEFAULT_SHADOW_QUEUE if shadow_queue is None else shadow_queue
-    controller = RolloutController(follower, metrics, load_version, VersionRejected,
-                                   OUTPUTS, queue_size) if queue_size else None
+    controller = RolloutController(follower, metrics, queue_size) if queue_size else None
     app = build_app(follower, metrics, settings["batch_window"], settings["batch_max_rows"],
                     traffic, controller, access, settings["max_inflight"],
                     settings["max_body_bytes"], settings["max_rows"])
@@ -914,8 +481,8 @@ def _supervise(sock, settings: dict, access: Access, workers: int) -> None:
         while not stops:
             for index, process in list(running.items()):
                 if process.poll() is not None and not stops:
-                    RegistryFollower._log(f"worker {index} exited with {process.returncode}; "
-                                          f"starting it again")
+                    say(f"worker {index} exited with {process.returncode}; "
+                        f"starting it again")
                     running[index] = start(index)
             time.sleep(0.2)
     finally:

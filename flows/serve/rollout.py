@@ -2,9 +2,9 @@
 record (:mod:`flows.promotion.rollout_record`) beside ``@champion``.
 
 - A :class:`RolloutController` thread reads the record every poll interval, loads and
-  verifies the candidate as the follower loads a champion (``flows.serve.app.load_version``:
-  a graph that fails to load or verify is never served, and ends the
-  rollout), and judges the current step several times a second with
+  verifies the candidate as the follower loads a champion
+  (:func:`flows.serve.served_model.load_version`: a graph that fails to load or verify is
+  never served, and ends the rollout), and judges the current step several times a second with
   :func:`flows.promotion.rollout_steps.decide`; a step change, the promotion and a rollback are
   written back through :func:`flows.promotion.rollout_record.transition` (registry lock,
   compare on the record's revision), so every server of the model moves together.
@@ -45,10 +45,11 @@ import numpy as np
 from flows.promotion import rollout_record as rollout
 from flows.promotion import rollout_steps
 from flows.promotion.rollout_steps import Budget, Decision, Figures, Plan
+from flows.serve.served_model import OUTPUTS, VersionRejected, load_version
 
 KEY_HEADER = "X-Rollout-Key"
 #: The candidate's micro-batching lane (its own worker thread: a slow candidate run does
-#: not hold up the champion's answers; flows.serve.app.MicroBatcher).
+#: not hold up the champion's answers; flows.serve.batcher.MicroBatcher).
 CANDIDATE_LANE = "candidate"
 DEFAULT_SHADOW_QUEUE = 1024
 #: Seconds between judgements of the current step (a breach is acted on within this).
@@ -141,7 +142,7 @@ class ActiveStep:
     budget: Budget
     started: float
     champion: str
-    candidate: object  # flows.serve.app.ServedModel
+    candidate: object  # flows.serve.served_model.ServedModel
     stats: StepStats = field(default_factory=StepStats)
     #: The rollout ended promoted: keep routing at this step until the follower serves the
     #: candidate as champion, and judge no more.
@@ -165,7 +166,7 @@ class _Copy:
 
 
 def repaired_sum_tolerance(model) -> float:
-    """How far a repaired row may sum from 1 (as :func:`flows.serve.app.verify` allows)."""
+    """How far a repaired row may sum from 1 (as :func:`flows.serve.served_model.verify` allows)."""
     from onnx_export.parity import FIXED_PARITY_TOLERANCE
 
     return max(FIXED_PARITY_TOLERANCE[str(model.contract.dtype)], 1e-6) * \
@@ -212,17 +213,12 @@ def _changed_decisions(outputs: dict, scores: np.ndarray, model=None) -> int:
 class RolloutController:
     """Follows the rollout record of the follower's model; see the module docstring."""
 
-    def __init__(self, follower, metrics, load, rejected: type[Exception],
-                 outputs: tuple[str, ...], queue_size: int = DEFAULT_SHADOW_QUEUE,
+    def __init__(self, follower, metrics, queue_size: int = DEFAULT_SHADOW_QUEUE,
                  judge_interval: float = JUDGE_INTERVAL):
-        """``load`` is :func:`flows.serve.app.load_version`, ``rejected`` the exception it
-        raises for a version that must not be served and ``outputs`` the graph outputs an
-        answer holds (passed in: flows.serve imports this module)."""
         from mlflow import MlflowClient
         from prometheus_client import Counter, Gauge
 
         self.follower, self.metrics = follower, metrics
-        self._load, self._rejected, self._outputs = load, rejected, outputs
         self.client = MlflowClient(follower.tracking_uri)
         self.name, self.judge_interval = follower.name, judge_interval
         self.step: ActiveStep | None = None
@@ -398,7 +394,7 @@ class RolloutController:
         began = time.perf_counter()
         try:
             stacked = np.concatenate([c for _, c in keep]) if len(keep) > 1 else keep[0][1]
-            values = run_host(target.session, stacked, list(self._outputs))
+            values = run_host(target.session, stacked, list(OUTPUTS))
             failure = None
         except Exception as exc:  # the candidate failing in shadow is its breach
             values, failure = None, f"{type(exc).__name__}: {exc}"
@@ -419,7 +415,7 @@ class RolloutController:
         start = 0
         for item, rows in keep:
             stop = start + rows.shape[0]
-            other = {n: v[start:stop] for n, v in zip(self._outputs, values, strict=True)}
+            other = {n: v[start:stop] for n, v in zip(OUTPUTS, values, strict=True)}
             start = stop
             champion_out, candidate_out = ((item.answer, other) if shadowing
                                            else (other, item.answer))
@@ -516,10 +512,10 @@ class RolloutController:
             return
         if self._candidate is None or self._candidate.version != record["version"]:
             try:
-                self._candidate = self._load(self.client, self.follower.tracking_uri,
-                                             self.name, record["version"],
-                                             provider=self.follower.provider)
-            except self._rejected as exc:
+                self._candidate = load_version(self.client, self.follower.tracking_uri,
+                                               self.name, record["version"],
+                                               provider=self.follower.provider)
+            except VersionRejected as exc:
                 self._condemn(record, "rollback", f"candidate not served: {exc}")
                 return
             _log(f"loaded candidate v{record['version']} for rollout {record['id']}")

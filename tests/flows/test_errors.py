@@ -14,8 +14,8 @@ from flows.platform.temporary_server import TemporaryServerError
 from flows.promotion.champion import ChampionUnhealthyError
 from flows.promotion.operations import PromotionRefused
 from flows.recalibrate.flow import RecalibrationError
-from flows.serve.app import VersionRejected
 from flows.serve.contract import ScoringInputError
+from flows.serve.served_model import VersionRejected
 from flows.store.lock import LockTimeout
 from flows.store.reference import ReferenceUnavailable
 from flows.store.tracking import StoreError

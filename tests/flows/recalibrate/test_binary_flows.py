@@ -35,6 +35,8 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
 
     from flows.cli import main as cli
     from flows.serve import app as serve
+    from flows.serve.follower import RegistryFollower
+    from flows.serve.metrics import Metrics
     from flows.store import registry
 
     p, labels = _binary_outputs()
@@ -77,8 +79,8 @@ def test_float32_binary_file_recalibrates_and_the_model_takes_one_column(store, 
 
     # cord-ops serve's app over the same store (in process, following an alias set here)
     client.set_registered_model_alias("binary", "served", result.version)
-    metrics = serve.Metrics()
-    follower = serve.RegistryFollower(store, "binary", "served", 0.5, metrics, "cpu")
+    metrics = Metrics()
+    follower = RegistryFollower(store, "binary", "served", 0.5, metrics, "cpu")
     with TestClient(serve.build_app(follower, metrics, 0.0, 1000),
                     base_url="http://127.0.0.1") as http:  # a host serve answers
         deadline = time.monotonic() + 60

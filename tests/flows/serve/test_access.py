@@ -9,7 +9,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from flows.serve import access as serve_access
-from flows.serve.app import Metrics, build_app
+from flows.serve.app import build_app
+from flows.serve.metrics import Metrics
 from flows.serve.traffic import TrafficMonitor
 
 TOKEN = "t0ken-for-the-tests-only-0123456789"

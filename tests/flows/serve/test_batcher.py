@@ -13,8 +13,10 @@ from scipy.special import softmax
 
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from flows.serve.app import OUTPUTS, Metrics, MicroBatcher, ServedModel, verify
+from flows.serve.batcher import MicroBatcher
 from flows.serve.contract import InputContract
+from flows.serve.metrics import Metrics
+from flows.serve.served_model import OUTPUTS, ServedModel, verify
 from onnx_export import export_onnx, open_session
 
 WAIT = 20.0  # seconds: far above any run here; reached only when a request is stuck

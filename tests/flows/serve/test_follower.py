@@ -7,7 +7,8 @@ from __future__ import annotations
 def test_a_model_without_its_alias_is_said_once_with_the_next_step(store, capsys):
     from mlflow import MlflowClient
 
-    from flows.serve.app import Metrics, RegistryFollower
+    from flows.serve.follower import RegistryFollower
+    from flows.serve.metrics import Metrics
 
     MlflowClient(store).create_registered_model("waiting")
     metrics = Metrics()
@@ -31,7 +32,7 @@ def test_a_rollout_ended_elsewhere_is_said_once_by_the_server_routing_it(store, 
     from mlflow import MlflowClient
 
     from flows.promotion.rollout_steps import ROLLOUT_TAG, Budget, Plan
-    from flows.serve.app import Metrics, VersionRejected
+    from flows.serve.metrics import Metrics
     from flows.serve.rollout import ActiveStep, RolloutController
 
     client = MlflowClient(store)
@@ -41,8 +42,7 @@ def test_a_rollout_ended_elsewhere_is_said_once_by_the_server_routing_it(store, 
         "outcome": "aborted by alice: the new batch was mislabelled"}))
     follower = SimpleNamespace(tracking_uri=store, name="rolled", interval=1.0, current=None,
                                provider="cpu")
-    controller = RolloutController(follower, Metrics(), load=None, rejected=VersionRejected,
-                                   outputs=("repaired",))
+    controller = RolloutController(follower, Metrics())
     controller.step = ActiveStep("r7", 3, 1, Plan.build("shadow", (0.25,), 10, 1.0), Budget(),
                                  0.0, "1", None)
     controller.refresh()

@@ -21,6 +21,8 @@ from cord_ops.calibrators import make_calibrator
 from flows.serve import app as serve
 from flows.serve.access import Access
 from flows.serve.contract import InputContract
+from flows.serve.metrics import Metrics
+from flows.serve.served_model import ServedModel
 from onnx_export import export_onnx, open_session
 
 WAIT = 20.0  # seconds: far above any answer here; reached only when something is stuck
@@ -72,9 +74,9 @@ def _serving(session, **options):
     (url, metrics)."""
     import uvicorn
 
-    model = serve.ServedModel("m", "1", None, InputContract(10, "logits", "float32"), None,
+    model = ServedModel("m", "1", None, InputContract(10, "logits", "float32"), None,
                               "ts", session, ("CPUExecutionProvider",), {})
-    metrics = serve.Metrics()
+    metrics = Metrics()
     app = serve.build_app(_Follower(model), metrics, 0.0, 4096, access=Access.local(),
                           **options)
     sock = serve.bind("127.0.0.1", 0)

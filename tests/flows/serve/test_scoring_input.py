@@ -15,8 +15,10 @@ from scipy.special import softmax
 
 from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from flows.serve.app import OUTPUTS, Metrics, MicroBatcher, ServedModel, verify
+from flows.serve.batcher import MicroBatcher
 from flows.serve.contract import InputContract, ScoringInputError, from_payload, score_matrix
+from flows.serve.metrics import Metrics
+from flows.serve.served_model import OUTPUTS, ServedModel, verify
 from onnx_export import export_onnx, open_session
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, width=64)
@@ -160,7 +162,7 @@ def test_concurrent_requests_share_runs_but_never_mix_versions(digits):
 
 
 def test_a_graph_that_disagrees_with_its_logged_state_is_rejected(digits):
-    from flows.serve.app import VersionRejected
+    from flows.serve.served_model import VersionRejected
 
     fitted = make_calibrator("vs").fit(digits.scores, digits.labels)
     cord = CORD().fit(softmax(digits.scores, axis=1), fitted.predict_proba(digits.scores))
