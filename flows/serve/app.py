@@ -4,7 +4,7 @@ It serves the ONNX graph of ``models:/NAME@ALIAS`` with one onnxruntime session 
 onnxruntime-gpu and a GPU are present, else CPU) on uvicorn + Starlette, and moves to a new
 version without a restart:
 
-- a :class:`RegistryFollower` thread polls the alias every ``poll_interval`` seconds; when it
+- a :class:`flows.serve.follower.RegistryFollower` thread polls the alias every ``poll_interval`` seconds; when it
   points at a version that is not the one served, the thread downloads that version's
   graph, opens a session and verifies it (:func:`verify`): every repaired row keeps its
   input's top-1, is finite and sums to 1, and agrees with cord_ops run from the version's
@@ -18,7 +18,7 @@ version without a restart:
   :mod:`flows.serve.contract`, shared with the registered model's pyfunc flavour), and
   answers ``{"predictions": {"repaired", "label", "confidence"}, "model": {"name",
   "version"}}`` with the version also in the ``X-Model-Version`` header.
-- concurrent requests are micro-batched (:class:`MicroBatcher`): one session run scores every
+- concurrent requests are micro-batched (:class:`flows.serve.batcher.MicroBatcher`): one session run scores every
   request waiting for it, up to ``batch_max_rows`` rows, and waits at most
   ``batch_window`` seconds for requests still being read; a lone request never waits.
 - ``GET /health`` (200 only with a verified model), ``GET /version``, ``GET /metrics``
