@@ -4,9 +4,10 @@ It serves the ONNX graph of ``models:/NAME@ALIAS`` with one onnxruntime session 
 onnxruntime-gpu and a GPU are present, else CPU) on uvicorn + Starlette, and moves to a new
 version without a restart:
 
-- a :class:`flows.serve.follower.RegistryFollower` thread polls the alias every ``poll_interval`` seconds; when it
-  points at a version that is not the one served, the thread downloads that version's
-  graph, opens a session and verifies it (:func:`verify`): every repaired row keeps its
+- a :class:`flows.serve.follower.RegistryFollower` thread polls the alias every
+  ``poll_interval`` seconds; when it points at a version that is not the one served, the
+  thread downloads that version's graph, opens a session and verifies it
+  (:func:`flows.serve.served_model.verify`): every repaired row keeps its
   input's top-1, is finite and sums to 1, and agrees with cord_ops run from the version's
   logged state within the export's parity tolerance. Only then is the served model
   replaced, by one reference assignment, so a request is answered wholly by the version it
@@ -18,8 +19,8 @@ version without a restart:
   :mod:`flows.serve.contract`, shared with the registered model's pyfunc flavour), and
   answers ``{"predictions": {"repaired", "label", "confidence"}, "model": {"name",
   "version"}}`` with the version also in the ``X-Model-Version`` header.
-- concurrent requests are micro-batched (:class:`flows.serve.batcher.MicroBatcher`): one session run scores every
-  request waiting for it, up to ``batch_max_rows`` rows, and waits at most
+- concurrent requests are micro-batched (:class:`flows.serve.batcher.MicroBatcher`): one
+  session run scores every request waiting for it, up to ``batch_max_rows`` rows, and waits at most
   ``batch_window`` seconds for requests still being read; a lone request never waits.
 - ``GET /health`` (200 only with a verified model), ``GET /version``, ``GET /metrics``
   (Prometheus text: requests, errors by reason, latency, batch sizes, current version,
