@@ -111,14 +111,13 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
     from cord_ops import data as cord_data
-    from flows.platform import temporary_server as prefect_server
-
+    from flows.platform import temporary_server
     with tempfile.TemporaryDirectory(prefix="bench-registry-") as tmp:
         root = Path(tmp)
         digits = cord_data.digits_dataset(0)
         data = cord_data.save_npz(root / "digits.npz", digits.scores, digits.labels, "logits")
 
-        with prefect_server.temporary_api() as configured:
+        with temporary_server.temporary_api() as configured:
             from prefect.settings import PREFECT_API_URL
 
             api = configured or PREFECT_API_URL.value()

@@ -84,20 +84,20 @@ def set_rollout(uri: str, mode: str | None) -> str | None:
     """Write a rollout record of v2 that stays at its first step (None: end any)."""
     from mlflow import MlflowClient
 
-    from flows.promotion import rollout_record as rollout
+    from flows.promotion import rollout_record
     from flows.promotion.rollout_steps import Budget, Plan
 
     client = MlflowClient(uri)
-    current = rollout.read(client, MODEL)
+    current = rollout_record.read(client, MODEL)
     if mode is None:
-        if current is not None and current["state"] == rollout.ACTIVE:
-            current["state"] = rollout.ABORTED
-            rollout.write(client, MODEL, current)
+        if current is not None and current["state"] == rollout_record.ACTIVE:
+            current["state"] = rollout_record.ABORTED
+            rollout_record.write(client, MODEL, current)
         return None
     plan = Plan.build(mode, (0.10,), min_requests=50, min_seconds=1e9)
     budget = Budget(max_error_rate=1.0, max_p99_ratio=1e6, max_confidence_shift=1.0)
-    record = rollout.new_record(MODEL, "2", "1", plan, budget, "benchmark", "bench")
-    rollout.write(client, MODEL, record)
+    record = rollout_record.new_record(MODEL, "2", "1", plan, budget, "benchmark", "bench")
+    rollout_record.write(client, MODEL, record)
     return plan.describe(0)
 
 

@@ -73,11 +73,11 @@ def registry_section(client, uri: str, name: str,
     """Hold the model's registry lock (:mod:`flows.store.lock`, the one recalibrations take from
     registration to the alias move) around an operator's alias move, so a promote or
     rollback never interleaves with a gate reading and moving ``@champion``."""
-    from flows.platform import temporary_server as prefect_server
+    from flows.platform import temporary_server
     from flows.store import lock, owner, tracking
 
     folder = tracking.local_store_folder(uri)
-    kind = lock.choose(folder, prefect_server.configured_api_url())
+    kind = lock.choose(folder, temporary_server.configured_api_url())
     holder = {"run_id": None, "operator": who(), **owner.Owner.current().record()}
     with lock.registry_lock(kind, name, lock.DEFAULT_TIMEOUT if timeout is None else timeout,
                             _StderrLog(), holder, client=client, store_folder=folder):

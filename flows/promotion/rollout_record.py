@@ -27,8 +27,7 @@ import time
 import uuid
 
 from flows.errors import CordOpsError
-from flows.promotion import guards
-from flows.promotion import operations as champion_ops
+from flows.promotion import guards, operations
 from flows.promotion.champion import push_history
 from flows.promotion.rollout_steps import (  # noqa: F401 (the record's names, re-exported)
     ABORTED,
@@ -83,7 +82,7 @@ def write(client, name: str, record: dict) -> None:
 
 
 def _event(record: dict, what: str, why: str, by: str) -> None:
-    record["events"].append({"at": champion_ops.now(), "by": by, "what": what,
+    record["events"].append({"at": operations.now(), "by": by, "what": what,
                              "step": record["step"], "why": why[:500]})
 
 
@@ -115,7 +114,7 @@ def start(client, uri: str, name: str, version: str, plan: Plan, budget: Budget,
     budget.check()
     if not reason or not reason.strip():
         raise RolloutRefused("--reason: say why this version should be rolled out")
-    with champion_ops.registry_section(client, uri, name, lock_timeout):
+    with operations.registry_section(client, uri, name, lock_timeout):
         busy = active_refusal(name, read(client, name))
         if busy is not None:
             raise RolloutRefused(busy)
@@ -127,14 +126,14 @@ def start(client, uri: str, name: str, version: str, plan: Plan, budget: Budget,
         if champion == version:
             raise RolloutRefused(f"v{version} already holds @champion")
         try:
-            champion_ops.check_promotable(client, name, version, allow_label_free, allow_harm)
-        except champion_ops.PromotionRefused as exc:
+            operations.check_promotable(client, name, version, allow_label_free, allow_harm)
+        except operations.PromotionRefused as exc:
             raise RolloutRefused(f"cannot roll out v{version}: {exc}") from None
         harms = guards.harms(client.get_model_version(name, version).tags)
         record = new_record(name, version, champion, plan, budget, reason,
-                            champion_ops.who(), harms_override=harms,
+                            operations.who(), harms_override=harms,
                             label_free_override=allow_label_free)
-        warning = champion_ops.champion_comparison(client, name, version, champion)
+        warning = operations.champion_comparison(client, name, version, champion)
         if warning:
             record["warning"] = warning
         client.set_registered_model_alias(name, CHALLENGER, version)
@@ -152,7 +151,7 @@ def new_record(name: str, version: str, champion: str, plan: Plan, budget: Budge
                        "min_seconds": plan.min_seconds},
               "budget": budget.to_dict(), "step": 0, "step_started": time.time(),
               "state": ACTIVE, "revision": 0, "started_by": by,
-              "started_at": champion_ops.now(), "reason": reason.strip()[:300],
+              "started_at": operations.now(), "reason": reason.strip()[:300],
               "harms_override": harms_override, "label_free_override": label_free_override,
               "events": []}
     _event(record, "start", f"{plan.describe(0)}; {reason.strip()}", by)
@@ -164,17 +163,17 @@ def abort(client, uri: str, name: str, reason: str | None = None,
     """End the active rollout of ``name``: servers stop routing to the candidate at their
     next poll; ``@champion`` is not touched."""
     text = reason.strip() if reason and reason.strip() else "no reason given"
-    with champion_ops.registry_section(client, uri, name, lock_timeout):
+    with operations.registry_section(client, uri, name, lock_timeout):
         record = read(client, name)
         if record is None or record["state"] != ACTIVE:
             raise RolloutRefused(f"{name}: no active rollout to abort")
-        _end(client, name, record, ABORTED, f"aborted: {text}", champion_ops.who())
+        _end(client, name, record, ABORTED, f"aborted: {text}", operations.who())
     return record
 
 
 def _end(client, name: str, record: dict, state: str, why: str, by: str) -> None:
     record["state"] = state
-    record["ended_at"] = champion_ops.now()
+    record["ended_at"] = operations.now()
     record["outcome"] = why[:1000]
     _event(record, state, why, by)
     _drop_challenger(client, name, record["version"])
@@ -189,7 +188,7 @@ def transition(client, uri: str, name: str, rollout_id: str, revision: int, acti
     (``abort`` for a rollout whose champion moved). Returns the new record, or None when
     the record moved on meanwhile (another server judged first, an operator aborted):
     then the judgement is stale and nothing is written."""
-    with champion_ops.registry_section(client, uri, name, lock_timeout):
+    with operations.registry_section(client, uri, name, lock_timeout):
         record = read(client, name)
         if (record is None or record["id"] != rollout_id or record["state"] != ACTIVE
                 or int(record["revision"]) != int(revision)):
@@ -224,8 +223,8 @@ def _promote(client, name: str, record: dict, evidence: str, by: str) -> None:
     allow = {"allow_label_free": bool(record.get("label_free_override", False)),
              "allow_harm": bool(record.get("harms_override", False))}
     try:
-        champion_ops.check_promotable(client, name, version, **allow)
-    except champion_ops.PromotionRefused as exc:
+        operations.check_promotable(client, name, version, **allow)
+    except operations.PromotionRefused as exc:
         _end(client, name, record, ROLLED_BACK, f"promotion refused: {exc}", by)
         return
     used = guards.overrides(client.get_model_version(name, version).tags, **allow)
@@ -235,10 +234,10 @@ def _promote(client, name: str, record: dict, evidence: str, by: str) -> None:
     why = (f"rollout {record['id']} started by {record['started_by']} at "
            f"{record['started_at']} ({record['reason']}); {evidence}; carried out by {by}")
     # Before the alias, as every move of @champion (flows.promotion.champion.push_history).
-    push_history(client, name, champion_ops.history_row(
+    push_history(client, name, operations.history_row(
         version, current, "rollout", why, used, warning, by=record["started_by"],
         rollout=record["id"]))
-    champion_ops.move_champion(client, name, version, why, "rollout")
+    operations.move_champion(client, name, version, why, "rollout")
     _end(client, name, record, PROMOTED, evidence, by)
 
 

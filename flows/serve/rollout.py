@@ -42,8 +42,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from flows.promotion import rollout_record as rollout
-from flows.promotion import rollout_steps
+from flows.promotion import rollout_record, rollout_steps
 from flows.promotion.rollout_steps import Budget, Decision, Figures, Plan
 from flows.serve.served_model import OUTPUTS, VersionRejected, load_version
 
@@ -475,14 +474,14 @@ class RolloutController:
         """Read the record and make :attr:`step` follow it (loading the candidate)."""
         from flows.store import registry
 
-        record = rollout.read(self.client, self.name)
+        record = rollout_record.read(self.client, self.name)
         self.record = record
         self.last_error = None
         served = self.follower.current
         step = self.step
-        if record is None or record["state"] != rollout.ACTIVE:
-            if (record is not None and record["state"] == rollout.PROMOTED and step is not None
-                    and step.rollout_id == record["id"]
+        if record is None or record["state"] != rollout_record.ACTIVE:
+            if (record is not None and record["state"] == rollout_record.PROMOTED
+                    and step is not None and step.rollout_id == record["id"]
                     and (served is None or served.version != record["version"])):
                 self.step = replace(step, final=True) if not step.final else step
             else:
@@ -530,7 +529,8 @@ class RolloutController:
         if step is None or (step.rollout_id, step.revision) != (record["id"],
                                                                 record["revision"]):
             self._set_step(ActiveStep(record["id"], int(record["revision"]), int(record["step"]),
-                                      rollout.plan_of(record), rollout.budget_of(record),
+                                      rollout_record.plan_of(record),
+                                      rollout_record.budget_of(record),
                                       float(record["step_started"]), record["champion"],
                                       candidate))
             _log(f"v{candidate.version} vs v{record['champion']}: "
@@ -571,16 +571,15 @@ class RolloutController:
 
     def judge(self) -> None:
         """Judge the current step; carry out a decision (or a pending condemnation)."""
-        from flows.promotion import operations as champion_ops
-
-        by = f"cord-ops serve on {champion_ops.who()}"
+        from flows.promotion import operations
+        by = f"cord-ops serve on {operations.who()}"
         for rollout_id, (revision, action, why) in list(self._condemned.items()):
-            moved = rollout.transition(self.client, self.follower.tracking_uri, self.name,
-                                       rollout_id, revision, action, why, by)
+            moved = rollout_record.transition(self.client, self.follower.tracking_uri, self.name,
+                                              rollout_id, revision, action, why, by)
             if moved is None:
-                current = rollout.read(self.client, self.name)
+                current = rollout_record.read(self.client, self.name)
                 if (current is not None and current["id"] == rollout_id
-                        and current["state"] == rollout.ACTIVE):
+                        and current["state"] == rollout_record.ACTIVE):
                     # Another server moved the step meanwhile: the breach seen here still
                     # ends the rollout, at the revision it has now (next judgement).
                     self._condemned[rollout_id] = (int(current["revision"]), action, why)
@@ -603,9 +602,9 @@ class RolloutController:
             return self.judge()
         self.step = replace(step, final=True)  # no second judgement while writing
         try:
-            moved = rollout.transition(self.client, self.follower.tracking_uri, self.name,
-                                       step.rollout_id, step.revision, decision.action,
-                                       decision.reason, by)
+            moved = rollout_record.transition(self.client, self.follower.tracking_uri, self.name,
+                                              step.rollout_id, step.revision, decision.action,
+                                              decision.reason, by)
         except Exception:
             self.step = step
             raise
@@ -635,7 +634,7 @@ class RolloutController:
                      "final": step.final, "seconds_at_step": time.time() - step.started,
                      "figures": step.stats.figures().to_dict()}
         decision = self.decision
-        return {"record": self.record, "summary": rollout.describe(self.record),
+        return {"record": self.record, "summary": rollout_record.describe(self.record),
                 "serving": local,
                 "decision": None if decision is None else {"action": decision.action,
                                                            "reason": decision.reason},

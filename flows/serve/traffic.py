@@ -20,7 +20,7 @@ import threading
 import numpy as np
 
 from cord_ops import label_free as estimators
-from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free import records
 
 DEFAULT_WINDOW_ROWS = 10_000
 #: Fewest rows in the window before estimates are published (the drift tests and EM on a
@@ -32,12 +32,12 @@ class TrafficMonitor:
     """The window, the reference profiles by version, and the estimates (module docstring)."""
 
     def __init__(self, tracking_uri: str, name: str, window_rows: int = DEFAULT_WINDOW_ROWS,
-                 thresholds: label_free.Thresholds | None = None):
+                 thresholds: records.Thresholds | None = None):
         if window_rows < MIN_ROWS:
             raise ValueError(f"--monitor-window: expected at least {MIN_ROWS} rows, got "
                              f"{window_rows}")
         self.tracking_uri, self.name, self.window_rows = tracking_uri, name, window_rows
-        self.thresholds = thresholds or label_free.Thresholds()
+        self.thresholds = thresholds or records.Thresholds()
         self._lock = threading.Lock()
         self._version: str | None = None
         self._rows: np.ndarray | None = None
@@ -132,7 +132,7 @@ class TrafficMonitor:
             body["status"] = str(exc)
             return body
         est = profile.estimate(rows)
-        reasons = label_free.alert_reasons(est, profile, self.thresholds)
+        reasons = records.alert_reasons(est, profile, self.thresholds)
         body.update({
             "status": "ok", "alert": bool(reasons), "alerts": reasons,
             "estimates": {"cbpe": est.cbpe, "atc": est.atc, "doc": est.doc,
@@ -157,15 +157,15 @@ class TrafficMonitor:
         _, rows = self.window()
         profile = self.profile(model)
         est = profile.estimate(rows)
-        reasons = label_free.alert_reasons(est, profile, self.thresholds)
+        reasons = records.alert_reasons(est, profile, self.thresholds)
         digest = hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()
-        batch = label_free.Batch(f"serve:{self.name}@{model.version}", rows, None, digest,
-                                 label_free.scores_digest(rows))
+        batch = records.Batch(f"serve:{self.name}@{model.version}", rows, None, digest,
+                              records.scores_digest(rows))
         # the window holds repaired rows only: raw CBPE is that of the served output
-        values = label_free.estimate_values(est, est.cbpe, profile)
-        run_id = label_free.log_batch_run(tracking.client(self.tracking_uri), self.name,
-                                          model.version, batch, values, reasons,
-                                          self.thresholds, est, profile.priors_)
+        values = records.estimate_values(est, est.cbpe, profile)
+        run_id = records.log_batch_run(tracking.client(self.tracking_uri), self.name,
+                                       model.version, batch, values, reasons,
+                                       self.thresholds, est, profile.priors_)
         return {**body, "run_id": run_id}
 
     # ------------------------------------------------------------ Prometheus

@@ -33,14 +33,14 @@ import numpy as np
 
 from cord_ops import metrics
 from cord_ops.validation import top1
-from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free import records
 from flows.platform import checkpoints
 from flows.redact import redact
 from flows.store import registry
 
 KIND = "prior-shift-candidate"
 #: Monitoring-run tag: the version a candidate was registered as.
-VERSION_TAG = label_free.PRIOR_SHIFT_VERSION_TAG
+VERSION_TAG = records.PRIOR_SHIFT_VERSION_TAG
 #: Version and run tags (also in :mod:`flows.store.registry`, where promotion reads them).
 LABEL_FREE_TAG = registry.LABEL_FREE_TAG
 VERDICT_TAG = registry.LABEL_FREE_VERDICT_TAG
@@ -74,7 +74,7 @@ def _repair_from_state(state: dict):
 
 
 def prepare(client, model_name: str, version: str, monitor_run_id: str,
-            batch: label_free.Batch) -> Prepared:
+            batch: records.Batch) -> Prepared:
     """Build and check the candidate of ``monitor_run_id`` (a label-free run of champion
     ``version`` on ``batch``); writes nothing. Raises ValueError saying why it cannot be
     registered (parity, a changed top-1, a champion graph without ``original``)."""
@@ -122,7 +122,7 @@ def prepare(client, model_name: str, version: str, monitor_run_id: str,
 
 
 def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: str,
-                       batch: label_free.Batch, lock_timeout: float | None = None) -> str:
+                       batch: records.Batch, lock_timeout: float | None = None) -> str:
     """Register the candidate of ``monitor_run_id`` as a new version; returns it. Never
     moves ``@champion`` (module docstring). A failure after the run exists leaves the run
     FAILED with ``cord.error`` and no version."""
@@ -142,7 +142,7 @@ def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: 
                                   "cord.calibrator": ready.champion_run_tags.get(
                                       "cord.calibrator", "unknown"),
                                   "data.path": batch.path, "data.sha256": batch.sha256,
-                                  label_free.SCORES_DIGEST_TAG: batch.scores_sha256,
+                                  records.SCORES_DIGEST_TAG: batch.scores_sha256,
                                   **owner.Owner.current().record()})
     run_id, created = run.info.run_id, None
     checkpoints.checkpoint("start_run")
@@ -209,7 +209,7 @@ def register_candidate(uri: str, model_name: str, version: str, monitor_run_id: 
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_tag(monitor_run_id, VERSION_TAG, created)
-    client.set_tag(monitor_run_id, label_free.PRIOR_SHIFT_TAG,
+    client.set_tag(monitor_run_id, records.PRIOR_SHIFT_TAG,
                    f"registered as v{created} (label-free)")
     return created
 

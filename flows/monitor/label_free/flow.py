@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger
 
 from cord_ops import label_free as estimators
 from flows.errors import in_words
-from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free import records
 from flows.platform.task_presets import compute_task, store_task
 from flows.promotion.champion import ChampionUnhealthyError, record_health
 from flows.store import reference, registry, tracking
@@ -31,8 +31,8 @@ class ChampionOnBatches:
     version: str
     reference_rows: int
     reference_labels: np.ndarray
-    scored_reference: label_free.Scored
-    scored_batches: list[label_free.Scored]
+    scored_reference: records.Scored
+    scored_batches: list[records.Scored]
 
 
 def champion_to_monitor(client, model_name: str):
@@ -45,7 +45,7 @@ def champion_to_monitor(client, model_name: str):
 
 
 @store_task
-def score_champion(uri: str, model_name: str, batches: list[label_free.Batch]) -> ChampionOnBatches:
+def score_champion(uri: str, model_name: str, batches: list[records.Batch]) -> ChampionOnBatches:
     """``@champion``'s outputs on its reference split and on every batch."""
     client = tracking.client(uri)
     current = champion_to_monitor(client, model_name)
@@ -62,8 +62,8 @@ def score_champion(uri: str, model_name: str, batches: list[label_free.Batch]) -
                           f"classes, the batches {width}")
     problem = None
     try:
-        scored = label_free.score_version(client, model_name, version,
-                                          [split.scores, *(b.scores for b in batches)])
+        scored = records.score_version(client, model_name, version,
+                                       [split.scores, *(b.scores for b in batches)])
     except Exception as exc:  # whatever breaks, the champion is not servable as is
         problem = in_words(exc)[:1000]
     record_health(client, model_name, version, problem)
@@ -73,31 +73,31 @@ def score_champion(uri: str, model_name: str, batches: list[label_free.Batch]) -
 
 
 @compute_task
-def estimate_batch(profile: estimators.ReferenceProfile, scored: label_free.Scored,
-                   thresholds: label_free.Thresholds):
+def estimate_batch(profile: estimators.ReferenceProfile, scored: records.Scored,
+                   thresholds: records.Thresholds):
     est = profile.estimate(scored.repaired, scored.original)
     cbpe_raw = estimators.cbpe_accuracy(scored.original)
-    return est, cbpe_raw, label_free.alert_reasons(est, profile, thresholds)
+    return est, cbpe_raw, records.alert_reasons(est, profile, thresholds)
 
 
 @compute_task
-def prior_shift_candidate(scored: label_free.Scored, profile: estimators.ReferenceProfile,
+def prior_shift_candidate(scored: records.Scored, profile: estimators.ReferenceProfile,
                           est: estimators.Estimates) -> dict:
-    return label_free.prior_shift_candidate(scored, profile, est)
+    return records.prior_shift_candidate(scored, profile, est)
 
 
 @store_task
-def log_batch(uri: str, model_name: str, version: str, batch: label_free.Batch, values: dict,
-              reasons: list[str], thresholds: label_free.Thresholds,
+def log_batch(uri: str, model_name: str, version: str, batch: records.Batch, values: dict,
+              reasons: list[str], thresholds: records.Thresholds,
               est: estimators.Estimates, reference_priors: np.ndarray,
               candidate: dict | None) -> str:
-    return label_free.log_batch_run(tracking.client(uri), model_name, version, batch, values,
-                                    reasons, thresholds, est, reference_priors, candidate)
+    return records.log_batch_run(tracking.client(uri), model_name, version, batch, values,
+                                 reasons, thresholds, est, reference_priors, candidate)
 
 
 @store_task
 def register_candidate(uri: str, model_name: str, version: str, run_id: str,
-                       batch: label_free.Batch) -> str:
+                       batch: records.Batch) -> str:
     """:func:`flows.monitor.label_free.candidate.register_candidate` as a task."""
     from flows.monitor.label_free import candidate as label_free_register
 
@@ -105,21 +105,21 @@ def register_candidate(uri: str, model_name: str, version: str, run_id: str,
 
 
 @store_task
-def settle(uri: str, model_name: str, batch: label_free.Batch,
-           scored_by: dict[str, label_free.Scored] | None = None) -> dict[str, dict[str, float]]:
+def settle(uri: str, model_name: str, batch: records.Batch,
+           scored_by: dict[str, records.Scored] | None = None) -> dict[str, dict[str, float]]:
     """:func:`flows.monitor.label_free.records.meet_labels` as a task."""
-    return label_free.meet_labels(tracking.client(uri), model_name, batch, scored_by)
+    return records.meet_labels(tracking.client(uri), model_name, batch, scored_by)
 
 
 def settle_labelled(uri: str, model_name: str, dataset) -> dict[str, dict[str, float]]:
     """For the labelled monitor: settle the label-free runs of ``dataset``'s scores."""
-    batch = label_free.Batch(str(dataset.path), np.asarray(dataset.scores),
-                             np.asarray(dataset.labels), dataset.sha256,
-                             label_free.scores_digest(dataset.scores))
+    batch = records.Batch(str(dataset.path), np.asarray(dataset.scores),
+                          np.asarray(dataset.labels), dataset.sha256,
+                          records.scores_digest(dataset.scores))
     return settle(uri, model_name, batch)
 
 
-def emit_alert(model_name: str, report: label_free.BatchReport, version: str) -> None:
+def emit_alert(model_name: str, report: records.BatchReport, version: str) -> None:
     """A Prefect event other deployments can trigger on (``cord-ops.monitor.alert``)."""
     from prefect.events import emit_event
 
@@ -133,12 +133,12 @@ def emit_alert(model_name: str, report: label_free.BatchReport, version: str) ->
 
 @flow(name="monitor-label-free", persist_result=False)
 def monitor_label_free(data: str | Path | list[str], model_name: str = "cord-ops",
-                       alpha: float = label_free.DEFAULT_ALPHA,
-                       max_accuracy_drop: float = label_free.DEFAULT_MAX_ACCURACY_DROP,
-                       max_prior_shift: float = label_free.DEFAULT_MAX_PRIOR_SHIFT,
+                       alpha: float = records.DEFAULT_ALPHA,
+                       max_accuracy_drop: float = records.DEFAULT_MAX_ACCURACY_DROP,
+                       max_prior_shift: float = records.DEFAULT_MAX_PRIOR_SHIFT,
                        emit_events: bool = False,
                        tracking_uri: str | None = None,
-                       register_candidates: bool = False) -> label_free.LabelFreeResult:
+                       register_candidates: bool = False) -> records.LabelFreeResult:
     """Score ``model_name@champion`` on every batch ``data`` names (one file, a folder or a
     glob of .npz/.parquet files, or a list of files; labels optional) and log one label-free
     run per batch (:mod:`flows.monitor.label_free.records`). Batches that carry labels are
@@ -151,32 +151,32 @@ def monitor_label_free(data: str | Path | list[str], model_name: str = "cord-ops
     from flows import inputs
 
     uri = tracking.store_uri(tracking_uri)
-    thresholds = label_free.Thresholds(alpha, max_accuracy_drop, max_prior_shift).check()
+    thresholds = records.Thresholds(alpha, max_accuracy_drop, max_prior_shift).check()
     reads = inputs.model_reads(uri, f"models:/{model_name}@{registry.CHAMPION}")
     if reads is None:
         raise LookupError(f"model '{model_name}' has no @{registry.CHAMPION} in {uri} whose "
                           "classes and input kind can be read")
     n_classes, input_kind, _ = reads
-    batches = [label_free.read_batch(path, n_classes, input_kind)
-               for path in (data if isinstance(data, list) else label_free.batch_files(data))]
+    batches = [records.read_batch(path, n_classes, input_kind)
+               for path in (data if isinstance(data, list) else records.batch_files(data))]
     champion = score_champion(uri, model_name, batches)
     # the classifier's own probabilities order the rows CORD repaired to a tie
     profile = estimators.ReferenceProfile().fit(champion.scored_reference.repaired,
                                                 champion.reference_labels,
                                                 champion.scored_reference.original)
-    result = label_free.LabelFreeResult(champion.version, profile.accuracy_,
-                                        champion.reference_rows)
+    result = records.LabelFreeResult(champion.version, profile.accuracy_,
+                                     champion.reference_rows)
     logger = get_run_logger()
     for batch, scored in zip(batches, champion.scored_batches, strict=True):
         est, cbpe_raw, reasons = estimate_batch(profile, scored, thresholds)
-        values = label_free.estimate_values(est, cbpe_raw, profile)
+        values = records.estimate_values(est, cbpe_raw, profile)
         candidate = (prior_shift_candidate(scored, profile, est)
-                     if any(r.startswith(label_free.PRIOR_SHIFT_REASON) for r in reasons)
+                     if any(r.startswith(records.PRIOR_SHIFT_REASON) for r in reasons)
                      else None)
         run_id = log_batch(uri, model_name, champion.version, batch, values, reasons,
                            thresholds, est, profile.priors_, candidate)
-        report = label_free.BatchReport(batch.path, run_id, batch.n, batch.scores_sha256, est,
-                                        cbpe_raw, reasons)
+        report = records.BatchReport(batch.path, run_id, batch.n, batch.scores_sha256, est,
+                                     cbpe_raw, reasons)
         if register_candidates and candidate is not None:
             report.candidate_version = register_candidate(uri, model_name, champion.version,
                                                           run_id, batch)

@@ -22,7 +22,7 @@ import numpy as np
 from prefect import flow
 
 from cord_ops import data, read_budget
-from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free import records
 from flows.monitor.label_free.flow import settle
 from flows.store import tracking
 
@@ -143,29 +143,29 @@ def join_labels(labels_path, batch_path, keys: np.ndarray, n_classes: int) -> np
     return np.asarray(labels[order[at]], dtype=np.int64)
 
 
-def labelled_batch(batch_path, labels_path, n_classes: int, input_kind: str) -> label_free.Batch:
+def labelled_batch(batch_path, labels_path, n_classes: int, input_kind: str) -> records.Batch:
     """The batch of ``batch_path`` with the labels of ``labels_path`` joined by row key; its
     path is the labels file's (the tag ``monitor.labels_run`` says where labels came from)."""
-    batch = label_free.read_batch(batch_path, n_classes, input_kind)
+    batch = records.read_batch(batch_path, n_classes, input_kind)
     if batch.labels is not None:
         raise ValueError(f"{batch_path}: already holds labels; give it without --labels")
     labels = join_labels(labels_path, batch_path, batch_keys(batch_path, batch.n), n_classes)
     return replace(batch, path=str(labels_path), labels=labels)
 
 
-def earlier_runs(client, model_name: str, batch: label_free.Batch) -> list:
+def earlier_runs(client, model_name: str, batch: records.Batch) -> list:
     """The finished label-free runs of ``model_name`` that logged ``batch``'s scores."""
-    experiment = client.get_experiment_by_name(label_free.monitoring_experiment(model_name))
+    experiment = client.get_experiment_by_name(records.monitoring_experiment(model_name))
     if experiment is None:
         return []
     return client.search_runs([experiment.experiment_id],
-                              f"tags.`{label_free.SCORES_DIGEST_TAG}` = "
+                              f"tags.`{records.SCORES_DIGEST_TAG}` = "
                               f"'{batch.scores_sha256}' and tags.`cord.kind` = "
-                              f"'{label_free.KIND}' and attributes.status = 'FINISHED'")
+                              f"'{records.KIND}' and attributes.status = 'FINISHED'")
 
 
 def check(uri: str, model_name: str, batch_path, labels_path, n_classes: int,
-          input_kind: str) -> label_free.Batch:
+          input_kind: str) -> records.Batch:
     """:func:`labelled_batch`, and at least one earlier label-free run of it (ValueError)."""
     batch = labelled_batch(batch_path, labels_path, n_classes, input_kind)
     if not earlier_runs(tracking.client(uri), model_name, batch):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free import records
 from flows.monitor.label_free.flow import monitor_label_free
 from flows.platform import pinned
 from flows.platform.task_presets import store_task
@@ -30,14 +30,14 @@ PAGE_SIZE = 1000
 def monitored_files(uri: str, model_name: str) -> set[str]:
     """The file SHA-256s of the model's finished label-free runs."""
     client = tracking.client(uri)
-    experiment = client.get_experiment_by_name(label_free.monitoring_experiment(model_name))
+    experiment = client.get_experiment_by_name(records.monitoring_experiment(model_name))
     if experiment is None:
         return set()
     found: set[str] = set()
     token = None
     while True:
         page = client.search_runs([experiment.experiment_id],
-                                  f"tags.`cord.kind` = '{label_free.KIND}' and "
+                                  f"tags.`cord.kind` = '{records.KIND}' and "
                                   "attributes.status = 'FINISHED'",
                                   max_results=PAGE_SIZE, page_token=token)
         found.update(r.data.tags["data.sha256"] for r in page if "data.sha256" in r.data.tags)
@@ -60,12 +60,12 @@ def new_batches(files: list[Path], monitored: set[str]) -> list[str]:
 
 @flow(name="monitor-label-free-new", persist_result=False)
 def monitor_new_batches(data: str, model_name: str = "cord-ops",
-                        alpha: float = label_free.DEFAULT_ALPHA,
-                        max_accuracy_drop: float = label_free.DEFAULT_MAX_ACCURACY_DROP,
-                        max_prior_shift: float = label_free.DEFAULT_MAX_PRIOR_SHIFT,
+                        alpha: float = records.DEFAULT_ALPHA,
+                        max_accuracy_drop: float = records.DEFAULT_MAX_ACCURACY_DROP,
+                        max_prior_shift: float = records.DEFAULT_MAX_PRIOR_SHIFT,
                         emit_events: bool = False,
                         tracking_uri: str | None = None,
-                        register_candidates: bool = False) -> label_free.LabelFreeResult | None:
+                        register_candidates: bool = False) -> records.LabelFreeResult | None:
     """Monitor, without labels, the batches ``data`` names that were not monitored yet.
 
     None (and a log line) when the model has no ``@champion`` yet, when ``data`` names no
@@ -83,7 +83,7 @@ def monitor_new_batches(data: str, model_name: str = "cord-ops",
                     registry.CHAMPION)
         return None
     try:
-        files = label_free.batch_files(data)
+        files = records.batch_files(data)
     except ValueError as exc:
         logger.info("no batch to monitor yet (%s)", exc)
         return None

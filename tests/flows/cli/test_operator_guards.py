@@ -207,8 +207,7 @@ def test_a_second_rollback_to_a_harmful_version_needs_allow_harm(at, capsys):
 def test_a_rollout_of_a_version_worse_than_its_champion_says_so_at_start_and_end(at, capsys):
     from mlflow import MlflowClient
 
-    from flows.promotion import rollout_record as rollout
-
+    from flows.promotion import rollout_record
     uri = at("promoted")
     code, _, err, imported = cli("rollout", "start", "--model-name", MODEL, "--version", "1",
                                  "--reason", "canary", cwd=Path.cwd(), importtime=True)
@@ -221,11 +220,11 @@ def test_a_rollout_of_a_version_worse_than_its_champion_says_so_at_start_and_end
     (warning,) = [row for row in out.splitlines() if row.startswith("warning:")]
     assert "v1 is worse than v2, the champion it replaces" in warning
     client = MlflowClient(uri)
-    record = rollout.read(client, MODEL)
+    record = rollout_record.read(client, MODEL)
     # The end, as a server carries it out after the last step passed.
-    ended = rollout.transition(client, uri, MODEL, record["id"], record["revision"],
-                               "promote", "last step within budget", "test")
-    assert ended["state"] == rollout.PROMOTED
+    ended = rollout_record.transition(client, uri, MODEL, record["id"], record["revision"],
+                                      "promote", "last step within budget", "test")
+    assert ended["state"] == rollout_record.PROMOTED
     assert "warning: v1 is worse than v2, the champion it replaces" in ended["outcome"]
     row = history(uri)[-1]
     assert (row["how"], row["version"], row["overrides"]) == ("rollout", "1", ["allow-harm"])

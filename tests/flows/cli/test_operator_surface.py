@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli.main import describe_error, predict_hint
-from flows.platform import temporary_server as prefect_server
+from flows.platform import temporary_server
 
 
 def test_a_server_that_fails_at_start_up_names_its_own_exception_and_keeps_its_log(
@@ -36,8 +36,8 @@ def test_a_server_that_fails_at_start_up_names_its_own_exception_and_keeps_its_l
     with temporary_settings(updates={PREFECT_HOME: str(home), PREFECT_API_URL: None,
                                      PREFECT_API_DATABASE_CONNECTION_URL:
                                          f"sqlite+aiosqlite:///{home / 'prefect.db'}"}):
-        with pytest.raises(prefect_server.TemporaryServerError) as caught:
-            with prefect_server.temporary_api(timeout=120):
+        with pytest.raises(temporary_server.TemporaryServerError) as caught:
+            with temporary_server.temporary_api(timeout=120):
                 pytest.fail("the server came up on a file that is not a database")
     line = describe_error(caught.value, "sqlite:///unused")
     assert "\n" not in line and line.startswith("the temporary Prefect server exited with")
@@ -46,7 +46,7 @@ def test_a_server_that_fails_at_start_up_names_its_own_exception_and_keeps_its_l
     kept = Path(line.rsplit("full log ", 1)[1])
     assert kept.parent == home and kept.is_file()
     assert "Traceback" in kept.read_text()
-    assert not (home / f"prefect.db{prefect_server.READY_SUFFIX}").exists()
+    assert not (home / f"prefect.db{temporary_server.READY_SUFFIX}").exists()
 
 
 def test_serve_on_a_taken_port_is_refused_before_anything_loads(tmp_path, cord_ops_command):

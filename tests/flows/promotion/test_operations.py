@@ -12,8 +12,7 @@ import pytest
 
 from cord_ops import data, metrics
 from flows.cli.main import main
-from flows.promotion import champion
-from flows.promotion import operations as champion_ops
+from flows.promotion import champion, operations
 from flows.store import reference, registry
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -172,8 +171,8 @@ def test_broken_and_foreign_champions_stop_the_flows_until_an_operator_recovers(
                  "--reason", "seed 1 split"]) == 0
     assert _champion(client) == "2"
     tags = client.get_model_version("m", "2").tags
-    assert tags[champion_ops.PROMOTION_REASON_TAG] == "promote: seed 1 split"
-    assert "@" in tags[champion_ops.PROMOTED_BY_TAG] and tags[champion_ops.PROMOTED_AT_TAG]
+    assert tags[operations.PROMOTION_REASON_TAG] == "promote: seed 1 split"
+    assert "@" in tags[operations.PROMOTED_BY_TAG] and tags[operations.PROMOTED_AT_TAG]
 
     # The champion's graph is truncated on disk.
     (onnx_file,) = sorted(_model_folder(client, "m", "2").rglob("*.onnx"))

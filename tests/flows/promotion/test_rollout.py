@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from servers import free_port, running, wait_until_ready
 
-from flows.promotion import rollout_record as rollout
+from flows.promotion import rollout_record
 from flows.promotion.champion import read_history
 from flows.serve.app import VERSION_HEADER
 from flows.serve.rollout import KEY_HEADER
@@ -273,8 +273,8 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
                                   "--reason", "ts beats vs on the new batch")
             assert code == 0, err
             assert "shadow" in out
-            assert str(client.get_model_version_by_alias(MODEL, rollout.CHALLENGER).version) \
-                == v2
+            challenger = client.get_model_version_by_alias(MODEL, rollout_record.CHALLENGER)
+            assert str(challenger.version) == v2
             # A second rollout while one is active is refused, in one line.
             code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
                                 "--version", v1, "--reason", "x")
@@ -289,10 +289,10 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
 
             # At 25 %: pause the clients (the step cannot gather its evidence), restart
             # server B; it comes back at the registry's step, not at the shadow.
-            _wait(lambda: rollout.read(client, MODEL)["step"] >= 1, 60, "canary 25 %")
+            _wait(lambda: rollout_record.read(client, MODEL)["step"] >= 1, 60, "canary 25 %")
             traffic.pause()
-            at = rollout.read(client, MODEL)
-            assert at["state"] == rollout.ACTIVE and at["step"] == 1
+            at = rollout_record.read(client, MODEL)
+            assert at["state"] == rollout_record.ACTIVE and at["step"] == 1
             os.killpg(b.pid, signal.SIGTERM)
             assert b.wait(10) == 0
             with _serve(cord_ops_command, ports[1], tmp_path / "b2.log") as b2:
@@ -312,9 +312,9 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
                 assert routed[urls[0]] == routed[urls[1]]
                 assert 0 < routed[urls[0]].count(v2) < len(KEYS)
                 traffic.resume()
-                done = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
-                             != rollout.ACTIVE and r, 90, "rollout end")
-                assert done["state"] == rollout.PROMOTED, done
+                done = _wait(lambda: (r := rollout_record.read(client, MODEL))["state"]
+                             != rollout_record.ACTIVE and r, 90, "rollout end")
+                assert done["state"] == rollout_record.PROMOTED, done
                 for url in urls:
                     _wait(lambda u=url: httpx.get(f"{u}/version").json()["version"] == v2, 15,
                           f"{url} serving v2")
@@ -326,7 +326,7 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
                                                        "promoted"]
         assert str(client.get_model_version_by_alias(MODEL, registry.CHAMPION).version) == v2
         assert str(registry.champion_version(client, MODEL).version) == v2
-        assert rollout.CHALLENGER not in client.get_registered_model(MODEL).aliases
+        assert rollout_record.CHALLENGER not in client.get_registered_model(MODEL).aliases
         last = read_history(client, MODEL)[-1]
         assert (last["version"], last["from"], last["how"], last["by"]) == (v2, v1, "rollout",
                                                                              who())
@@ -379,12 +379,12 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
             assert code == 0, err
             _wait(lambda: any(x.get("named") == v3 for x in list(normal.answers)), 60,
                   "v3 answering canary rows")
-            assert rollout.read(client, MODEL)["state"] == rollout.ACTIVE
+            assert rollout_record.read(client, MODEL)["state"] == rollout_record.ACTIVE
             with Traffic(urls[:1], [{"inputs": magic_rows.tolist()}], threads=2) as magic:
-                ended = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
-                              != rollout.ACTIVE and r, 60, "rollback")
+                ended = _wait(lambda: (r := rollout_record.read(client, MODEL))["state"]
+                              != rollout_record.ACTIVE and r, 60, "rollback")
                 time.sleep(1.0)
-        assert ended["state"] == rollout.ROLLED_BACK, ended
+        assert ended["state"] == rollout_record.ROLLED_BACK, ended
         assert "top-1 disagrees" in ended["outcome"], ended["outcome"]
         assert str(registry.champion_version(client, MODEL).version) == v2
         assert read_history(client, MODEL) == history_before  # no champion moved
@@ -447,13 +447,13 @@ def test_a_slow_candidate_rolled_back_on_its_latency_budget(
                                 "--reason", "ts, slow graph")
             assert code == 0, err
             try:
-                ended = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
-                              != rollout.ACTIVE and r, 60, "rollback")
+                ended = _wait(lambda: (r := rollout_record.read(client, MODEL))["state"]
+                              != rollout_record.ACTIVE and r, 60, "rollback")
             except AssertionError as exc:  # with what the server measured
                 raise AssertionError(f"{exc}: {httpx.get(f'{url}/rollout').json()}") from None
         with Traffic([url], [{"inputs": rows.tolist()}]) as after:
             time.sleep(1.0)
-    assert ended["state"] == rollout.ROLLED_BACK, ended
+    assert ended["state"] == rollout_record.ROLLED_BACK, ended
     assert "p99 scoring time" in ended["outcome"], ended["outcome"]
     assert "top-1" not in ended["outcome"] and "failed" not in ended["outcome"]
     assert str(registry.champion_version(client, MODEL).version) == v1
@@ -506,11 +506,11 @@ def test_a_candidate_deleted_or_emptied_during_its_rollout_is_rolled_back(
                 _wait(lambda v=version: any(x.get("named") == v for x in list(during.answers)),
                       60, f"v{version} answering canary rows")
                 remove(version)
-                ended = _wait(lambda: (r := rollout.read(client, MODEL))["state"]
-                              != rollout.ACTIVE and r, 30, f"rollback of v{version}")
+                ended = _wait(lambda: (r := rollout_record.read(client, MODEL))["state"]
+                              != rollout_record.ACTIVE and r, 30, f"rollback of v{version}")
             with Traffic([url], [{"inputs": rows.tolist()}]) as after:
                 time.sleep(1.0)
-            assert ended["state"] == rollout.ROLLED_BACK, ended
+            assert ended["state"] == rollout_record.ROLLED_BACK, ended
             assert {x["named"] for x in after.answers} == {v1}
             outcomes[version] = ended["outcome"]
             answers += during.answers + after.answers
@@ -520,5 +520,5 @@ def test_a_candidate_deleted_or_emptied_during_its_rollout_is_rolled_back(
     _check_answers(answers, expected)
     assert str(registry.champion_version(client, MODEL).version) == v1
     assert read_history(client, MODEL) == history_before
-    assert rollout.CHALLENGER not in client.get_registered_model(MODEL).aliases
+    assert rollout_record.CHALLENGER not in client.get_registered_model(MODEL).aliases
     assert "registry poll failed" not in log.read_text()

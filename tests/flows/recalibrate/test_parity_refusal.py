@@ -13,8 +13,7 @@ import pytest
 from cord_ops import CORD, data
 from cord_ops.calibrators import make_calibrator
 from flows.promotion import rules
-from flows.recalibrate import compute as tasks
-from flows.recalibrate import store_steps as store_tasks
+from flows.recalibrate import compute, store_steps
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +21,7 @@ def fitted(digits):
     calibration, evaluation = data.split(digits, 0, 0.5)
     ts = make_calibrator("ts").fit(calibration.scores, calibration.labels)
     repair = CORD().fit(calibration.probabilities(), ts.predict_proba(calibration.scores))
-    report = tasks.evaluate_reports.fn(evaluation, ts, repair)
+    report = compute.evaluate_reports.fn(evaluation, ts, repair)
     return calibration, evaluation, ts, repair, report
 
 
@@ -30,15 +29,15 @@ def test_a_perturbed_graph_fails_parity_registers_nothing_and_is_not_promoted(fi
     from mlflow import MlflowClient
 
     calibration, evaluation, ts, repair, report = fitted
-    honest = tasks.export_model.fn(ts, repair, 10, "logits", "float32")
-    assert tasks.verify_parity.fn(honest, evaluation, report, "float32", ts, repair).ok
+    honest = compute.export_model.fn(ts, repair, 10, "logits", "float32")
+    assert compute.verify_parity.fn(honest, evaluation, report, "float32", ts, repair).ok
 
     # The same family with beta off by 0.1 %: every top-1 is kept (beta > 0 and the
     # repair preserve it), the probabilities move far beyond float32 rounding.
     wrong = copy.deepcopy(ts)
     wrong.beta_ = ts.beta_ * 1.001
-    parity = tasks.verify_parity.fn(tasks.export_model.fn(wrong, repair, 10, "logits",
-                                                          "float32"),
+    parity = compute.verify_parity.fn(compute.export_model.fn(wrong, repair, 10, "logits",
+                                                              "float32"),
                                     evaluation, report, "float32", ts, repair)
     assert parity.argmax_agreement == 1.0
     assert parity.max_abs_diff > 1e-4 > parity.tolerance and parity.ok is False
@@ -46,7 +45,7 @@ def test_a_perturbed_graph_fails_parity_registers_nothing_and_is_not_promoted(fi
     client = MlflowClient(store)
     client.create_registered_model("m")
     with pytest.raises(ValueError, match=r"ONNX parity failed: .* nothing registered"):
-        store_tasks.register.fn(store, "run-never-used", "0", "m", None, parity,
+        store_steps.register.fn(store, "run-never-used", "0", "m", None, parity,
                                 evaluation, repair, "ts")
     assert client.search_model_versions("name = 'm'") == []
 

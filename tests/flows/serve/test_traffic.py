@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from servers import free_port, running, wait_until_ready
 
-from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free import records
 
 pytestmark = pytest.mark.slow
 
@@ -77,10 +77,10 @@ def test_serve_monitors_its_traffic_and_flushes_a_label_free_run(
         flushed = client.post(f"{url}/monitor/flush", json={}, headers=auth).json()
     assert not token_file.exists()  # a stopped server's token opens nothing
     run = MlflowClient().get_run(flushed["run_id"])
-    assert run.data.tags["cord.kind"] == label_free.KIND
+    assert run.data.tags["cord.kind"] == records.KIND
     assert run.data.tags["data.path"] == "serve:watched@1"
     assert run.data.tags["cord.champion_version"] == first.version
-    assert run.data.tags[label_free.ALERT_TAG] == "true"
+    assert run.data.tags[records.ALERT_TAG] == "true"
     assert run.data.metrics["batch.n"] == 300
     assert run.data.metrics["estimate.cbpe"] == pytest.approx(loud["estimates"]["cbpe"])
     assert run.info.status == "FINISHED"

@@ -343,8 +343,7 @@ def test_the_command_line_lists_the_versions_of_a_quoted_name(client, store):
 
 
 def test_store_reads_read_an_embedded_store_and_never_write_one(client, store, tmp_path):
-    from flows.store import reads as store_reads
-
+    from flows.store import reads
     experiment = client.create_experiment("e")
     run = client.create_run(experiment)
     client.log_param(run.info.run_id, "n_classes", "7")
@@ -356,13 +355,13 @@ def test_store_reads_read_an_embedded_store_and_never_write_one(client, store, t
                                 tags={"k": "v"})
     client.set_registered_model_alias("a", registry.CHAMPION, "2")
 
-    assert store_reads.registered_names(store, "a", registry.CHAMPION) == (["a", "b"], True)
-    assert store_reads.registered_names(store, "b", registry.CHAMPION) == (["a", "b"], False)
-    assert store_reads.registered_names(store, "c", None) == (["a", "b"], False)
+    assert reads.registered_names(store, "a", registry.CHAMPION) == (["a", "b"], True)
+    assert reads.registered_names(store, "b", registry.CHAMPION) == (["a", "b"], False)
+    assert reads.registered_names(store, "c", None) == (["a", "b"], False)
     expected = {"version": "2", "n_classes": "7", "input_kind": "probs", "tags": {"k": "v"}}
-    assert store_reads.version_reads(store, "a", registry.CHAMPION, None) == expected
-    assert store_reads.version_reads(store, "a", None, "2") == expected
-    assert store_reads.version_reads(store, "a", None, "3") is None
+    assert reads.version_reads(store, "a", registry.CHAMPION, None) == expected
+    assert reads.version_reads(store, "a", None, "2") == expected
+    assert reads.version_reads(store, "a", None, "3") is None
 
     # a sqlite file that is not an MLflow store is reported, not given MLflow's tables
     foreign = tmp_path / "foreign.db"
@@ -371,5 +370,5 @@ def test_store_reads_read_an_embedded_store_and_never_write_one(client, store, t
     connection.close()
     before = foreign.read_bytes()
     with pytest.raises(sqlite3.DatabaseError):
-        store_reads.registered_names(f"sqlite:///{foreign}", "a", None)
+        reads.registered_names(f"sqlite:///{foreign}", "a", None)
     assert foreign.read_bytes() == before

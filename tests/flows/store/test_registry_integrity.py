@@ -410,8 +410,7 @@ def test_kill_9_of_a_label_free_registration_at_every_step_it_passes_then_one_re
     from mlflow import MlflowClient
 
     from flows.monitor.label_free import candidate as label_free_register
-    from flows.monitor.label_free import records as label_free
-
+    from flows.monitor.label_free import records
     work = tmp_path / "work"
     uri = store_at(work / "mlruns" / "mlflow.db")
     batch = tmp_path / "shifted.npz"
@@ -434,7 +433,7 @@ def test_kill_9_of_a_label_free_registration_at_every_step_it_passes_then_one_re
     assert integrity(work / "mlruns" / "mlflow.db") == "ok"
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("m").experiment_id
-    monitoring = client.get_experiment_by_name(label_free.monitoring_experiment("m"))
+    monitoring = client.get_experiment_by_name(records.monitoring_experiment("m"))
     versions = assert_nothing_pending(client, "m", [experiment, monitoring.experiment_id])
     (champion,) = [v for v in versions if v.tags.get(registry.LABEL_FREE_TAG) != "true"]
     (candidate,) = [v for v in versions if v.tags.get(registry.LABEL_FREE_TAG) == "true"]

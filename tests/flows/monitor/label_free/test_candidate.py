@@ -12,9 +12,8 @@ import pytest
 from cord_ops import data
 from cord_ops.prior_shift import PriorShiftRepair
 from flows.cli.main import main
-from flows.monitor.label_free import candidate as label_free_register
-from flows.monitor.label_free import records as label_free
-from flows.promotion import rollout_record as rollout
+from flows.monitor.label_free import candidate, records
+from flows.promotion import rollout_record
 from flows.recalibrate.flow import recalibrate
 from flows.store import registry
 
@@ -50,7 +49,7 @@ def test_register_candidate_serves_the_moved_graph_and_promotion_waits_for_label
     assert main(["monitor", "--data", str(batch), "--labels", str(labels_only),
                  "--model-name", "m", "--register-candidate"]) == 1
     assert "--register-candidate: " in _one_error_line(capsys)
-    assert client.get_experiment_by_name(label_free.monitoring_experiment("m")) is None
+    assert client.get_experiment_by_name(records.monitoring_experiment("m")) is None
     assert [str(v.version) for v in client.search_model_versions("name = 'm'")] == [first.version]
 
     # -------- registered: a new version, label-free, @champion unchanged
@@ -64,11 +63,11 @@ def test_register_candidate_serves_the_moved_graph_and_promotion_waits_for_label
     assert str(registry.champion_version(client, "m").version) == first.version
     mv = versions[created]
     assert mv.tags[registry.LABEL_FREE_TAG] == "true"
-    assert mv.tags[label_free_register.SOURCE_VERSION_TAG] == first.version
+    assert mv.tags[candidate.SOURCE_VERSION_TAG] == first.version
     assert mv.tags[registry.REGISTRATION_TAG] == registry.COMPLETE
     assert registry.LABEL_FREE_VERDICT_TAG not in mv.tags
-    monitoring = client.get_run(mv.tags[label_free_register.MONITOR_RUN_TAG]).data.tags
-    assert monitoring[label_free_register.VERSION_TAG] == created
+    monitoring = client.get_run(mv.tags[candidate.MONITOR_RUN_TAG]).data.tags
+    assert monitoring[candidate.VERSION_TAG] == created
     assert client.get_run(mv.run_id).info.status == "FINISHED"
 
     # the served graph is the numpy candidate on the batch, and keeps every top-1
@@ -81,7 +80,7 @@ def test_register_candidate_serves_the_moved_graph_and_promotion_waits_for_label
     got = registry.run_registered_model(client, f"models:/m/{created}", digits.scores[rows])
     assert np.array_equal(got["label"], digits.scores[rows].argmax(1))
     assert np.array_equal(got["repaired"].argmax(1), digits.scores[rows].argmax(1))
-    run = client.get_run(mv.tags[label_free_register.MONITOR_RUN_TAG])
+    run = client.get_run(mv.tags[candidate.MONITOR_RUN_TAG])
     priors = np.array([run.data.metrics[f"prior.estimated.{k}"] for k in range(10)])
     source = np.array([run.data.metrics[f"prior.reference.{k}"] for k in range(10)])
     expected = PriorShiftRepair().fit(original, repaired, source / source.sum(),
@@ -164,13 +163,14 @@ def test_allow_label_free_promotes_an_unjudged_candidate(store, tmp_path, digits
     # -------- a rollout record without the override (written before the field existed,
     # or the version became label-free after start): its promotion is refused
     uri = client.tracking_uri
-    stale = rollout.new_record("m", created, first.version, Plan.build("canary", (0.5,), 1, 0.0),
-                               Budget(), "test", "test")
+    stale = rollout_record.new_record("m", created, first.version,
+                                      Plan.build("canary", (0.5,), 1, 0.0), Budget(), "test",
+                                      "test")
     del stale["label_free_override"]
-    rollout.write(client, "m", stale)
-    ended = rollout.transition(client, uri, "m", stale["id"], stale["revision"], "promote",
-                               "within budget", "test")
-    assert ended["state"] == rollout.ROLLED_BACK
+    rollout_record.write(client, "m", stale)
+    ended = rollout_record.transition(client, uri, "m", stale["id"], stale["revision"], "promote",
+                                      "within budget", "test")
+    assert ended["state"] == rollout_record.ROLLED_BACK
     assert "promotion refused" in ended["outcome"] and "label-free" in ended["outcome"]
     assert str(registry.champion_version(client, "m").version) == first.version
 
@@ -179,15 +179,15 @@ def test_allow_label_free_promotes_an_unjudged_candidate(store, tmp_path, digits
                  "--mode", "canary", "--reason", "priors moved"]) == 1
     line = _one_error_line(capsys)
     assert f"cannot roll out v{created}" in line and "--allow-label-free" in line
-    assert rollout.read(client, "m")["id"] == stale["id"]  # nothing new written
+    assert rollout_record.read(client, "m")["id"] == stale["id"]  # nothing new written
     assert main(["rollout", "start", "--model-name", "m", "--version", created,
                  "--mode", "canary", "--reason", "priors moved", "--allow-label-free"]) == 0
-    record = rollout.read(client, "m")
-    assert record["label_free_override"] is True and record["state"] == rollout.ACTIVE
+    record = rollout_record.read(client, "m")
+    assert record["label_free_override"] is True and record["state"] == rollout_record.ACTIVE
     # the servers' promotion at the end applies the override the operator gave at start
-    done = rollout.transition(client, uri, "m", record["id"], record["revision"], "promote",
-                              "every step within budget", "test")
-    assert done["state"] == rollout.PROMOTED, done["outcome"]
+    done = rollout_record.transition(client, uri, "m", record["id"], record["revision"], "promote",
+                                     "every step within budget", "test")
+    assert done["state"] == rollout_record.PROMOTED, done["outcome"]
     assert str(registry.champion_version(client, "m").version) == created
 
     # -------- rollback to an unjudged candidate: refused without the override

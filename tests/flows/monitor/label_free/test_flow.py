@@ -17,7 +17,7 @@ import pytest
 from cord_ops import data
 from flows.cli import label_free as label_free_cli
 from flows.cli.main import main
-from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free import records
 from flows.monitor.label_free.flow import monitor_label_free
 from flows.monitor.labelled import monitor
 from flows.recalibrate.flow import recalibrate
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def _runs(client, name="m"):
-    found = client.get_experiment_by_name(label_free.monitoring_experiment(name))
+    found = client.get_experiment_by_name(records.monitoring_experiment(name))
     return [] if found is None else client.search_runs([found.experiment_id])
 
 
@@ -77,10 +77,10 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
     # the EM priors put (nearly) all mass on the three classes present
     assert shifted.estimates.priors[:3].sum() > 0.9
     logged = client.get_run(shifted.run_id).data
-    assert logged.tags["cord.kind"] == label_free.KIND
-    assert logged.tags[label_free.ALERT_TAG] == "true"
-    assert logged.tags[label_free.ALERTS_TAG] == "; ".join(shifted.reasons)
-    assert logged.tags[label_free.LABELS_TAG] == "pending"
+    assert logged.tags["cord.kind"] == records.KIND
+    assert logged.tags[records.ALERT_TAG] == "true"
+    assert logged.tags[records.ALERTS_TAG] == "; ".join(shifted.reasons)
+    assert logged.tags[records.LABELS_TAG] == "pending"
     assert logged.tags["cord.champion_version"] == first.version
     assert logged.metrics["batch.n"] == len(shifted_rows)
     assert logged.metrics["drift.chi2.p_value"] < 0.01
@@ -93,13 +93,13 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
         shifted.estimates.prior_reweighted
     assert logged.metrics["estimate.cbpe_prior"] == \
         logged.metrics["estimate.cbpe_prior_confidence"] == shifted.estimates.prior_confidence
-    assert logged.tags[label_free.PRIOR_ROUTE_TAG] == "confidence"
+    assert logged.tags[records.PRIOR_ROUTE_TAG] == "confidence"
     assert logged.metrics["estimate.label_shift_gap"] == shifted.estimates.label_shift_gap \
         <= logged.metrics["estimate.label_shift_tolerance"]
     assert logged.params["threshold.alpha"] == "0.01"
     assert {f"prior.estimated.{k}" for k in range(10)} <= set(logged.metrics)
     # the prior-shift candidate: logged label-free, its top-1 the classifier's on every row
-    assert logged.tags[label_free.PRIOR_SHIFT_TAG].startswith("logged (label-free")
+    assert logged.tags[records.PRIOR_SHIFT_TAG].startswith("logged (label-free")
     with tempfile.TemporaryDirectory() as tmp:
         candidate = json.loads(Path(client.download_artifacts(
             shifted.run_id, "monitor/prior_shift.json", tmp)).read_text())
@@ -110,9 +110,9 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
     assert candidate["rows"] == candidate["top1_kept"] == len(shifted_rows)
     assert candidate["target_priors"] == pytest.approx(list(shifted.estimates.priors))
     quiet = client.get_run(steady.run_id).data
-    assert quiet.tags[label_free.PRIOR_SHIFT_TAG] == "none"
-    assert quiet.tags[label_free.ALERT_TAG] == "false"
-    assert quiet.tags[label_free.ALERTS_TAG] == "none"
+    assert quiet.tags[records.PRIOR_SHIFT_TAG] == "none"
+    assert quiet.tags[records.ALERT_TAG] == "false"
+    assert quiet.tags[records.ALERTS_TAG] == "none"
     assert quiet.metrics["drift.ks.p_value"] >= 0.01
     assert quiet.metrics["drift.chi2.p_value"] >= 0.01
     # CBPE on the calibrated champion: within 3 points of the accuracy it will turn out to
@@ -135,13 +135,13 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
     assert settled.metrics["error.cbpe_prior"] == pytest.approx(
         shifted.estimates.prior_corrected - truth, abs=1e-12)
     assert settled.metrics["error.priors_tv"] < 0.1
-    assert settled.tags[label_free.LABELS_TAG] == "arrived"
+    assert settled.tags[records.LABELS_TAG] == "arrived"
     # the candidate meets the labels: the batch is a pure label shift (classes 0-2 of the
     # same classifier's outputs), so moving to the new priors beats the champion's NLL
     assert settled.metrics["candidate.tpcr"] == 0.0
     assert settled.metrics["candidate.nll"] < settled.metrics["candidate.champion_nll"]
-    assert settled.tags[label_free.PRIOR_SHIFT_VERDICT_TAG].startswith("better than the ")
-    assert client.get_run(steady.run_id).data.tags[label_free.LABELS_TAG] == "pending"
+    assert settled.tags[records.PRIOR_SHIFT_VERDICT_TAG].startswith("better than the ")
+    assert client.get_run(steady.run_id).data.tags[records.LABELS_TAG] == "pending"
 
     # -------- the command: exit 3 on an alert with the summary, 0 without
     capsys.readouterr()
@@ -157,9 +157,9 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
 
 
 def test_parser_defaults_are_the_modules():
-    assert label_free_cli.DEFAULT_ALPHA == label_free.DEFAULT_ALPHA
-    assert label_free_cli.DEFAULT_MAX_ACCURACY_DROP == label_free.DEFAULT_MAX_ACCURACY_DROP
-    assert label_free_cli.DEFAULT_MAX_PRIOR_SHIFT == label_free.DEFAULT_MAX_PRIOR_SHIFT
+    assert label_free_cli.DEFAULT_ALPHA == records.DEFAULT_ALPHA
+    assert label_free_cli.DEFAULT_MAX_ACCURACY_DROP == records.DEFAULT_MAX_ACCURACY_DROP
+    assert label_free_cli.DEFAULT_MAX_PRIOR_SHIFT == records.DEFAULT_MAX_PRIOR_SHIFT
     assert label_free_cli.DEFAULT_MONITOR_WINDOW == traffic_monitor.DEFAULT_WINDOW_ROWS
     assert label_free_cli.MIN_MONITOR_WINDOW == traffic_monitor.MIN_ROWS
 
@@ -171,14 +171,14 @@ def test_scores_digest_is_the_same_for_npz_and_parquet_with_or_without_labels(tm
     # an id column and one named like an output of `predict`: both ignored here
     pq.write_table(pa.table({"logits": list(scores), "id": np.arange(20),
                              "label": np.zeros(20)}), tmp_path / "c.parquet")
-    read = [label_free.read_batch(tmp_path / name, 10, "logits")
+    read = [records.read_batch(tmp_path / name, 10, "logits")
             for name in ("a.npz", "b.npz", "c.parquet")]
     assert len({b.scores_sha256 for b in read}) == 1 and len({b.sha256 for b in read}) == 3
     assert read[0].labels is None and np.array_equal(read[1].labels, digits.labels[:20])
-    assert label_free.scores_digest(scores[:19]) != read[0].scores_sha256
+    assert records.scores_digest(scores[:19]) != read[0].scores_sha256
     pq.write_table(pa.table({"logits": list(scores[:, :9])}), tmp_path / "d.parquet")
     with pytest.raises(ValueError, match="d.parquet: logits has 9 classes; the model expects 10"):
-        label_free.read_batch(tmp_path / "d.parquet", 10, "logits")
+        records.read_batch(tmp_path / "d.parquet", 10, "logits")
 
 
 def test_binary_votes_in_one_score_column(store, tmp_path):

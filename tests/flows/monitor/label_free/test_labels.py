@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from cord_ops import data
 from flows.cli.main import main
-from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free import records
 from flows.monitor.label_free.flow import monitor_label_free
 from flows.monitor.label_free.labels import batch_keys, join_labels
 
@@ -106,7 +106,7 @@ def test_labels_only_file_meets_the_earlier_estimates(prefect_harness, store, tm
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
     for report in result.reports:  # nothing was written on the earlier runs
-        assert client.get_run(report.run_id).data.tags[label_free.LABELS_TAG] == "pending"
+        assert client.get_run(report.run_id).data.tags[records.LABELS_TAG] == "pending"
 
     assert main(["monitor", "--data", str(keyed), "--labels", str(labels_file),
                  "--model-name", "lk"]) == 0
@@ -118,7 +118,7 @@ def test_labels_only_file_meets_the_earlier_estimates(prefect_harness, store, tm
                  "--model-name", "lk"]) == 0
     for report in result.reports:
         settled = client.get_run(report.run_id).data
-        assert settled.tags[label_free.LABELS_TAG] == "arrived"
+        assert settled.tags[records.LABELS_TAG] == "arrived"
         assert settled.metrics["realised.accuracy"] == pytest.approx(truth, abs=1e-12)
         assert settled.metrics["error.cbpe"] == pytest.approx(report.estimates.cbpe - truth,
                                                               abs=1e-12)

@@ -14,7 +14,7 @@ from cord_ops import data
 from flows.cli import label_free as label_free_cli
 from flows.cli.main import build_parser
 from flows.inputs import InputError
-from flows.monitor.label_free import records as label_free
+from flows.monitor.label_free import records
 from flows.monitor.label_free.flow import monitor_label_free
 from flows.monitor.label_free.schedule import LABEL_FREE_DEPLOYMENT, monitor_new_batches
 from flows.schedule import MONITOR_DEPLOYMENT, build_deployments
@@ -85,7 +85,7 @@ def test_scheduled_label_free_monitor_logs_only_new_batches(prefect_harness, sto
                                        "logits")), model_name="lf")
     assert monitor_new_batches(data=str(tmp_path / "none-yet" / "*.npz"),
                                model_name="lf") is None
-    assert client.get_experiment_by_name(label_free.monitoring_experiment("lf")) is None
+    assert client.get_experiment_by_name(records.monitoring_experiment("lf")) is None
 
     by_hand = monitor_label_free(data=str(incoming / "a.npz"), model_name="lf")
     np.savez(incoming / "b.npz", logits=digits.scores[300:700])
@@ -97,11 +97,11 @@ def test_scheduled_label_free_monitor_logs_only_new_batches(prefect_harness, sto
     assert result.reports[0].n == 400
     assert monitor_new_batches(data=pattern, model_name="lf") is None  # nothing new now
     runs = client.search_runs(
-        [client.get_experiment_by_name(label_free.monitoring_experiment("lf")).experiment_id])
+        [client.get_experiment_by_name(records.monitoring_experiment("lf")).experiment_id])
     assert sorted(Path(r.data.tags["data.path"]).name for r in runs) == ["a.npz", "b.npz"]
     assert {r.info.run_id for r in runs} == {by_hand.reports[0].run_id,
                                              result.reports[0].run_id}
-    assert all(r.data.tags["cord.kind"] == label_free.KIND for r in runs)
+    assert all(r.data.tags["cord.kind"] == records.KIND for r in runs)
 
     # -------- registering candidates on the schedule: a shifted new batch gets a version
     from flows.store import registry
