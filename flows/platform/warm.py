@@ -34,7 +34,7 @@ Operator promises, each tested in ``tests/flows/platform/test_warm_runner.py``:
 Forking is safe here because the runner's parent loop is single-threaded (checked before
 every fork; a runner that has grown a thread refuses, and the command runs in-process).
 
-Who may hand it a command (issue 42, :mod:`flows.platform.warm_access`): only a process of
+Who may hand it a command (:mod:`flows.platform.warm_access`): only a process of
 the runner's own user. The socket is 0600 in the owner-only state folder, and the runner
 does not trust that alone: it asks the kernel for the connecting process's uid
 (``SO_PEERCRED``) and refuses any other before reading a byte. It runs only the commands of

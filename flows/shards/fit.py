@@ -192,7 +192,7 @@ def evaluate_on(session: ShardSession, calibrator, cord: CORD,
     return ShardEvaluation(found, counts[0], counts[1], sample)
 
 
-# ---------------------------------------------------------------- the old entry point
+# ------------------------------------------------------------ the library entry point
 @dataclass
 class DistributedFit:
     calibrator: object
