@@ -1,10 +1,11 @@
 """The warm runner beside the managed Prefect server: flow commands without the start-up cost.
 
-Why it exists: a warm ``cord-ops recalibrate`` on the digits data spent about 6 s
-importing numpy/scipy/scikit-learn, Prefect, MLflow, onnx and onnxruntime, about 1 s
-opening the MLflow store's modules, and 3 s in its flow. The imports are the same every
-time, so ``cord-ops server start`` also starts this runner: one process that imports all of
-it once and then waits on a Unix socket.
+Why it exists: a command in a fresh interpreter spends seconds importing
+numpy/scipy/scikit-learn, Prefect, MLflow, onnx and onnxruntime and opening the MLflow
+store's modules, longer than a small recalibration's flow itself takes
+(docs/performance.md, "Command start-up"). The imports are the same every time, so
+``cord-ops server start`` also starts this runner: one process that imports all of it once
+and then waits on a Unix socket.
 
 How a command uses it (:func:`forward`, called by the CLI after the command's own input
 checks passed): when the managed server of the store runs, its runner is ready, and the
