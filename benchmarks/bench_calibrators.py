@@ -215,7 +215,7 @@ def vs_fit_peak(n: int = 25_000, k: int = 1_000) -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     print(f"VS fit {n} x {k} float32: peak extra memory {peak / 2**20:.0f} MiB "
-          f"(probmetrics' float32 path: 646 MiB, issue 15)", flush=True)
+          f"(probmetrics' float32 path: 646 MiB)", flush=True)
 
 
 def main() -> None:
