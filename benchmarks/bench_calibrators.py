@@ -13,7 +13,7 @@ Every time is taken by ``flows.reproduce.timing`` (the protocol of ``cord-ops be
 With ``--seeds 5`` the table also shows probmetrics 1.3's five-seed mean NLL from the
 anchors and our difference.
 
-Then vector scaling on synthetic 25,000 x 1,000 logits (the issue's scale target: < 60 s).
+Then vector scaling on synthetic 25,000 x 1,000 logits (its scale target: < 60 s).
 
 Usage: python benchmarks/bench_calibrators.py [--seeds 5] [--files cifar10_resnet56 ...]
        [--calibrators ts vs ...] [--input-kind probs|logits] [--no-synthetic]
