@@ -13,7 +13,7 @@ Every time is taken by ``flows.reproduce.timing`` (the protocol of ``cord-ops be
 With ``--seeds 5`` the table also shows probmetrics 1.3's five-seed mean NLL from the
 anchors and our difference.
 
-Then vector scaling on synthetic 25,000 x 1,000 logits (the issue's scale target: < 60 s).
+Then vector scaling on synthetic 25,000 x 1,000 logits (its scale target: < 60 s).
 
 Usage: python benchmarks/bench_calibrators.py [--seeds 5] [--files cifar10_resnet56 ...]
        [--calibrators ts vs ...] [--input-kind probs|logits] [--no-synthetic]
@@ -215,7 +215,7 @@ def vs_fit_peak(n: int = 25_000, k: int = 1_000) -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     print(f"VS fit {n} x {k} float32: peak extra memory {peak / 2**20:.0f} MiB "
-          f"(probmetrics' float32 path: 646 MiB, issue 15)", flush=True)
+          f"(probmetrics' float32 path: 646 MiB)", flush=True)
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ cord_ops validating its inputs and the listing not. Calls alternate (ours, listi
 ...) and each time is the minimum over ``--repeats``: on a shared machine the minimum is
 the run least disturbed by other processes, and alternating exposes both to the same load
 (``flows.reproduce.timing.measure``, the protocol ``cord-ops bench`` uses too).
-Prints each ratio next to its target (issue 15): fit and transform <= 0.8x the listing at
+Prints each ratio next to its target: fit and transform <= 0.8x the listing at
 n = 5,000 (K = 10, 100); fit <= 0.8x and transform <= 0.4x at n = 25,000, K = 1,000.
 Peak extra memory of one call (tracemalloc) is in units of one n x K float64 array.
 """

@@ -1,6 +1,6 @@
 """Fit time of Dir-ODIR (Kull et al.'s grid, 5-fold CV, path search) per CIFAR-100 net.
 
-Target (issue 12): one fit on 5,000 x 100 in at most 60 s on the 2-core CI machine.
+Target: one fit on 5,000 x 100 in at most 60 s on the 2-core CI machine.
 
 Protocol: the paper's split (``cord_ops.data.split_indices``, seed 0 unless ``--seeds``),
 Dir-ODIR with its defaults on the 5,000 calibration logits; wall and process CPU seconds of

@@ -1,6 +1,6 @@
 """How long an operator's mistake takes to be answered, and how long ``schedule`` takes to
-stop (issue 45: 4.8-8.2 s per mistake where the README promises about a second; 5.05 s
-to stop where it promises 5).
+stop, against what the README promises: about a second per mistake and 5 s to stop
+(docs/promotion.md).
 
 In a fresh temporary folder (no PREFECT_API_URL, no MLFLOW_TRACKING_URI), two real
 recalibrations register model ``m``: v1 temperature scaling fitted on logits three times

@@ -23,8 +23,8 @@ Lean graphs are also timed as a server runs them, ``session.run`` batch after ba
 the outputs handed on rather than assembled into N x K arrays (assembling adds a fresh
 result array, which the kernel zeroes, to every pass), each thread count in a fresh
 process (in the alternating loop, the idle threads of one session and the numpy path
-disturb the others: at load 2.3 that loop timed 6.3 us where a process of its own
-timed 2.9).
+disturb the others: that loop times a lean graph at about twice what a process of its
+own does).
 
 Timing: ``flows.reproduce.timing.measure``, the numpy path and every graph x thread count
 called alternately (each exposed to the same load), ``--repeats`` full passes over the N

@@ -16,7 +16,7 @@ its own ``X-Rollout-Key`` (a counter), so the canary answers about 10 % of reque
 per cell; prints the medians of requests/s, p50, p99, errors, the shadow copies scored
 and dropped, the cost ratios against the server alone (and their range over the rounds),
 and the load average.
-Goal (issue 27): shadow costs at most 1.6x in throughput at 8 clients, a canary 1.1x.
+Goal: shadow costs at most 1.6x in throughput at 8 clients, a canary 1.1x.
 """
 
 from __future__ import annotations

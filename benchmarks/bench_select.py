@@ -1,4 +1,4 @@
-"""What ``--calibrator auto`` is worth (issue 41): on every corpus entry (tests/corpus.py)
+"""What ``--calibrator auto`` is worth: on every corpus entry (tests/corpus.py)
 and the CIFAR sets in ../shared/data, the evaluation NLL (after CORD) of auto, of identity
 and of every fixed family, and of the oracle (the family best on the evaluation split in
 hindsight). Prints auto's regret to the oracle (median, 90th percentile, max, mean) against

@@ -1,4 +1,4 @@
-"""Cost of keeping a binary decision threshold (issue 44): the lean VS + CORD graph of a
+"""Cost of keeping a binary decision threshold: the lean VS + CORD graph of a
 binary model with ``decision_threshold=0.1`` against the same pipeline keeping the argmax,
 in each graph dtype, on the same rows in the same run (one intra-op thread, best of
 ``--repeats``), and the numpy ``CORD.transform`` alike.

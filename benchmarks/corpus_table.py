@@ -1,4 +1,4 @@
-"""The closing table of issue 23: every calibrator on the corpus of real classifier outputs
+"""Every calibrator on the corpus of real classifier outputs
 (tests/corpus.py) -> NLL on the evaluation split uncalibrated, calibrated and after CORD,
 TPCR before the repair (share of top-1 decisions the calibrator changed), ONNX parity
 (max |graph - numpy| on the evaluation split, per graph dtype) and the gate's verdict on a
@@ -36,8 +36,8 @@ def gate_column(uncal_nll: float, cord_nll: float, cal_labels, eval_labels, k: i
     """The gate's verdict on this run as a first version (no champion, TPCR 0, parity
     verified): ``refused: harm`` when ``flows.promotion.rules.decide`` says the repaired model is
     worse than the uncalibrated one (``decision.harms``), ``refused`` for another rule,
-    ``promoted`` otherwise; ``n/a`` on a gate without the uncalibrated baseline (before
-    issue 23's part 3)."""
+    ``promoted`` otherwise; ``n/a`` on a gate record without the uncalibrated
+    baseline."""
     from flows.promotion import rules
 
     if "uncalibrated_nll" not in inspect.signature(rules.decide).parameters:

@@ -250,7 +250,7 @@ class CORD(BaseEstimator):
             ) from exc
         if not math.isfinite(eta):
             raise ValueError(f"CORD state: eta_star must be finite, got {eta!r}")
-        # absent from states written before issue 44: the argmax, as they were fitted
+        # absent from states written without a decision threshold: the argmax, as they were fitted
         model = cls(mean_target=state["mean_target"], local_weight=state["local_weight"],
                     decision_threshold=state.get("decision_threshold"))
         model._check_params()

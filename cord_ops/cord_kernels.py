@@ -139,7 +139,7 @@ def sweep(original, calibrated, local_weight: float, n_classes: int | None = Non
 
 
 #: Up to this many classes a block is processed transposed, one class per vector op: row
-#: reductions over a handful of entries cost numpy ~20-60 ns of overhead per row, column
+#: reductions over a handful of entries cost numpy a fixed overhead per row, column
 #: operations over thousands of rows run at memory speed.
 COLUMNWISE_MAX_K = 32
 

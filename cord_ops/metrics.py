@@ -323,7 +323,7 @@ FLAT_WARNING_SHARE = 0.01
 
 def repair_effect(original, calibrated, repaired, labels=None,
                   threshold: float | None = None) -> dict[str, float]:
-    """What the CORD repair did to a calibrator's outputs (issue 44), keyed as MLflow's
+    """What the CORD repair did to a calibrator's outputs, keyed as MLflow's
     ``cord.{key}``:
 
     - ``moved_share``: rows where some entry of ``repaired`` differs from ``calibrated``

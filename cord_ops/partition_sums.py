@@ -151,8 +151,8 @@ def cord_sums(part) -> tuple[int, int, int, int]:
 
 
 #: Rows per chunk of a bisection step's per-row work: 64K doubles per array stay in the
-#: L2 cache, which makes a step ~3x faster on 5M rows (exact 210 -> 72 ms) than one
-#: whole-partition pass per operation.
+#: L2 cache, so each operation of a step reads its rows from the cache instead of from
+#: memory, as one whole-partition pass per operation would.
 STEP_ROWS = 1 << 16
 
 
@@ -250,7 +250,7 @@ def cord_partition_pass(part, calibrator_state, input_kind, local_weight, first_
       sums let ``temperature_step`` confirm the fitted beta on this pass.
 
     Only per-row arrays: ``cord_pass_sums`` reduces a whole partition's at once (exact
-    sums cost a fixed ~30 us a call, too much per small block).
+    sums cost a fixed overhead per call, too much to pay per small block).
     """
     from cord_ops.softmax import softmax
 

@@ -218,8 +218,9 @@ def _vs_start(sample, k, input_kind, floor, gtol):
     the same preconditioned steps over the whole sample held here (cheap passes): each
     level leaves the next a start as close as its sample allows, which is what saves
     full-data passes. The refinement is preconditioned by the first rows' Hessian; the
-    full-data steps by the whole sample's at the refined theta (measured, 1M x 100 rows,
-    100,000-row sample: 5 full passes; with the first-start Hessian for both, 7)."""
+    full-data steps by the whole sample's at the refined theta, which saves full passes
+    against using the first-start Hessian for both (docs/scale.md, "What the workers
+    do")."""
     scores, labels = sample
     start = make_calibrator("vs", input_kind=input_kind, prob_floor=floor)
     with warnings.catch_warnings():  # the sample's own convergence is not the fit's
@@ -318,7 +319,7 @@ def fit_calibrator_from_sums(name: str, reduce, n: int, k: int, *, input_kind="l
 class _ReducedMean:
     """mean psi(eta) as a correctly rounded mean of exact partition sums, with
     ``cord_solve._MeanResponse``'s screening: a step whose estimated mean (``cord_response_
-    estimate``: the sqrt form of R and plain pairwise sums, ~5x cheaper than an exact sum)
+    estimate``: the sqrt form of R and plain pairwise sums, far cheaper than an exact sum)
     is further than ``screen_margin(n)`` from mu takes the branch the exact mean would; the
     first step that is not switches to exact means for the rest. The bound of
     ``_MeanResponse`` holds here: every partition's pairwise sum is within (20 + log2 n) u

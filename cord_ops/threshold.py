@@ -1,4 +1,4 @@
-"""Decisions at an operator's threshold for a binary model (issue 44).
+"""Decisions at an operator's threshold for a binary model.
 
 A binary model is rarely used at 1/2: a fraud model flags a row when its positive-class
 probability ``p1`` reaches 0.1, a moderation model at 0.8. CORD as the paper states it

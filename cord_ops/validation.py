@@ -375,7 +375,7 @@ def top1(probs: np.ndarray) -> np.ndarray:
 
 
 #: Bytes of one float64 block in a row-blocked sweep: the few blocks a sweep keeps live
-#: (input rows, a working copy) stay in a 2 MiB per-core L2 cache, so each n x K input is
+#: (input rows, a working copy) stay in a core's L2 cache, so each n x K input is
 #: read from memory once however many row reductions a block needs.
 BLOCK_BYTES = 1 << 19
 

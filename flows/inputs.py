@@ -1,7 +1,7 @@
 """Checks of a command's inputs that run before anything is started, contacted or written.
 
 Every ``cord-ops`` command validates its files, options, cron expressions and model names
-here first, so a typo costs well under the 8-15 s a Prefect server takes to start and
+here first, so a typo costs well under the seconds a Prefect server takes to start and
 leaves no store, run or deployment behind. Nothing in this module imports Prefect or
 MLflow, and nothing creates the tracking store: a registered model is looked up read-only
 in an embedded sqlite store, and only a remote store is asked through ``MlflowClient``

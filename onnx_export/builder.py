@@ -57,7 +57,8 @@ class GraphBuilder:
 
         A scalar is stored with shape [1, 1] (``rank0``: shape [], for inputs that must be
         scalars, such as Clip's bounds): onnxruntime broadcasts an [N, 1] tensor against a
-        rank-0 scalar one row at a time, 10-20x slower than against [1, 1], and the per-row
+        rank-0 scalar one row at a time, an order of magnitude slower than against [1, 1]
+        (docs/performance.md, "ONNX graphs: isotonic families"), and the per-row
         [N, 1] arithmetic of the repair is made of such operations. Scalars are
         deduplicated, so the same constant is stored once.
         """

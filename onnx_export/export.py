@@ -135,7 +135,7 @@ def _label_and_original_float32(gb: GraphBuilder, source: str, input_kind: str,
     (see the module docstring).
 
     The label is the ArgMax of the input (first maximum: the tie rule). TopK, which also
-    yields the runner-up, costs 3-9x an ArgMax at K = 10 in onnxruntime, so the runner-up
+    yields the runner-up, costs several ArgMaxes at small K in onnxruntime, so the runner-up
     probability is the maximum of the row with the label's entry zeroed, and only where
     ``original`` is built. The probability handed to the repair is the plain softmax entry
     either way, so a lean graph's outputs are the full graph's bit for bit."""

@@ -49,9 +49,9 @@ def open_session(model, provider: str = "auto", threads: int | None = None,
     ``threads`` sets the intra-op thread count (None: onnxruntime's default, one per core).
     ``spin=False`` lets idle intra-op threads sleep instead of spinning between operations
     (onnxruntime's ``session.intra_op.allow_spinning``): on a machine whose cores other
-    processes also use, spinning threads take the CPU the working ones need (two spinning
-    threads ran a lean VS graph 2.6x slower than one thread at load average 6 on 2 cores;
-    without spinning, as fast). With ``quiet`` onnxruntime logs errors only.
+    processes also use, spinning threads take the CPU the working ones need, so that two
+    threads can run slower than one (docs/performance.md, "ONNX graphs: lean VS + CORD at
+    K = 1,000"). With ``quiet`` onnxruntime logs errors only.
     ``profile_dir``: onnxruntime profiles every run into a JSON file in that folder (what
     :func:`node_providers` reads). Raises
     RuntimeError when "cuda" is asked for and the session cannot place the graph on
@@ -195,10 +195,9 @@ def input_dtype(session: ort.InferenceSession) -> np.dtype:
 
 
 #: Rows per batch are chosen so that each thread's share of a [rows, K] intermediate takes
-#: about this many bytes and stays in its core's L2 cache (1 MiB on the development
-#: machine): with 2**20-element batches (8 MiB in float64) the isotonic graphs ran 1.4x
-#: slower than with 2**17 on one thread, and VS float32 at K = 1,000 1.15x slower than
-#: with 2**18. More threads take proportionally more rows, which also spreads each
+#: about this many bytes and stays in its core's L2 cache: batches several times larger
+#: spill it and run the graphs slower (docs/performance.md, "ONNX graphs: isotonic
+#: families"). More threads take proportionally more rows, which also spreads each
 #: operation's fixed cost of waking them over more rows.
 BATCH_BYTES = 1 << 20
 #: Bounds on the rows per batch: fewer rows let per-node overhead dominate, more gain

@@ -1,12 +1,12 @@
 """Run an exported pipeline graph with PyTorch, on a CUDA GPU or the CPU.
 
 For a GPU whose machine has PyTorch but no onnxruntime build with CUDAExecutionProvider
-(docs/gpu.md: the onnxruntime-gpu wheel is 235-244 MiB, too large to carry to such a
-machine), :class:`TorchGraph` executes the ONNX graph itself, node by node, each operator
-mapped to the torch operation with ONNX's semantics. It is an interpreter of exactly the
-operators the exporters write (``OPERATORS``); a graph holding any other is refused when
-it is opened, never run in part. PyTorch is optional: it is imported when a graph is
-opened, so ``onnx_export`` imports without it.
+(docs/gpu.md: the onnxruntime-gpu wheel is too large to carry to such a machine),
+:class:`TorchGraph` executes the ONNX graph itself, node by node, each operator mapped to
+the torch operation with ONNX's semantics. It is an interpreter of exactly the operators
+the exporters write (``OPERATORS``); a graph holding any other is refused when it is
+opened, never run in part. PyTorch is optional: it is imported when a graph is opened, so
+``onnx_export`` imports without it.
 
 Semantics that torch does not give by default and are enforced here:
 

@@ -1,6 +1,6 @@
 """A corpus of real classifier outputs, built at test time from data scikit-learn ships.
 
-Issue 23: the suite's CIFAR and generated logits are tidier than what real classifiers
+Why: the suite's CIFAR and generated logits are tidier than what real classifiers
 write. Each entry here is the out-of-fold output (``StratifiedKFold``, as
 ``cross_val_predict`` does, one fit per fold for both output forms) of a small real model
 on a bundled or generated data set, split into a calibration and an evaluation half:
@@ -133,7 +133,7 @@ LARGE_SOURCES = (
 )
 
 #: Binary models of rare positives as fraud, churn and cancellation models see them
-#: (issue 44): "rarebin<percent>" is 6,000 generated rows with that percentage of positives,
+#: "rarebin<percent>" is 6,000 generated rows with that percentage of positives,
 #: so a stratified calibration half holds 30 (1 %) to 90 (3 %) of them. Built on request
 #: (:func:`rare_binary`), not part of ``build()``'s default corpus.
 RARE_SOURCES = tuple(Source(f"rarebin{p}", m, True) for p in ("1", "2", "2.8", "3")
@@ -154,12 +154,12 @@ def _dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
             weights=list(np.geomspace(1.0, 1 / 25, 12) / np.geomspace(1.0, 1 / 25, 12).sum()),
             random_state=SEED)
         return x, y.astype(np.int64)
-    if name == "rare3":  # issue 48: 2.8 % positives
+    if name == "rare3":  # 2.8 % positives: the over-predicting case below
         x, y = datasets.make_classification(
             n_samples=12000, n_features=10, n_informative=4, weights=[0.972], flip_y=0.0,
             class_sep=0.7, random_state=SEED)
         return x, y.astype(np.int64)
-    if name.startswith("rarebin"):  # issue 44: RARE_SOURCES
+    if name.startswith("rarebin"):  # RARE_SOURCES
         share = float(name[len("rarebin"):]) / 100
         x, y = datasets.make_classification(
             n_samples=6000, n_features=20, n_informative=6, n_redundant=4, n_classes=2,
@@ -254,7 +254,7 @@ def _out_of_fold(dataset: str, model: str, with_logits: bool):
 
 
 def overpredicting_binary() -> tuple[np.ndarray, np.ndarray]:
-    """Issue 48's hard case for label-free monitoring, out of fold: the positive-class
+    """A hard case for label-free monitoring, out of fold: the positive-class
     probability (one score column, as a pipeline writes it) of a class-balanced logistic
     regression on 12,000 rows of 2.8 % positives, which predicts about 30 % positives,
     95 % of them wrong; and the labels. Not in :data:`SOURCES` (a 12,000-row fit)."""

@@ -1,5 +1,5 @@
 """A second local account in tests: probes run as uid/gid 65534 (``nobody``), with no
-supplementary groups, as issue 42's review did. The test process must be root to switch;
+supplementary groups, as another user on the machine would. The test process must be root to switch;
 elsewhere the tests that need it skip with the reason.
 
 A probe is a plain function run in a child forked from the test process (so no interpreter

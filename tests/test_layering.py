@@ -189,7 +189,7 @@ KNOWN_WRONG_WAY: dict[tuple[str, str], str] = {}
 #: deferred import); the registry side is flows.promotion.champion.
 PURE_MODULES = {
     "flows.promotion.rules": ("mlflow", "prefect", "onnx", "onnxruntime"),
-    # the guards the command line asks before the stack loads (issue 45)
+    # the guards the command line asks before the stack loads
     "flows.promotion.guards": ("mlflow", "prefect", "onnx", "onnxruntime"),
 }
 

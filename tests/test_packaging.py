@@ -1,4 +1,4 @@
-"""What a wheel install gets (issue 45): every module of the three packages, the console
+"""What a wheel install gets: every module of the three packages, the console
 script, and a version. The wheel is built here, from a copy of the sources, by pip the way
 ``pip install .`` builds it (an isolated build of pyproject.toml's backend)."""
 

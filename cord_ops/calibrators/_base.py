@@ -84,7 +84,7 @@ STATE_VERSION = 2
 @functools.cache
 def _blas_controller() -> ThreadpoolController:
     """Fits run with one BLAS thread: L-BFGS-B's many small BLAS calls on K^2 + K = 10,100
-    parameters run 10-50x slower with OpenBLAS threads on a busy 2-core machine, and
+    parameters run many times slower with OpenBLAS threads on a busy machine, and
     single-threaded products make every fit bit-reproducible whatever the thread count.
     The controller is built once because scanning the loaded libraries costs milliseconds."""
     return ThreadpoolController()

@@ -38,44 +38,38 @@ Search (``search="path"``, the default): the reference evaluates all 243 (K = 10
    more than ``TURN_TOL`` (1e-4); rounds repeat while the best CV NLL improves by more than
    TURN_TOL (at most ``MAX_ROUNDS``).
 
-Why step 1 does not stop where the CV loss first turns: on CIFAR-100 (K = 100, 5,000
-rows) the CV curve along lambda is not unimodal. On all five shared nets (seed 0, every
-lambda scored) it falls from the plateau at strong lambda to a local minimum near
-lambda = 5-25, rises by 0.3e-3 to 0.9e-3 nats (2.6e-3 on RepVGG-A1, seed 2) around
-lambda = 0.5-2.5, then falls to its global minimum at lambda = 0.025-0.25, 6.8e-3 to
-2.3e-2 nats lower, and climbs beyond it by 1.3e-2 to 3.5e-2 nats within two grid steps. A
-search that stops at the first turn selects the local minimum (our previous one did on
-four of the five nets at seed 0). On VGG-16-BN, seed 4, the curve has no dip at all: the CV NLL
-rises from 1.1701 at lambda = 1e6 to 1.1804 at lambda = 1000 (one fold's held-out NLL is
-1.30 against 1.10-1.18 for the others), the path stops there and selects (1e6, 1e6), the
-per-class power map; cold-started fits score lambda = 10, 0.25 and 0.1 at 1.188, 1.1857
-and 1.1858, all above it. Warm starts move a CV value by up to 2e-3 against a cold start
-(lambda = 1e5 on that split): the diagonal is unpenalised, and a class whose training
-log-probabilities separate it from the rest has no finite optimum for its diagonal weight,
-so converged fits stop at a point that depends on the start. STOP_MARGIN sits above every
-bump we measured and below the over-fitting climb. Every fold's fit starts from that fold's
-solution at the neighbouring grid point (warm start along the regularisation path). The
-selected pair is the lowest CV NLL among the visited pairs (ties: stronger lambda, then
-stronger mu). Deviation: on a CV surface with a bump higher than STOP_MARGIN, or not
-unimodal along mu, the walk can miss the grid's global minimum; ``search="grid"``
-evaluates every pair (as the reference) for comparison (``benchmarks/bench_dir_odir.py
---grid``; RepVGG-A1, seed 0: the grid's optimum (0.025, 1e6) and the walk's (0.025, 0.1)
-differ by 2e-6 nats of CV NLL, 243 pairs against 28; ResNet-56, seed 0: the same pair,
-(0.25, 0.01), 243 pairs against 27).
+Why step 1 does not stop where the CV loss first turns: on CIFAR-100 the CV curve along
+lambda is not unimodal. From the plateau at strong lambda it falls to a local minimum,
+rises by a small bump, falls to its global minimum at weaker lambda and then climbs
+steeply (over-fitting), so a search that stops at the first turn selects the local
+minimum. On some splits the curve has no dip at all and the path selects the per-class
+power map, which cold-started fits at weaker lambda do not beat. Warm starts move a CV
+value slightly against a cold start: the diagonal is unpenalised, and a class whose
+training log-probabilities separate it from the rest has no finite optimum for its
+diagonal weight, so converged fits stop at a point that depends on the start.
+STOP_MARGIN sits above every bump measured and below the over-fitting climb (the curves,
+and the walk against the exhaustive grid: docs/reproduction.md, "Dir-ODIR as Kull et al.
+tune it"). Every fold's fit starts from that fold's solution at the neighbouring grid
+point (warm start along the regularisation path). The selected pair is the lowest CV NLL
+among the visited pairs (ties: stronger lambda, then stronger mu). Deviation: on a CV
+surface with a bump higher than STOP_MARGIN, or not unimodal along mu, the walk can miss
+the grid's global minimum; ``search="grid"`` evaluates every pair (as the reference) for
+comparison (``benchmarks/bench_dir_odir.py --grid``).
 
 Fits: converged, not capped. Identity start (W = I, b = 0) or a warm start, analytic
 gradient; dense Newton while K (K + 1) <= 500 (K <= 21), Newton-CG above (``_affine``:
 Hessian-vector products in float32, Jacobi-preconditioned CG, gradient and objective in
 float64), stopping at a gradient max-abs <= ``gtol`` (1e-5) or a relative decrease <=
-``ftol`` (1e-12) in one step. Newton-CG replaced L-BFGS-B above K = 21: at K = 100 a
-weakly regularised fold fit (lambda = 0.025) takes 11 Newton steps against 330 L-BFGS-B
-iterations, 3x less time, and reaches a lower objective. A class absent from the calibration
-labels has no finite optimum (its free diagonal weight drives its logit to -inf); the
-``ftol`` stop ends such fits once the objective no longer moves at that resolution.
-``max_iter`` (default 1000) caps every fit; a capped search fit or refit is recorded in
-``warnings_`` and raises a ConvergenceWarning. The reference trains with Adam (lr 1e-3,
-then 1e-4, batch 128, early stopping on the training loss); the objective is convex, so
-converged fits reach its optimum where one exists (Adam with early stopping may stop short).
+``ftol`` (1e-12) in one step. Newton-CG rather than L-BFGS-B above K = 21: on a weakly
+regularised fold fit it needs a few Newton steps where L-BFGS-B needs hundreds of
+iterations, takes less time, and reaches a lower objective. A class absent from the
+calibration labels has no finite optimum (its free diagonal weight drives its logit to
+-inf); the ``ftol`` stop ends such fits once the objective no longer moves at that
+resolution. ``max_iter`` (default 1000) caps every fit; a capped search fit or refit is
+recorded in ``warnings_`` and raises a ConvergenceWarning. The reference trains with Adam
+(lr 1e-3, then 1e-4, batch 128, early stopping on the training loss); the objective is
+convex, so converged fits reach its optimum where one exists (Adam with early stopping may
+stop short).
 
 Refit: the selected pair is refitted on all rows, warm-started from the mean of its fold
 solutions. Deviation: the reference keeps the five fold models and averages their
@@ -84,8 +78,9 @@ map, so it could not be stored or exported as one weights/bias pair).
 
 Other implementations: probmetrics' ``dircal-cv`` is not this method. It is Dir-L2 (one
 L2 strength on every entry of W and b, the diagonal included, shrinking toward zero), with
-the strength searched over a per-entry grid; our first Dir-ODIR divided that grid by
-K (K - 1) and K, which at K = 100 left no candidate strong enough (docs/reproduction.md).
+the strength searched over a per-entry grid; dividing that grid by K (K - 1) and K to
+match ODIR's normalisation leaves no candidate strong enough at K = 100
+(docs/reproduction.md).
 """
 
 from __future__ import annotations
@@ -101,8 +96,9 @@ from cord_ops.softmax import mean_nll_and_grad, softmax
 GRID_MAX_EXPONENT = 6
 #: The first lambda path stops once PATIENCE consecutive grid values have a CV NLL above
 #: the path's best by more than STOP_MARGIN (nats): the over-fitting side of the curve
-#: (module docstring: bumps before the minimum reach 2.6e-3, the climb after it 1.3e-2 or
-#: more within two grid steps on CIFAR-100; a gentler climb only costs steps).
+#: (docs/reproduction.md, "Dir-ODIR as Kull et al. tune it": the bumps before the minimum
+#: stay below it, the climb after it passes it within two grid steps; a gentler climb only
+#: costs steps).
 STOP_MARGIN = 1e-2
 #: Consecutive grid values beyond STOP_MARGIN after which the first lambda path stops.
 PATIENCE = 1

@@ -6,9 +6,9 @@ Fit: unregularised mean NLL from the identity (W = I, b = 0) with the analytic g
 ``dL/dW = D.T @ z`` and ``dL/db = sum_i D_i``, D = (q - onehot) / n (two BLAS matrix
 products per evaluation), by damped Newton (``_affine``): dense steps up to K = 21,
 Newton-CG steps with Hessian-vector products up to K = ``NEWTON_CG_MAX_CLASSES`` (50, the
-range of tabular classifiers, where L-BFGS-B stalls: on an MLP's log-probabilities at
-K = 26 it was still far from the optimum after 2,000 iterations, Newton-CG converges in
-about 150 steps), preconditioned L-BFGS-B above.
+range of tabular classifiers, where L-BFGS-B stalls far from the optimum after thousands
+of iterations and Newton-CG converges in a few hundred steps), preconditioned L-BFGS-B
+above.
 Unregularised MS with K^2 + K parameters has no finite optimum when the calibration set is
 (nearly) separable, the usual case at K = 100 and n = 5,000: probmetrics' L-BFGS (cap
 200 x #params iterations) then runs for minutes and ends with probabilities of exactly 0 on

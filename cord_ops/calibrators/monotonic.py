@@ -17,7 +17,7 @@ only tie entries whose exact values differ by less than about one ulp of s, and 
 in z keep the smaller index on top, as argmax does). The rank is taken on the scores as
 given: from probabilities, z = log(max(p, floor)) can round two probabilities one ulp apart
 to one value, and ranking that tie by index could lift a class above the input's top-1
-(found by the hypothesis test on near-uniform rows). The reference writes z / T_r + b_r
+(near-uniform rows do). The reference writes z / T_r + b_r
 with T descending along the ascending ranks; a_r = 1 / T_r is the same constraint.
 
 Fit: mean NLL, which is convex in (a, b); we optimise it exactly with L-BFGS-B over the

@@ -8,7 +8,7 @@ Fit: the mean NLL is convex in beta and its derivative
 from the lower end of a sign bracket found by factors of 4 from beta = 1 within
 [e^-16, e^16] (probmetrics' bisection range); a step that leaves the bracket is replaced by
 its midpoint. This is the bounded 1-D search docs/calibrators.md describes, with Newton instead
-of Brent/bisection because it needs about 9 softmax passes instead of 30: a deviation from
+of Brent/bisection because it needs a third of the softmax passes: a deviation from
 the references' optimiser, not from their optimum (it stops when a step changes beta by
 <= 1e-12 relative). When the bracket search runs into a bound (a calibration set the logits
 separate, or labels unrelated to them) that bound is returned with a ConvergenceWarning.

@@ -1,7 +1,7 @@
 """The credential of the Prefect servers cord-ops starts, and the owner-only files around it.
 
 Why: a Prefect server on 127.0.0.1 answers every local account, and its API creates flow
-runs that the owner's processes execute (issue 42). Prefect's own answer is HTTP basic
+runs that the owner's processes execute. Prefect's own answer is HTTP basic
 authentication: the server takes ``PREFECT_SERVER_API_AUTH_STRING`` (``user:password``) and
 refuses every request but ``GET /health`` and ``GET /ready`` without it (401); clients send
 ``PREFECT_API_AUTH_STRING``. cord-ops makes the string itself, :func:`new`: 256 random bits,

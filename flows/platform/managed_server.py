@@ -1,7 +1,8 @@
 """A local Prefect server that cord-ops manages: ``cord-ops server start|stop|status``.
 
 Why it exists: without ``PREFECT_API_URL`` every Prefect command starts a temporary
-server of its own. That costs 8-15 s per command and runs none of Prefect's services, so
+server of its own. That start costs seconds on every command (docs/performance.md,
+"Command start-up") and runs none of Prefect's services, so
 cron deployments never get a scheduled run and deployment concurrency slots are never
 renewed. The managed server is a plain ``prefect server start`` (scheduler and the other
 services on, UI off, analytics off) bound to 127.0.0.1 on a free port, started detached

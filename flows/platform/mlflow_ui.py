@@ -1,10 +1,10 @@
 """``cord-ops ui``: MLflow's UI behind MLflow's own basic authentication.
 
-Why: ``mlflow ui`` on 127.0.0.1 answers every local account, and the REST API behind the
-UI writes as well as reads: any account could create runs, delete versions or move
-``@champion`` to a version of its choosing while the operator looks at the UI (the review
-of issue 42). MLflow's answer is its ``basic-auth`` app: every request but ``/health``
-needs a user and password, kept in an auth database of its own.
+Why: ``mlflow ui`` on 127.0.0.1 answers every local account, and the REST API behind the UI
+writes as well as reads: any account could create runs, delete versions or move
+``@champion`` to a version of its choosing while the operator looks at the UI. MLflow's
+answer is its ``basic-auth`` app: every request but ``/health`` needs a user and password,
+kept in an auth database of its own.
 
 cord-ops gives the UI one user, :data:`USER`, whose password is 192 random bits made on
 first use and kept owner-only in ``<store folder>/ui/password`` (0600, in a 0700 folder,

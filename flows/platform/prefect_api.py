@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
-#: A first start migrates a fresh database, slow on a busy 2-core machine.
+#: A first start migrates a fresh database, slow on a busy machine.
 SERVER_STARTUP_SECONDS = 120
 
 

@@ -1,10 +1,11 @@
 """The warm runner beside the managed Prefect server: flow commands without the start-up cost.
 
-Why it exists: a warm ``cord-ops recalibrate`` on the digits data spent about 6 s
-importing numpy/scipy/scikit-learn, Prefect, MLflow, onnx and onnxruntime, about 1 s
-opening the MLflow store's modules, and 3 s in its flow. The imports are the same every
-time, so ``cord-ops server start`` also starts this runner: one process that imports all of
-it once and then waits on a Unix socket.
+Why it exists: a command in a fresh interpreter spends seconds importing
+numpy/scipy/scikit-learn, Prefect, MLflow, onnx and onnxruntime and opening the MLflow
+store's modules, longer than a small recalibration's flow itself takes
+(docs/performance.md, "Command start-up"). The imports are the same every time, so
+``cord-ops server start`` also starts this runner: one process that imports all of it once
+and then waits on a Unix socket.
 
 How a command uses it (:func:`forward`, called by the CLI after the command's own input
 checks passed): when the managed server of the store runs, its runner is ready, and the
@@ -34,7 +35,7 @@ Operator promises, each tested in ``tests/flows/platform/test_warm_runner.py``:
 Forking is safe here because the runner's parent loop is single-threaded (checked before
 every fork; a runner that has grown a thread refuses, and the command runs in-process).
 
-Who may hand it a command (issue 42, :mod:`flows.platform.warm_access`): only a process of
+Who may hand it a command (:mod:`flows.platform.warm_access`): only a process of
 the runner's own user. The socket is 0600 in the owner-only state folder, and the runner
 does not trust that alone: it asks the kernel for the connecting process's uid
 (``SO_PEERCRED``) and refuses any other before reading a byte. It runs only the commands of

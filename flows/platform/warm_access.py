@@ -1,4 +1,4 @@
-"""Who may hand the warm runner a command, and which requests it runs (issue 42).
+"""Who may hand the warm runner a command, and which requests it runs.
 
 The runner (:mod:`flows.platform.warm`) forks a child that becomes the command: it takes the
 request's arguments, working folder, environment and descriptors and runs as the runner's

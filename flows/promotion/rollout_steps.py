@@ -186,7 +186,7 @@ class Comparison:
 
 def decisions(repaired, threshold: float | None = None, input_kind: str = "probs"):
     """Top-1 of each repaired row, ties to the lowest index (as ``label``); for a binary
-    version keeping a decision ``threshold`` (issue 44), the decision at it of the rows'
+    version keeping a decision ``threshold``, the decision at it of the rows'
     probabilities (softmax of ``input_kind`` "logits" rows first)."""
     import numpy as np  # here, not at the top: `cord-ops --help` builds on this module
 

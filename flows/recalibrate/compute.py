@@ -294,9 +294,9 @@ def served_report(report: Evaluation, checked: Parity) -> Evaluation:
     ones: the summary, the run's ``cord.*`` metrics, the gate and a later ``promote`` then
     give one NLL for the version on its evaluation split. The two differ within the parity
     tolerance per probability, but a true-class probability near 0 moves the NLL by far
-    more (issue 45: 1.95e-12 in float64, 1.15e-11 in float32 moved a mean over 2,000 rows
-    by 2.4 %). The parity check itself compares against cord_ops (``report.cord``), so it
-    runs before this."""
+    more: the log of a tiny probability magnifies its float32 rounding, enough for a few
+    such rows to move the mean NLL of a whole split. The parity check itself compares
+    against cord_ops (``report.cord``), so it runs first."""
     cord = checked.repaired
     reports = {**report.reports,
                "cord": metrics.evaluate(cord, report.labels, reference=report.uncal,

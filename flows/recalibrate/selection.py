@@ -27,13 +27,13 @@ WARNING_TAG = "cord.select.warning"
 #: Artifact path of the selection table.
 ARTIFACT = "select/selection.json"
 #: Seconds of cross-validation after which ``auto`` starts no further family and abandons
-#: one still fitting (``cord_ops.select.select_calibrator(budget=...)``): CIFAR-100's
-#: selection takes 15-20 s on the loaded 2-core machine, but Dir-ODIR alone took 80 s over
-#: the folds of a 900-row naive-Bayes probability file (docs/calibrators.md, section 8).
+#: one still fitting (``cord_ops.select.select_calibrator(budget=...)``): well above what
+#: CIFAR-100's whole selection takes, below what Dir-ODIR alone can take on a small
+#: probability file (docs/calibrators.md, section 8).
 DEFAULT_BUDGET = 60.0
-#: Folds fitted at once in a recalibration. One: on the shared 2-core machine (load 8.6)
-#: two threads took 21.9 s for CIFAR-100's selection against 15.5 s for one, and loky
-#: processes 45 s (docs/calibrators.md, "Choosing the family").
+#: Folds fitted at once in a recalibration. One: on a machine whose cores other processes
+#: share, threads and loky processes made the selection slower, not faster
+#: (docs/calibrators.md, "Choosing the family").
 N_JOBS = 1
 
 

@@ -35,8 +35,8 @@ BENCH_EXPERIMENT = "cord-ops-bench"
 #: ``--quick``: one seed, two files (one per dataset first), three calibrators.
 QUICK_CALIBRATORS = ("vs", "svs", "irova")
 QUICK_FILES = 2
-#: Cost order of one task, most expensive first (measured single-threaded on 5000 CIFAR-100
-#: rows: Dir-ODIR ~90 s, MS ~5 s, VS ~1 s x 10 fits of the size study, ...). Submitting the
+#: Cost order of one task, most expensive first (single-threaded fit times on CIFAR-100,
+#: docs/reproduction.md: Dir-ODIR's cross-validated fit dwarfs the rest). Submitting the
 #: slow tasks first keeps both workers busy to the end instead of leaving a long fit for last.
 FIT_COST_ORDER = ("dir-odir", "ms", "mcct-i", "vs", "sms", "irova-ts", "irova", "svs",
                   "ts-tva", "irm", "ts")

@@ -1,4 +1,4 @@
-"""Who may talk to ``cord-ops serve``, and what they may change (issue 42, item 3).
+"""Who may talk to ``cord-ops serve``, and what they may change.
 
 A server on 127.0.0.1 answers every local account and every web page open in a browser on
 the machine: a page can send simple requests (``text/plain`` or form bodies, no custom

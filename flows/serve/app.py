@@ -327,8 +327,9 @@ def bind(host: str, port: int):
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only when the
     # listening socket's proto is IPPROTO_TCP (0 does not count). Without it uvicorn's
-    # response, written as headers then body, met Nagle and the client's delayed ACK: every
-    # small answer on a keep-alive connection waited ~40 ms (docs/serving.md, issue 43).
+    # response, written as headers then body, meets Nagle: every small answer on a
+    # keep-alive connection waits for the client's delayed ACK (docs/serving.md,
+    # `cord-ops serve`).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

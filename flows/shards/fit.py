@@ -49,9 +49,9 @@ WARM_START_BYTES = 80 << 20
 def warm_start_rows(name: str, n: int, k: int) -> int:
     """Rows of the warm-start sample: ``WARM_START_ROWS`` for TS (Halley needs a start
     within ~1e-2); for VS one row in 20, between that and 100,000 rows and within
-    ``WARM_START_BYTES`` (its fit and Hessian cost ~3 s at 100,000 x 100 on the driver;
-    a better start and preconditioner save full passes: 1M x 100 rows, 10 passes from
-    20,000 rows, 5 from 100,000)."""
+    ``WARM_START_BYTES`` (a larger sample costs the driver a longer fit and Hessian, but
+    its better start and preconditioner save full passes over the shards: docs/scale.md,
+    "What the workers do")."""
     if name != "vs":
         return WARM_START_ROWS
     return max(WARM_START_ROWS, min(n // 20, 100_000, WARM_START_BYTES // (8 * k)))
@@ -192,9 +192,12 @@ def evaluate_on(session: ShardSession, calibrator, cord: CORD,
     return ShardEvaluation(found, counts[0], counts[1], sample)
 
 
-# ---------------------------------------------------------------- the old entry point
+# ------------------------------------------------------------ the library entry point
 @dataclass
 class DistributedFit:
+    """What :func:`fit_shards` returns: the calibrator and CORD fitted on every row, the
+    metrics over the same rows, and which shards they came from."""
+
     calibrator: object
     cord: CORD
     metrics: dict

@@ -111,12 +111,12 @@ class ShardSession:
 #: Worker environment for the clusters this module starts. Dask's nanny sets
 #: MALLOC_TRIM_THRESHOLD_ = 64 KiB, and setting any malloc threshold turns glibc's adaptive
 #: ones off: every numpy temporary over 128 KiB is then a fresh mmap, and every free of one
-#: hands its pages back, so each block's temporaries fault their pages in again. Measured
-#: in a worker thread holding earlier partitions' results (K = 100, 4 MB blocks): TS
-#: moments 20 ns an entry with Dask's setting, 7 with these two (block temporaries come
-#: from the arena, and a trim keeps 64 MiB at its top), 6 with glibc's defaults; CORD's
-#: pass 40 vs 23 ns. Dask's own trimming of larger frees is kept. Workers of a cluster
-#: given by address need them in their own environment (docs/scale.md).
+#: hands its pages back, so each block's temporaries fault their pages in again. These two
+#: bring block temporaries back from the arena (a trim keeps 64 MiB at its top), which
+#: makes a pass about as fast as with glibc's defaults (docs/scale.md, "Worker memory
+#: allocator" in "What the workers do"). Dask's own trimming of larger frees is kept.
+#: Workers of a cluster given by address need them in their own environment
+#: (docs/scale.md).
 WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": 32 << 20, "MALLOC_TOP_PAD_": 64 << 20}
 
 

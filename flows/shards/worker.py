@@ -29,8 +29,9 @@ from cord_ops.partition_sums import (
 from cord_ops.reduce import split_rows
 
 #: Size of one row block's float64 scores during a pass (the worker's working set). Small
-#: enough that a block's temporaries stay in the caches two workers share: the TS moment
-#: pass costs 10.4 ns an entry with 32 MB blocks and 5.5 with 3 MB ones (K = 100).
+#: enough that a block's temporaries stay in the caches two workers share, which roughly
+#: halves a pass's cost per entry against blocks too large for them (docs/scale.md, "What
+#: the workers do").
 BLOCK_BYTES = 4 << 20
 
 

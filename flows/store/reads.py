@@ -3,10 +3,10 @@ the store is the embedded sqlite one.
 
 Why not ``MlflowClient`` for an embedded store:
 
-- Opening it costs about 4 s (importing MLflow and building its SQLAlchemy store: 3.9-4.0 s
-  measured for one ``search_registered_models`` against 0.04 s for the same read with
-  ``sqlite3``, Python's own start-up 0.03 s), and the checks exist so that a typo costs
-  well under the time a Prefect server takes to start.
+- Opening it costs seconds (importing MLflow and building its SQLAlchemy store) where the
+  same read with ``sqlite3`` costs milliseconds (docs/performance.md, "Command start-up"),
+  and the checks exist so that a typo costs well under the time a Prefect
+  server takes to start.
 - It writes: MLflow's store creates or upgrades the schema of the database it opens (an
   empty or foreign sqlite file comes back holding MLflow's tables). A check must leave the
   store as it found it, so the database is opened ``mode=ro``.

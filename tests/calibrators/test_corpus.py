@@ -1,4 +1,4 @@
-"""Every calibrator on real classifier outputs (tests/corpus.py, issue 23): fit, calibrate,
+"""Every calibrator on real classifier outputs (tests/corpus.py): fit, calibrate,
 CORD, TPCR 0 after the repair, on the covering subset of the corpus (every model with
 every input kind and dtype on binary and multi-class data, and every pathology: exact
 zeros and ones, top-1 ties, saturated and off-simplex float32 rows, logits of magnitude
@@ -97,7 +97,7 @@ def test_saturation_softmax_is_the_softmax_with_an_order_free_top_entry(z):
 
 
 def test_saturated_top_entries_no_longer_depend_on_the_class_order():
-    """Regression (issue 23): a naive-Bayes-like row whose top-1 is 1 - 8e-14. The plain
+    """A naive-Bayes-like row whose top-1 is 1 - 8e-14. The plain
     softmax adds the 1 in class order, so the top entry moves by an ulp with the position
     of the top class; isotonic knots an ulp apart turned that into 1e-3 of probability."""
     z = np.array([[0.0, -35.7, -31.5, -33.9, -39.7, -37.6, -39.4, -30.8, -36.1, -33.0]])

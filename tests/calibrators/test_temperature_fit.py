@@ -67,9 +67,9 @@ def _logits(seed: int, n: int, k: int, true_beta: float):
 @pytest.mark.parametrize("seed, true_beta", [(0, 0.4), (1, 1.7), (2, 5.0), (3, 0.8), (4, 3.0)])
 def test_temperature_fit_takes_few_slope_evaluations_and_finds_the_root(seed, true_beta):
     """Two or three bracket evaluations plus a few Newton steps (the module docstring:
-    about 9 softmax passes). A step in the wrong direction still converges (the safeguard
-    bisects) but after ~40 evaluations; so did a converged step that rounded onto beta
-    itself (seeds 1 and 2: 48 and 49 evaluations before the fix)."""
+    a third of bisection's softmax passes). A step in the wrong direction still converges
+    (the safeguard bisects) but after ~40 evaluations, and so would a converged step that
+    rounded onto beta itself; the evaluation count tells them apart."""
     z, y = _logits(seed, 2000, 10, true_beta)
     kernel, calls = _slope_kernel(z, y)
 

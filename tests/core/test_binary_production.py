@@ -1,4 +1,4 @@
-"""Binary models as production runs them (issue 44), on the corpus's rare-positives models
+"""Binary models as production runs them, on the corpus's rare-positives models
 (tests/corpus.py ``rare_binary``: 1-3 % positives, one score column, float32 and float64):
 one column within its rounding, the rarer-class evidence rule, and what the repair did.
 
@@ -61,10 +61,10 @@ def test_rare_positives_with_enough_rows_pass_the_default_evidence_rule(percent)
                               rules.label_counts(e.eval_labels, 2))
     assert 30 <= min(evidence.calibration_counts) <= 90
     assert rules.evidence_problems(evidence, rules.Policy.for_classes(2)) == []
-    # the balance rule that used to be K = 2's default refused every one of them
-    old = rules.Policy.for_classes(2, max_class_share=0.9)
+    # a class-balance rule at K = 2 would refuse every one of them
+    balance_rule = rules.Policy.for_classes(2, max_class_share=0.9)
     share = max(evidence.calibration_counts) / evidence.n_calibration
-    assert rules.evidence_problems(evidence, old)[0] == (
+    assert rules.evidence_problems(evidence, balance_rule)[0] == (
         f"class 0 holds {share:.1%} of the calibration labels (> 90%; --max-class-share)")
 
 

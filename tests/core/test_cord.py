@@ -400,7 +400,7 @@ def test_bad_row_in_a_later_block_is_named(columns, monkeypatch):
     bad_p0[31] *= 1.01
     bad_q[2, 0] = -1.0
     with pytest.raises(ValueError, match=r"original: row 31 sums to .*expected rows"):
-        CORD().fit(bad_p0, bad_q)  # p0's error is reported before q's, as before
+        CORD().fit(bad_p0, bad_q)  # p0's error is reported before q's
     model = CORD().fit(p0, q)
     with pytest.raises(ValueError, match=r"original: row 31 sums to"):
         model.transform(bad_p0, q)

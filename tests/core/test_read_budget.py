@@ -1,4 +1,4 @@
-"""The read budget (issue 42, item 7): a small .npz or Parquet file that decompresses to
+"""The read budget: a small .npz or Parquet file that decompresses to
 hundreds of MB, or an .npy header that declares a huge shape, is refused with one line
 naming the file (and the array) before anything is allocated; CORD_OPS_MAX_DECOMPRESSED_MB
 raises the budget."""

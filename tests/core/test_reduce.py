@@ -313,7 +313,7 @@ def test_repaired_metrics_stay_exact_for_tails_below_2_to_the_minus_500(seed, k,
 def test_repaired_metrics_of_tails_a_few_subnormal_units_wide(eta):
     """Tails of ~1e-322 (tens of units of the subnormal grid) with the label in the tail:
     the label's repaired entry is (1 - s) rest_y / tail. Dividing rest_y by tail / (1 - s)
-    rounded that quotient to the grid (NLL 1e-4 off at eta = -6 before the fix); expected:
+    rounds that quotient to the grid, which moves the NLL visibly at eta = -6; expected:
     the single-machine transform's metrics."""
     from cord_ops.cord import set_fitted
 

@@ -1,4 +1,4 @@
-"""Classifier outputs as pipelines write them (issue 23, parts 1 and 2): a binary model's
+"""Classifier outputs as pipelines write them: a binary model's
 one score column, probability rows that sum to 1 only to float32/float16 rounding, exact
 zeros and ones, top-1 probabilities of exactly 1 or a rounding above it, and top-1 ties.
 

@@ -1,4 +1,4 @@
-"""CORD at an operator's decision threshold (issue 44, item 4; cord_ops.threshold).
+"""CORD at an operator's decision threshold (cord_ops.threshold).
 
 The decision at t is class 1 where p1 > t (ties to class 0), written here as the plain
 comparison, not through the code under test; the repair in the reweighted space is checked

@@ -1,6 +1,6 @@
 """cord_ops.validation, function by function: each refusal's whole message (array, first
 offending row, expectation), the boundaries of every rule, and the values the loaders
-return, written out by hand or computed with plain numpy in the test (issue 25)."""
+return, written out by hand or computed with plain numpy in the test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Credentials in URIs (issue 42, item 4): :func:`flows.redact.redact` masks every
+"""Credentials in URIs: :func:`flows.redact.redact` masks every
 password and secret query value in text, :func:`flows.redact.credentials_to_environment`
 moves a tracking URI's credential to MLflow's environment variables, and the command line's
 error line never shows a password. The real runs against a basic-auth tracking server are

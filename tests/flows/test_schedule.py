@@ -1,6 +1,6 @@
 """``cord-ops schedule`` serves cron deployments; a run triggered through Prefect's API
 completes and registers a model; a run whose parameters are not its deployment's is refused
-(issue 42: whoever may create a flow run must not choose what the owner's process reads,
+(whoever may create a flow run must not choose what the owner's process reads,
 writes or loads)."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_schedule_serves_cron_deployments_and_a_triggered_run_completes(
         flow_run = run_deployment(f"recalibrate/{RECALIBRATE_DEPLOYMENT}", timeout=240,
                                   poll_interval=1)
         assert flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
-        # Ticks speak in lines (issue 45): a result line per finished run, one error line
+        # Ticks speak in lines: a result line per finished run, one error line
         # per failed one, no traceback on this console (it stays in the run's log).
         watched = run_deployment(f"monitor/{MONITOR_DEPLOYMENT}", timeout=240, poll_interval=1)
         assert watched.state.is_completed(), (watched.state, log.read_text()[-3000:])

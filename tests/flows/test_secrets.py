@@ -1,4 +1,4 @@
-"""A password in the tracking URI is never printed or stored (issue 42, item 4): real
+"""A password in the tracking URI is never printed or stored: real
 ``cord-ops`` runs against MLflow's own basic-auth tracking server, then every output line,
 MLflow param and tag, Prefect flow-run and deployment parameter and Prefect log of them is
 searched for it. (The error line of a command whose store is down: test_redact.py.)

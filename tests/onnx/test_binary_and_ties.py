@@ -1,5 +1,5 @@
 """Binary graphs that take one score column, and top-1 ties as k-NN and random forests
-produce them, in float32 and float64 graphs (issue 23, parts 1 and 2).
+produce them, in float32 and float64 graphs.
 
 The reference is cord_ops on the same inputs (conftest ``reference``); the one-column form
 is expanded by hand here (p -> [1 - p, p], m -> [0, m]), not by the code under test.

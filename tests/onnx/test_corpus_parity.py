@@ -1,4 +1,4 @@
-"""ONNX parity on real classifier outputs (tests/corpus.py, issue 23): every calibrator's
+"""ONNX parity on real classifier outputs (tests/corpus.py): every calibrator's
 float32 and float64 graph on the covering subset of the corpus against the numpy pipeline
 on the same inputs (docs/contract.md, "The ONNX graph"), every graph's label the
 classifier's top-1 under the paper's tie rule (smallest index attaining the maximum), and
@@ -98,7 +98,7 @@ def test_pathological_rows_through_every_graph(entry_name, cases):
 
 @pytest.mark.parametrize("name", ["irm", "irova"])
 def test_isotonic_graphs_on_saturated_naive_bayes_logits(name, cases):
-    """Regression (issue 23): naive Bayes puts digits' top-1 probabilities within ulps of 1,
+    """Naive Bayes puts digits' top-1 probabilities within ulps of 1,
     where the fitted isotonic knots sit ulps apart (slopes up to 1e13). The float64 graph
     summed the softmax in another order than numpy, moved the top entry by an ulp and
     missed parity by 9e-4 (irm) and 6e-7 (irova) against 1e-12; both graphs and numpy now

@@ -1,4 +1,4 @@
-"""The identity calibrator's graph (issue 41): the classifier's own probabilities, CORD's
+"""The identity calibrator's graph: the classifier's own probabilities, CORD's
 eta* exactly 0, in both graph dtypes, for logits and probabilities, and in the one-column
 binary form. The expected values are written out here (softmax by hand, p / sum p), not
 taken from the calibrator under test."""

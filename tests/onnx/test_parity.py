@@ -154,9 +154,9 @@ def test_subnormal_tails_stay_finite(dtype, eta, gap, cases, run_model):
     """Rows whose other classes all sit near exp(-gap) in float64 (subnormal, not zero, so
     no stabilisation) with eta* < -1, where s stays well below 1: the repair is eq. 2 with
     alpha = q / tail. (1 - s) / tail overflows there, and tail / (1 - s) rounds to the
-    subnormal grid: the old graph was 1e-11 off eq. 2 at eta* = -3 and a tail of 1e-314,
-    and 6e-4 off (float32 too) at eta* = -6 and a tail of 3e-322; at eta* = -2, 1 - s is
-    ~1/2 and that quotient happened to be exact."""
+    subnormal grid, far enough off eq. 2 for this test to see it at eta* = -3 and a tail
+    of 1e-314, and at eta* = -6 and a tail of 3e-322 (float32 too); at eta* = -2, 1 - s is
+    ~1/2 and that quotient happens to be exact."""
     k = 10
     cal, fitted_cord = cases.fitted("ts", k, "logits")
     cord = cases.with_eta(fitted_cord, eta)

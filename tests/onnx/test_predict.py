@@ -175,7 +175,7 @@ def test_parquet_in_and_out_keeps_other_columns_and_every_top1(saved_model, case
     scores = cases.adversarial_scores(10, "logits", seed=12)
     ids = [f"row-{i}" for i in range(len(scores))]
     for layout in ("list", "columns"):
-        # The true labels are not carried beside the output's top-1 `label` (issue 45).
+        # The true labels are not carried beside the output's top-1 `label`.
         columns = {"id": ids, "labels": np.arange(len(scores)) % scores.shape[1],
                    **data.score_arrays(scores, "logits", layout)}
         source = tmp_path / f"in-{layout}.parquet"

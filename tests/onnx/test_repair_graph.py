@@ -1,6 +1,6 @@
 """``onnx_export.repair`` on its own: the repair subgraph built with a bare GraphBuilder and
-run by onnxruntime on hand-made rows, without fitting a calibrator (issue 25: the export
-tests reach the repair only through fitted families, at 2-5 s a case).
+run by onnxruntime on hand-made rows, without fitting a calibrator (the export
+tests reach the repair only through fitted families, seconds a case).
 
 Expected values come from outside the module under test: H(g, eta) from the quadratic of
 eq. 13 solved in 50-digit decimal arithmetic, the repaired rows from

@@ -1,5 +1,5 @@
 """The credential of the Prefect servers cord-ops starts and the owner-only files around it
-(flows/platform/credential.py; issue 42, item 1): real folders, modes under a permissive
+(flows/platform/credential.py): real folders, modes under a permissive
 umask, a second account's folder and a planted link, Prefect's own client for the header,
 and a real temporary server that refuses a request without the credential."""
 
@@ -35,7 +35,7 @@ def test_the_state_folder_is_made_0700_and_an_older_open_one_is_tightened(tmp_pa
     assert made == tmp_path / "work" / "store" / "prefect" and mode(made) == 0o700
     older = tmp_path / "older"
     older.mkdir()
-    older.chmod(0o755)  # what cord-ops made before issue 42
+    older.chmod(0o755)  # a folder any account may list, as an older cord-ops made
     assert mode(credential.private_folder(older)) == 0o700
 
 

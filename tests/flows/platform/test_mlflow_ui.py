@@ -1,4 +1,4 @@
-"""``cord-ops ui`` (issue 42 review): the REST API behind MLflow's UI writes the registry
+"""``cord-ops ui``: the REST API behind MLflow's UI writes the registry
 (a new version, ``@champion`` moved), and any local account reaches 127.0.0.1. The UI runs
 MLflow's basic-auth app; its one user's password is made on first use and kept owner-only,
 never printed."""

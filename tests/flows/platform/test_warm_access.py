@@ -1,5 +1,5 @@
 """Who may hand the warm runner a command and which requests it runs
-(flows/platform/warm_access.py), and the runner's keyed fingerprint (issue 42, item 6).
+(flows/platform/warm_access.py), and the runner's keyed fingerprint.
 Unit tests on real sockets, the CLI's real parser and real files; the runner itself is
 probed end to end in test_warm_runner.py."""
 

@@ -5,7 +5,7 @@ MLflow store, and kill -9 / SIGTERM sent to the command while its work runs.
 Which process ran a recalibration is read from the run's owner tags (``cord.owner.pid``),
 which the flow writes from the process that does the work.
 
-The second local account of issue 42 (uid 65534, :mod:`second_user`) probes the same
+A second local account (uid 65534, :mod:`second_user`) probes the same
 server and runner: it reaches the work folder, as other accounts reach a home folder on
 many systems, and must get no further.
 """
@@ -136,7 +136,7 @@ def test_commands_run_in_the_runner_with_their_own_output_and_status(warm, cord_
 
 def test_predict_and_status_go_to_the_runner(warm, cord_ops_command, digits):
     """Their work takes milliseconds; the command process itself checks the inputs and
-    hands over, never importing MLflow or onnxruntime (issue 45: 3-7 s of start-up)."""
+    hands over, never importing MLflow or onnxruntime (seconds of start-up)."""
     work, env, _ = warm
     # The console script's own interpreter path: the runner's fingerprint names it.
     python = Path(cord_ops_command[0]).read_text().splitlines()[0].removeprefix("#!").strip()

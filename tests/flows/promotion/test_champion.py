@@ -1,5 +1,5 @@
 """``flows.gate``'s registry side on a real embedded MLflow store, in one test so the
-store is set up once (issue 25: these functions had no test of their own): the health
+store is set up once: the health
 tag is written only when it changes, the champion history is append-only, capped and
 survives a garbled tag, and a champion that reads another input kind, or whose artifact
 cannot run, comes back with the problem instead of an NLL."""

@@ -1,4 +1,4 @@
-"""``flows.gate``'s small pieces with literal expected values (issue 25): the K-dependent
+"""``flows.gate``'s small pieces with literal expected values: the K-dependent
 defaults at their corners, each tolerance on its own (the own split's 1e-6 and the
 reference split's 2 %, neither standing in for the other), the policy's refusals, the
 evidence rules' messages and the label-shift arithmetic worked by hand, the champion
@@ -415,7 +415,7 @@ def test_a_champion_that_fails_to_run_is_a_problem_cut_to_1000_characters(runner
     runner.error = RuntimeError("x" * 2000)
     score = champion.score_champion(_Client(), "m", "3", SCORES, LABELS, "probs")
     assert score.version == "3" and score.nll is None
-    assert score.problem == "x" * 1000  # in words: no class name (issue 45)
+    assert score.problem == "x" * 1000  # in words: no class name
 
 
 @pytest.mark.parametrize("value", [math.inf, math.nan])

@@ -168,7 +168,7 @@ def _disagreeing(graph: bytes) -> bytes:
 
 
 #: The slow graph's extra work: a loop of SLOW_TRIPS products of a SLOW_SIDE-square matrix
-#: (about 0.25 ms each on one core of the CI machine: tens of ms a run, whatever the rows).
+#: (tens of ms a run on one core, whatever the rows: slower than the fast graph by far).
 SLOW_SIDE, SLOW_TRIPS = 256, 300
 
 

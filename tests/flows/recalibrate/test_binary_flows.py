@@ -1,6 +1,6 @@
-"""A binary classifier's outputs as pipelines log them, end to end (issue 23): float32
+"""A binary classifier's outputs as pipelines log them, end to end: float32
 probability rows that sum to 1 only to rounding (one top-1 a float32 ulp above 1, which
-crashed the report step), then the same model scored in the one-score-column form by
+the report step must take), then the same model scored in the one-score-column form by
 ``cord-ops predict`` (Parquet), the registered version as cord-ops runs it and
 ``cord-ops serve``'s app.
 """

@@ -1,4 +1,4 @@
-"""``--calibrator auto`` through the flow and the real CLI (issue 41): the family chosen by
+"""``--calibrator auto`` through the flow and the real CLI: the family chosen by
 cross-validation on the calibration split and recorded (metrics, table artifact, tags,
 summary, ``status``), identity served when the chosen family does harm on the evaluation
 split, an unchanged ``auto`` run skipped, and ``auto`` refused on shards in one line."""

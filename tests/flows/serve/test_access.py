@@ -1,4 +1,4 @@
-"""Who may talk to ``cord-ops serve`` (issue 42 item 3): Host names, the token on every POST
+"""Who may talk to ``cord-ops serve``: Host names, the token on every POST
 that changes state, JSON-only POSTs; in process, over the real application."""
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def test_token_file_refusals_name_the_file(tmp_path):
 
 
 def test_unknown_paths_and_methods_answer_in_the_error_shape(app_parts):
-    """404 and 405 are JSON like every other refusal (issue 45), and counted."""
+    """404 and 405 are JSON like every other refusal, and counted."""
     with _client(app_parts) as http:
         missing = http.get("/nowhere")
         assert missing.status_code == 404

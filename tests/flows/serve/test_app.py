@@ -213,7 +213,7 @@ def test_serve_follows_the_champion_without_failing_a_request(
             server.wait(10)
             exited_after = time.monotonic() - sent
         assert exited_after < 5.0, exited_after
-        # A stop asked for is a clean exit, the same as `schedule`'s (issue 24).
+        # A stop asked for is a clean exit, the same as `schedule`'s.
         assert server.returncode == 0, log.read_text()
         assert "stopped serving" in log.read_text()
         answered = [a for a in traffic.answers if a[0] == 200]

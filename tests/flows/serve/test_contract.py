@@ -1,4 +1,4 @@
-"""flows.serve.contract refusal by refusal (issue 25): each reason code with its whole
+"""flows.serve.contract refusal by refusal: each reason code with its whole
 one-line message, the contract's own checks, and the MLflow payload shapes, on tiny
 hand-written inputs (no graph, no server)."""
 

@@ -1,4 +1,4 @@
-"""``serve`` of a model without ``@champion`` (issue 45): it says so once, in words and with
+"""``serve`` of a model without ``@champion``: it says so once, in words and with
 the command that sets one, keeps polling quietly, and counts no outage; on a real store."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_a_model_without_its_alias_is_said_once_with_the_next_step(store, capsys
 
 def test_a_rollout_ended_elsewhere_is_said_once_by_the_server_routing_it(store, capsys):
     """An operator's `rollout abort` ended a rollout this server was routing: the server
-    logged nothing and went quiet (issue 45); now it says so, once."""
+    says so, once, instead of going quiet."""
     import json
     from types import SimpleNamespace
 

@@ -1,5 +1,5 @@
-"""``cord-ops predict`` on a binary model's one score column a float32 rounding above 1
-(issue 44, item 1): scored as the row [0, 1] and reported like a renormalised row sum,
+"""``cord-ops predict`` on a binary model's one score column a float32 rounding above 1:
+scored as the row [0, 1] and reported like a renormalised row sum,
 with an .onnx file (no store, no Prefect)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``cord-ops serve``'s application under overload and hostile clients, over real HTTP
 (uvicorn in a thread on serve's own socket) and a real onnxruntime session: a bounded
 number of requests in flight, then an immediate 503; a body size limit judged before the
-body is read; a slow client that holds no one else up (issue 43 item 4)."""
+body is read; a slow client that holds no one else up."""
 
 from __future__ import annotations
 

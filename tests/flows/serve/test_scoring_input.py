@@ -234,8 +234,8 @@ def test_a_float32_graph_gets_the_stored_order_of_a_renormalised_near_tie():
 
 
 def test_params_that_would_be_ignored_are_refused():
-    """``params: {"outputs": ["all"]}`` was accepted and ignored (issue 45): the caller got
-    an answer to a question it did not ask. An empty ``params`` is MLflow's default."""
+    """``params: {"outputs": ["all"]}`` is refused, not ignored: ignoring it would answer
+    a question the caller did not ask. An empty ``params`` is MLflow's default."""
     rows = [[0.1, 0.9]]
     assert from_payload({"inputs": rows, "params": {}}) == rows
     for params, named in (({"outputs": ["all"]}, "['outputs']"), ([1], "list")):

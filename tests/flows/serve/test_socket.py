@@ -1,4 +1,5 @@
-"""The socket ``cord-ops serve`` listens on (issue 43: every small answer waited ~40 ms)."""
+"""The socket ``cord-ops serve`` listens on: TCP, so that small answers on a keep-alive
+connection are sent at once instead of waiting for the client's delayed ACK."""
 
 from __future__ import annotations
 

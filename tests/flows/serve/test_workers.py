@@ -1,5 +1,5 @@
 """``cord-ops serve --workers 2``: two worker processes on one port over a real store, each
-following the alias (issue 43 item 3)."""
+following the alias."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``flows.store.lock`` in the test process (issue 25): the kind chosen per store, the
+"""``flows.store.lock`` in the test process: the kind chosen per store, the
 holder in words, the lock file names, the lease rule, the wait's log lines and timeout
 error, and each kind's hold: the file lock on real files (a rival lock object in this
 process stands in for another process), the Prefect slot against a stand-in server, the

@@ -236,7 +236,7 @@ def tmpfs(tmp_path):
 
 # ---------------------------------------------------------------- concurrency
 def test_concurrent_first_use_of_a_brand_new_machine(tmp_path, digits_file):
-    """Issues 17, 9 and 24: eight processes on a folder with no ``mlruns/``, a
+    """Eight processes on a folder with no ``mlruns/``, a
     ``PREFECT_HOME`` with no Prefect database and no ``PREFECT_API_URL`` (a new machine,
     container or CI job): the store is created by whichever gets there first, under the
     store lock, and Prefect's database by the first temporary server, under its first-use
@@ -264,7 +264,7 @@ def test_concurrent_first_use_of_a_brand_new_machine(tmp_path, digits_file):
 @pytest.mark.slow
 def test_concurrent_first_use_through_the_managed_server_and_its_warm_runner(
         tmp_path, digits_file, cord_ops_command):
-    """Issue 24: the same eight processes on a brand-new folder, once `cord-ops server
+    """The same eight processes on a brand-new folder, once `cord-ops server
     start` has started the managed server and its warm runner there: every command is
     handed to the runner (a forked child each), runs on the managed server, and the
     registry ends as a serial run would leave it."""
@@ -341,7 +341,7 @@ def _servers_seen(listing: dict) -> bool:
 def assert_kills_cleaned_up(shared: list[dict], own: list[dict], home: Path) -> None:
     """Each kill of ``own`` had started its temporary server, marked as its own, and none of
     ``shared`` had (they ran on the session's); 3 s after each kill nothing it started is
-    left (issue 24)."""
+    left."""
     on_own, on_shared = _survivors(own), _survivors(shared)
     assert all(_servers_seen(listing) for listing in on_own.values()), on_own
     assert not any(_servers_seen(listing) for listing in on_shared.values()), on_shared
@@ -368,7 +368,7 @@ def test_kill_9_at_every_named_step_then_one_rerun(tmp_path, digits_file, store_
     The kills at :data:`OWN_SERVER_STEPS` run without ``PREFECT_API_URL``, each on a
     temporary Prefect server of its own; the rest on the session's. 3 s after each kill
     no process that carries the killed command's owner marker (its server, anything it
-    spawned) may be left (issue 24)."""
+    spawned) may be left."""
     from mlflow import MlflowClient
 
     work = tmp_path / "work"
@@ -402,7 +402,7 @@ def test_kill_9_at_every_named_step_then_one_rerun(tmp_path, digits_file, store_
 
 def test_kill_9_of_a_label_free_registration_at_every_step_it_passes_then_one_rerun(
         tmp_path, digits, digits_file, store_at, prefect_api_url):
-    """Issue 26: ``monitor --register-candidate`` killed at each named step it passes (all
+    """``monitor --register-candidate`` killed at each named step it passes (all
     but ``alias_moved``: it never moves @champion) and where MLflow marks its logged model
     READY, all at once on the session's Prefect server, then run once more: the store is
     sound, @champion is still the recalibrated version, every killed run is FAILED as

@@ -1,7 +1,7 @@
 """What cord-ops loads from the registry, on a real sqlite store through the ``cord-ops``
 parser in-process: only a version's ONNX graph, checked against the digest its run recorded,
-never the code MLflow stores with the model (issue 42 item 2); and one NLL per model and
-split, whatever the graph's dtype (issue 45 item 4)."""
+never the code MLflow stores with the model; and one NLL per model and split, whatever
+the graph's dtype."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_a_graph_that_is_not_the_recorded_file_is_not_loaded(store, digits_file,
 # ---------------------------------------------------------------- one NLL per fact
 #: Logit gaps of rows whose label (class 3) the classifier puts far below its top-1 (class
 #: 0): after VS + CORD their true-class probability is 4e-13 .. 9e-11 in both dtypes, where
-#: the float32 graph's is a quarter below the float64 one's (issue 45: 1.15e-11 vs 1.95e-12).
+#: the float32 graph's rounding moves it far more, relatively, than the float64 one's.
 TINY_GAPS = (55.0, 60.0, 65.0)
 
 

@@ -1,4 +1,4 @@
-"""``flows.store.registry`` in the test process on a real embedded store (issue 25): the
+"""``flows.store.registry`` in the test process on a real embedded store: the
 tags a registration, a decision and a completion write, the alias moves, the record of a
 failed run, clean-up's report in words, the search filter of names with quotes, and the
 paging of logged models and a concurrent create against stand-in clients. The clean-up
