@@ -84,9 +84,10 @@ class _KeepCalibrated:
         return np.array(calibrated, dtype=float)
 
 
-def _stand_ins(monkeypatch, scores, tables: dict, warns=None, errors=None, clock=True):
+def _stand_ins(monkeypatch, scores, tables: dict, warns=None, errors=None, clock=True,
+               start=0.0):
     """Every family ``name`` -> a _Table of ``tables[name]`` (default: ``tables[None]``);
-    CORD -> _KeepCalibrated; the clock -> one second per reading."""
+    CORD -> _KeepCalibrated; the clock -> one second per reading from ``start``."""
     warns, errors = warns or {}, errors or {}
 
     def factory(name, *, input_kind):
@@ -98,7 +99,7 @@ def _stand_ins(monkeypatch, scores, tables: dict, warns=None, errors=None, clock
     monkeypatch.setattr(select, "make_calibrator", factory)
     monkeypatch.setattr(select, "CORD", _KeepCalibrated)
     if clock:
-        ticks = itertools.count(0.0)
+        ticks = itertools.count(start)
         monkeypatch.setattr(select, "_clock", lambda: float(next(ticks)))
 
 
@@ -243,18 +244,43 @@ def test_a_candidate_holds_its_held_out_figures_written_out(monkeypatch):
 
 
 def test_folds_in_parallel_give_the_same_figures(monkeypatch):
-    _stand_ins(monkeypatch, ORIGINAL, {None: TABLE}, clock=False)
+    _stand_ins(monkeypatch, ORIGINAL, {"shift": TABLE}, clock=False)
     monkeypatch.setattr(select, "_clock", lambda: 0.0)
     candidate = select._score("shift", FOLDS, ORIGINAL, LABELS, ORIGINAL, "probs", 2, 2,
                               deadline=-1.0)  # threads: the budget is not checked per fold
     assert candidate.record() == _expected_record(fit_seconds=0.0)
 
 
+def test_n_jobs_folds_are_fitted_at_the_same_time(monkeypatch):
+    import threading
+
+    both = threading.Barrier(2, timeout=10)  # each fold's fit waits for the other's
+
+    class _Waits(_Table):
+        def fit(self, scores, labels):
+            both.wait()
+            return super().fit(scores, labels)
+
+    monkeypatch.setattr(select, "make_calibrator",
+                        lambda name, *, input_kind: _Waits(ORIGINAL, TABLE))
+    monkeypatch.setattr(select, "CORD", _KeepCalibrated)
+    candidate = select._score("shift", FOLDS, ORIGINAL, LABELS, ORIGINAL, "probs", 2, 2)
+    assert candidate.nll == _expected_record()["nll"]
+
+
 def test_one_class_has_no_auc_and_one_row_no_error(monkeypatch):
     _stand_ins(monkeypatch, ORIGINAL, {None: TABLE})
     only_zeros = np.zeros(4, dtype=int)
-    candidate = select._score("shift", FOLDS, ORIGINAL, only_zeros, ORIGINAL, "probs", 2, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scikit-learn's AUC would warn "only one class"
+        candidate = select._score("shift", FOLDS, ORIGINAL, only_zeros, ORIGINAL, "probs",
+                                  2, 1)
     assert math.isnan(candidate.auc)
+    two = [(np.array([], dtype=int), np.array([0, 1]))]
+    candidate = select._score("shift", two, ORIGINAL[:2], LABELS[:2], ORIGINAL[:2], "probs",
+                              2, 1)
+    # losses -ln(5/8) and -ln(3/4): their standard deviation (ddof 1) is |difference| / sqrt 2
+    assert candidate.nll_se == pytest.approx(math.log(0.75 / 0.625) / 2, rel=1e-12)
     one = [(np.array([], dtype=int), np.array([0]))]
     candidate = select._score("shift", one, ORIGINAL[:1], LABELS[:1], ORIGINAL[:1], "probs",
                               2, 1)
@@ -330,6 +356,14 @@ def test_zero_widths_and_integer_ones_are_taken_and_recorded_as_floats(monkeypat
     assert selection.chosen == "identity"
 
 
+def test_a_budget_under_a_second_is_taken_and_the_default_seed_is_0(monkeypatch):
+    p, y = _rows(10, 2, 0)
+    _stand_ins(monkeypatch, p, {None: p}, start=100.0)
+    selection = select_calibrator(p, y, "probs", families=["ts"], n_splits=2, budget=0.5)
+    assert selection.skipped == {"ts": "not started: the 0.5 s budget was spent (6.0 s)"}
+    assert selection.seed == 0 and selection.record()["seed"] == 0
+
+
 def test_too_few_rows_keep_identity_without_fitting():
     p, y = _rows(1, 3, 0)
     selection = select_calibrator(p, y, "probs", families=["ts"], seed=4, tie_se=1,
@@ -397,6 +431,21 @@ def test_identity_gets_its_own_width_in_the_whole_selection(monkeypatch):
     assert lowest.chosen == "ts"
 
 
+def test_tie_se_decides_between_two_families_in_the_whole_selection(monkeypatch):
+    # vs is better than ts on rows 0 and 4 only; identity is far worse than both
+    p = np.array([[0.875 - i / 64, 0.125 + i / 64] for i in range(8)])
+    y = np.array([0, 1] * 4)
+    ts = np.where(np.eye(2)[y] == 1, 0.75, 0.25)
+    vs = ts.copy()
+    vs[[0, 4]] = [0.875, 0.125]
+    tables = {"identity": np.full((8, 2), 0.5), "ts": ts, "vs": vs}
+    for tie_se, chosen in ((100.0, "ts"), (0.0, "vs")):
+        _stand_ins(monkeypatch, p, tables)
+        selection = select_calibrator(p, y, "probs", families=["ts", "vs"], n_splits=2,
+                                      tie_se=tie_se, identity_se=0.0)
+        assert selection.chosen == chosen
+
+
 class _GiveOriginal(_KeepCalibrated):
     """A stand-in for CORD whose repair gives back the original rows."""
 
@@ -439,7 +488,7 @@ def test_the_budget_cuts_the_costliest_families_and_names_them(monkeypatch):
     # readings: start 0; identity: check 1, two folds 2-5; ts: check 6, fold 1 7-8, the
     # deadline check 9, fold 2 10-11; svs: check 12, ...
     families = ["custom", "dir-odir", "svs", "ts"]  # cheapest last: scored cheapest first
-    _stand_ins(monkeypatch, p, {None: p})
+    _stand_ins(monkeypatch, p, {None: p}, start=100.0)  # the budget counts from the start
     cut = select_calibrator(p, y, "probs", families=families, n_splits=2, budget=6)
     assert [c.name for c in cut.candidates] == ["identity"]
     assert cut.skipped == {
@@ -447,7 +496,7 @@ def test_the_budget_cuts_the_costliest_families_and_names_them(monkeypatch):
         "svs": "not started: the 6 s budget was spent (10.0 s)",
         "dir-odir": "not started: the 6 s budget was spent (11.0 s)",
         "custom": "not started: the 6 s budget was spent (12.0 s)"}
-    _stand_ins(monkeypatch, p, {None: p})
+    _stand_ins(monkeypatch, p, {None: p}, start=100.0)
     cut = select_calibrator(p, y, "probs", families=families, n_splits=2, budget=12.5)
     # ts ends at 11 (its check at 9 is before 12.5); svs starts at 12, stops after fold 1
     assert sorted(c.name for c in cut.candidates) == ["identity", "ts"]
@@ -455,7 +504,7 @@ def test_the_budget_cuts_the_costliest_families_and_names_them(monkeypatch):
         "svs": "stopped after fold 1 of 2: the budget ran out (12.5 s)",
         "dir-odir": "not started: the 12.5 s budget was spent (16.0 s)",
         "custom": "not started: the 12.5 s budget was spent (17.0 s)"}
-    _stand_ins(monkeypatch, p, {None: p})
+    _stand_ins(monkeypatch, p, {None: p}, start=100.0)
     whole = select_calibrator(p, y, "probs", families=families, n_splits=2, budget=100)
     assert whole.skipped == {} and len(whole.candidates) == 5
 
@@ -464,13 +513,40 @@ def test_the_budget_cuts_the_costliest_families_and_names_them(monkeypatch):
 
 def test_real_families_fit_on_logits_and_on_probabilities():
     z, y = calibrated(3, 60, seed=5, scale=3.0)
-    on_logits = select_calibrator(z, y, "logits", families=["ts"], n_splits=3, seed=1)
+    on_logits = select_calibrator(z, y, families=["ts"], n_splits=3, seed=1)  # logits
     assert on_logits.skipped == {}
     assert on_logits.chosen == "ts"  # a temperature of 3 is far outside any near tie
     e = np.exp(z - z.max(axis=1, keepdims=True))
     on_probs = select_calibrator(e / e.sum(axis=1, keepdims=True), y, "probs",
                                  families=["ts"], n_splits=3, seed=1)
     assert on_probs.skipped == {} and on_probs.chosen == "ts"
+
+
+def test_the_seed_decides_the_folds_and_float32_scores_are_read_as_float64():
+    z, y = calibrated(3, 60, seed=5, scale=3.0)
+    z = z.astype(np.float32)
+
+    def losses(scores, seed):
+        selection = select_calibrator(scores, y, families=["ts"], n_splits=3, seed=seed)
+        return selection.candidate("ts").losses.tolist()
+
+    first = losses(z, 1)
+    assert first == losses(z, 1)
+    assert first != losses(z, 2)
+    assert first == losses(z.astype(np.float64), 1)
+
+
+def test_float32_logits_one_step_apart_keep_their_top_1():
+    # the runner-up one float32 step below the maximum, in the column before it: a float32
+    # softmax rounds some such pairs to equal probabilities, whose argmax is the runner-up
+    rng = np.random.default_rng(0)
+    z = rng.normal(0.0, 1.0, (30, 3)).astype(np.float32)
+    top = z.argmax(axis=1)
+    rows = np.arange(30)
+    z[rows, (top + 2) % 3] = np.nextafter(z[rows, top], np.float32(-np.inf))
+    assert (z.argmax(axis=1) == top).all()
+    selection = select_calibrator(z, rows % 3, families=[], n_splits=3)
+    assert selection.candidate("identity").tpcr == 0.0  # identity changes no top-1
 
 
 # ---- the record and the table ----
