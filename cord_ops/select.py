@@ -58,10 +58,9 @@ IDENTITY_SE = 0.5
 SIMPLICITY = (IDENTITY, "ts", "ts-tva", "vs", "svs", "mcct-i", "irm", "irova-ts", "irova",
               "sms", "dir-odir", "ms")
 
-#: The order families are cross-validated in: cheapest first, by one fit's seconds on
-#: CIFAR-100 (4,000 rows, K = 100; identity 0.03, ts 0.04, svs 0.09, vs 0.12, irm 0.20,
-#: irova 0.24, irova-ts 0.28, sms 0.35, ts-tva 0.78, mcct-i 1.2; MS and Dir-ODIR minutes),
-#: so a time budget leaves out the costliest. Families not listed go last.
+#: The order families are cross-validated in: cheapest first, by one fit's time at K = 100
+#: (docs/calibrators.md, "Choosing the family"), so a time budget leaves out the costliest.
+#: Families not listed go last.
 COST_ORDER = (IDENTITY, "ts", "svs", "vs", "irm", "irova", "irova-ts", "sms", "ts-tva",
               "mcct-i", "ms", "dir-odir")
 

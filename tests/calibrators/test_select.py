@@ -1,4 +1,4 @@
-"""Choosing the calibrator family by cross-validation (``cord_ops.select``, issue 41): the
+"""Choosing the calibrator family by cross-validation (``cord_ops.select``): the
 identity map on an exactly calibrated generator, temperature scaling on a copy distorted by
 a temperature, never matrix scaling on a separable 26-class problem, the near-tie rule as
 documented, and determinism given the seed."""
