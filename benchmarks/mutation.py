@@ -1,4 +1,4 @@
-"""Mutation score of the modules that carry the product's promises (issue 25).
+"""Mutation score of the modules that carry the product's promises.
 
     pip install -e ".[test,mutation]"
     python benchmarks/mutation.py [--modules cord_ops/cord.py flows/store/owner.py ...]
@@ -71,7 +71,7 @@ MODULES: dict[str, list[str]] = {
     "cord_ops/cord.py": _CORD_TESTS,
     "cord_ops/cord_kernels.py": _CORD_TESTS,
     "cord_ops/cord_solve.py": _CORD_TESTS,
-    # test_reduce_drivers.py's unit tests first: they decide most kills in ~4 s
+    # test_reduce_drivers.py's unit tests first: they decide most kills in seconds
     "cord_ops/reduce.py": ["tests/core/test_reduce_drivers.py", "tests/core/test_reduce.py",
                            "tests/core/test_cord_bisection.py"],
     "cord_ops/partition_sums.py": ["tests/core/test_partition_sums.py",
@@ -80,7 +80,7 @@ MODULES: dict[str, list[str]] = {
                                    "tests/calibrators/test_temperature_fit.py"],
     "cord_ops/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_cord_bisection.py",
                             "tests/calibrators/test_temperature_fit.py",
-                            # issue 44: the repair's effect and the metrics at a threshold
+                            # the repair's effect and the metrics at a threshold
                             "tests/core/test_binary_production.py",
                             "tests/core/test_threshold.py"],
     "cord_ops/calibrators/temperature.py": [
@@ -95,10 +95,10 @@ MODULES: dict[str, list[str]] = {
                                "tests/core/test_validation.py"],
     "onnx_export/repair.py": ["tests/onnx/test_repair_graph.py", "tests/onnx/test_fixup.py"],
     "flows/promotion/rules.py": _GATE_TESTS,
-    # the guards of every hand move of @champion (issue 45), pure functions of tags
+    # the guards of every hand move of @champion pure functions of tags
     "flows/promotion/guards.py": ["tests/flows/promotion/test_guards.py"],
     "flows/promotion/champion.py": _GATE_TESTS,
-    # test_registry.py without its retry test, whose Prefect setup takes ~100 s per process
+    # test_registry.py without its retry test, whose Prefect setup is slow for every process
     "flows/store/lock.py": [
         "tests/flows/store/test_registry.py::test_file_lock_serialises_processes_names_the_holder_and_survives_a_kill_9",  # noqa: E501
         "tests/flows/store/test_registry.py::test_lease_lock_serialises_processes_and_a_dead_local_holder_is_taken_over",  # noqa: E501
@@ -111,7 +111,7 @@ MODULES: dict[str, list[str]] = {
         "tests/flows/store/test_registry.py::test_register_version_is_idempotent_per_run",
         "tests/flows/store/test_registry.py::test_withdraw_restores_the_alias_and_deletes_the_version"],
     "cord_ops/label_free.py": ["tests/core/test_label_free.py"],
-    # issue 41: choosing the calibrator family by cross-validation; test_select_units.py
+    # choosing the calibrator family by cross-validation; test_select_units.py
     # (stand-in calibrators, ~0.5 s) and test_select.py's tests that fit little (its
     # realistic selections take 1-3 s each per mutant)
     "cord_ops/select.py": ["tests/calibrators/test_select_units.py"] + [
@@ -120,9 +120,9 @@ MODULES: dict[str, list[str]] = {
             "test_identity_may_have_its_own_near_tie_width",
             "test_the_record_and_the_table_hold_every_figure_as_given",
             "test_a_family_past_the_budget_is_named_and_left_out")],
-    # issue 44: decisions at a binary threshold (the derivation lives in the module)
+    # decisions at a binary threshold (the derivation lives in the module)
     "cord_ops/threshold.py": ["tests/core/test_threshold.py"],
-    # issue 42 items 7 and 4: the read budget and the redaction of credentials
+    # the read budget and the redaction of credentials
     "cord_ops/read_budget.py": [
         "tests/core/test_read_budget.py",
         # a second of CRC over 720 MB per mutant; the smaller archives reach the same lines
@@ -140,11 +140,11 @@ MODULES: dict[str, list[str]] = {
             "test_a_wrong_width_or_value_is_refused_in_one_line",
             "test_float32_rows_are_renormalised_before_scoring",
             "test_a_float32_graph_gets_the_stored_order_of_a_renormalised_near_tie")],
-    # issue 42: who may hand the warm runner a command; the servers' credential and the
+    # who may hand the warm runner a command; the servers' credential and the
     # owner-only files; a deployment's pinned parameters (its one non-slow end-to-end test
     # starts Prefect's test server once per process)
     "flows/platform/warm_access.py": ["tests/flows/platform/test_warm_access.py"],
-    # issue 42 item 2 / 45 item 4: the one loader of registered graphs (digest checked, no
+    # the one loader of registered graphs (digest checked, no
     # stored code run) and the scoring every reported NLL comes from
     "flows/store/graphs.py": ["tests/flows/store/test_graphs.py"],
     "flows/platform/credential.py": ["tests/flows/platform/test_credential.py"],
@@ -168,7 +168,7 @@ _CHAMPION_REPAIRED = ("metrics.nll validates with check_scores, which converts t
                   "itself; a graph's 'repaired' output is float32 or float64, both converted "
                   "exactly")
 
-# Reasons shared by equivalent survivors of issue 42's modules.
+# Reasons shared by equivalent survivors of the security modules.
 _ARGPARSE_SILENT = ("argparse writes help and errors through _print_message, which falls back "
                     "from a None stream to sys.stderr and ignores a None one (AttributeError): "
                     "with None the parser's messages are dropped as with the StringIO")
@@ -337,7 +337,7 @@ _SEL_BREAK = ("choose walks the families simplest first, (rank, name) ascending,
               "before best is unlisted like best and its name sorts first")
 
 ACCEPTED: dict[str, str] = {
-    # cord_ops/select.py (issue 41)
+    # cord_ops/select.py
     "cord_ops/select.py::_score::for (_, test), (rep, cal, _, _) in zip(folds, results, strict=True): -> for (_, test), (rep, cal, _, _) in zip(folds, results, strict=None):":  # noqa: E501 - a key is one source line
         _SEL_ZIP,
     "cord_ops/select.py::_score::for (_, test), (rep, cal, _, _) in zip(folds, results, strict=True): -> for (_, test), (rep, cal, _, _) in zip(folds, results, ):":  # noqa: E501 - a key is one source line
@@ -397,7 +397,7 @@ ACCEPTED: dict[str, str] = {
     "cord_ops/cord_solve.py::_MeanResponse._screened::self.screening = False -> "
     "self.screening = None":
         "screening is only read as `if not self.screening`, where None is False",
-    # cord_ops/cord_kernels.py and cord_ops/cord.py (round 9)
+    # cord_ops/cord_kernels.py and cord_ops/cord.py
     'cord_ops/cord_kernels.py::_layouts::p0 = check_layout(original, "original", n_classes=n_classes) -> p0 = check_layout(original, None, n_classes=n_classes)':  # noqa: E501 - a key is one source line
         _K_LAYOUTS,
     'cord_ops/cord_kernels.py::_layouts::p0 = check_layout(original, "original", n_classes=n_classes) -> p0 = check_layout(original, "original", n_classes=None)':  # noqa: E501 - a key is one source line
@@ -613,7 +613,7 @@ ACCEPTED: dict[str, str] = {
         _C_KINDS,
     'flows/serve/contract.py::_list_array::if arr is not None and arr.dtype.kind in "USb": -> if arr is not None and arr.dtype.kind in "XXUSbXX":':  # noqa: E501 - a key is one source line
         _C_KINDS,
-    # round 8 survivors found equivalent after the first after-run
+    # survivors found equivalent on a second reading
     'flows/serve/contract.py::_frame_array::if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "iuf": -> if frame.shape[1] == 1 and frame.dtypes.iloc[0].kind not in "IUF":':  # noqa: E501 - a key is one source line
         _C_ONE_COLUMN_FRAME,
     'flows/serve/contract.py::_list_array::rows = list(value) if not np.isscalar(value) and value is not None else None -> rows = list(value) if not np.isscalar(None) and value is not None else None':  # noqa: E501 - a key is one source line
@@ -735,7 +735,7 @@ ACCEPTED: dict[str, str] = {
     'if float(lease.get("expires", 1)) <= now:':
         "a lease without an expiry is expired at any time.time() from 1 s after the epoch on; "
         "the two defaults differ only for a clock before 1970-01-01 00:00:01",
-    # cord_ops/reduce.py and cord_ops/partition_sums.py (round 10); their einsum subscripts
+    # cord_ops/reduce.py and cord_ops/partition_sums.py; their einsum subscripts
     # upper-cased are ACCEPTED_RULES
     'cord_ops/reduce.py::_two_loop::for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=True): -> for (s_k, y_k, rho), a in zip(memory, reversed(alphas), strict=None):':  # noqa: E501 - a key is one source line
         _R_STRICT,
@@ -792,14 +792,14 @@ ACCEPTED: dict[str, str] = {
     'flows/promotion/guards.py::harm_words::reason = tags.get(REASON_TAG) or "" -> reason = tags.get(REASON_TAG) or "XXXX"':  # noqa: E501 - a key is one source line
         "the default only stands for a missing reason, whose parts are then searched for "
         "one starting 'does harm': neither '' nor 'XXXX' has one, so the words are the same",
-    # flows/platform/warm_access.py (issue 42)
+    # flows/platform/warm_access.py
     "flows/platform/warm_access.py::command_of::sink = io.StringIO() -> sink = None":
         _ARGPARSE_SILENT,
     "flows/platform/warm_access.py::command_of::with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink): -> with contextlib.redirect_stdout(None), contextlib.redirect_stderr(sink):":  # noqa: E501 - a key is one source line
         _ARGPARSE_SILENT,
     "flows/platform/warm_access.py::command_of::with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink): -> with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(None):":  # noqa: E501 - a key is one source line
         _ARGPARSE_SILENT,
-    # flows/serve/access.py (issue 42 item 3)
+    # flows/serve/access.py
     'flows/serve/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.rsplit(":", )[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
         _ONE_COLON,
     'flows/serve/access.py::_host_name::return host.rsplit(":", 1)[0] if host.count(":") == 1 else host -> return host.split(":", 1)[0] if host.count(":") == 1 else host':  # noqa: E501 - a key is one source line
@@ -820,7 +820,7 @@ ACCEPTED: dict[str, str] = {
         _HEADERS_ANY_CASE,
     'flows/serve/access.py::Access.post_refusal::if token and not self.authorized(headers.get("authorization")): -> if token and not self.authorized(headers.get("AUTHORIZATION")):':  # noqa: E501 - a key is one source line
         _HEADERS_ANY_CASE,
-    # flows/platform/credential.py (issue 42)
+    # flows/platform/credential.py
     'flows/platform/credential.py::new::return f"{USER}:{secrets.token_urlsafe(32)}" -> return f"{USER}:{secrets.token_urlsafe(None)}"':  # noqa: E501 - a key is one source line
         "secrets' default entropy is 32 bytes: the same 43-character password",
     "flows/platform/credential.py::private_folder::folder.mkdir(mode=0o700) -> folder.mkdir(mode=449)":  # noqa: E501 - a key is one source line
@@ -835,7 +835,7 @@ ACCEPTED: dict[str, str] = {
         _TMP_SUFFIX,
     'flows/platform/credential.py::write_private::tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp") -> tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(5)}.tmp")':  # noqa: E501 - a key is one source line
         _TMP_SUFFIX,
-    # flows/store/graphs.py (round 19)
+    # flows/store/graphs.py
     'flows/store/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.rsplit("/", )[-1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
         _G_LISTED,
     'flows/store/graphs.py::_model_file::if any(f.path.rsplit("/", 1)[-1] == leaf for f in listed or ()): -> if any(f.path.split("/", 1)[-1] == leaf for f in listed or ()):':  # noqa: E501 - a key is one source line
@@ -952,14 +952,14 @@ def _mutmut_section(module: str, tests: list[str]) -> str:
             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow"]\n'
             # one server process imports pytest, numpy, scipy and the test modules once and
             # forks a child per mutant; the default forks a bare process that imports them
-            # all again for each mutant (~1 s of CPU each on this VM)
+            # all again for each mutant (a second of CPU each)
             'process_isolation = "forkserver"\n'
             'forkserver_warmup = "collect"\n'
             # mutmut stops a mutant's run after (its tests' clean time + constant) x
             # multiplier seconds of WALL time (and twice that of CPU): the default, (t + 1)
             # x 15, lets a mutant that turns a bisection into an endless loop burn minutes;
             # the larger constant keeps a loaded machine (a fork's pytest collection alone
-            # takes seconds at load 20) from reading slow as a timeout, i.e. as killed
+            # takes seconds on a loaded machine) from reading slow as a timeout, i.e. as killed
             f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n"
             f"timeout_constant = {TIMEOUT_CONSTANT}\n")
 
@@ -994,7 +994,7 @@ def collect(work: Path) -> None:
 
 def mlflow_template(work: Path) -> Path:
     """An MLflow sqlite store migrated once for all of a module's mutants (each mutant's
-    pytest would otherwise migrate its own: ~7-20 s; tests/flows/conftest.py copies it)."""
+    pytest would otherwise migrate its own, for seconds; tests/flows/conftest.py copies it)."""
     db = work / "mlflow-template" / "mlflow.db"
     db.parent.mkdir()
     subprocess.run([sys.executable, "-c", "import sys; from mlflow import MlflowClient; "
