@@ -1,7 +1,9 @@
 """The row softmax, the closed form every calibrator's predict path ends with, and the mean
-NLL of a softmax with its gradient (what the affine and Dirichlet fits minimise). Used by
-the calibrators, by ``cord_ops.calibrated`` for a classifier's original probabilities and
-by the partition drivers of ``cord_ops.reduce``.
+NLL of a softmax with its gradient (what the affine and Dirichlet fits minimise). The one
+softmax of the project: the calibrators, a classifier's original probabilities
+(``cord_ops.calibrated``, ``cord_ops.data``), the partition drivers of ``cord_ops.reduce``,
+the parity check of ``onnx_export`` and serving's probe batch all call it, so one input
+gives one set of probabilities everywhere.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from cord_ops.softmax import softmax
+
 #: The least max-abs parity tolerance per float type, and the whole of it for runs
 #: logged before the derived one (:func:`parity_tolerance`) was logged as
 #: ``onnx.tolerance`` and for a served graph without its logged state.
@@ -50,7 +52,7 @@ def parity_tolerance(calibrator, repair, scores: np.ndarray, dtype: str,
         if kind == "probs":
             rows = np.clip(rows, 0.0, 1.0)
             rows = rows / rows.sum(axis=1, keepdims=True)
-        uncal = rows if kind == "probs" else _softmax(rows)
+        uncal = rows if kind == "probs" else softmax(rows)
         return rep.transform(uncal, cal.predict_proba(rows))
 
     exact = pipeline(calibrator, repair, x)
@@ -79,8 +81,3 @@ def _rounded(value, dtype: str):
     """``value`` (a float or an array) rounded to ``dtype`` and back to float64."""
     rounded = np.asarray(value, dtype=dtype).astype(np.float64)
     return float(rounded) if rounded.ndim == 0 else rounded
-
-
-def _softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)

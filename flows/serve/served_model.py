@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cord_ops.softmax import softmax
 from flows.errors import CordOpsError
 from flows.serve.contract import (
     InputContract,
@@ -55,15 +56,13 @@ class ServedModel:
 # ---------------------------------------------------------------- loading and verification
 def _probe_scores(contract: InputContract, seed: int = 0) -> np.ndarray:
     """A seeded batch spanning confident, flat and tied rows, in the graph's input kind."""
-    from scipy.special import softmax
-
     rng = np.random.default_rng(seed)
     k = contract.n_classes
     logits = rng.normal(0.0, 1.0, (PROBE_ROWS, k)) * rng.choice([0.1, 1.0, 4.0, 12.0],
                                                                  (PROBE_ROWS, 1))
     logits[:4] = 0.0  # all-tied rows: the tie rule picks class 0
     if contract.input_kind == "probs":
-        return softmax(logits, axis=1)
+        return softmax(logits)
     return logits
 
 
@@ -108,7 +107,7 @@ def verify(session, contract: InputContract, state=None) -> dict:
     t = session.get_modelmeta().custom_metadata_map.get(THRESHOLD_KEY)
     t = None if t is None or float(t) == 0.5 else float(t)
     expected_top1 = (decisions(probe, None) if t is None else
-                     decisions(probe if contract.input_kind == "probs" else _softmax(probe), t))
+                     decisions(probe if contract.input_kind == "probs" else softmax(probe), t))
     tolerance = FIXED_PARITY_TOLERANCE[str(contract.dtype)]
     if repaired.shape != probe.shape or not np.isfinite(repaired).all():
         raise VersionRejected("repaired output is not a finite [N, K] array")
@@ -123,7 +122,7 @@ def verify(session, contract: InputContract, state=None) -> dict:
         calibrator, cord = state
         tolerance = parity_tolerance(calibrator, cord, probe, str(contract.dtype))
         reference = cord.transform(
-            probe if contract.input_kind == "probs" else _softmax(probe),
+            probe if contract.input_kind == "probs" else softmax(probe),
             calibrator.predict_proba(probe))
         diff = float(np.max(np.abs(repaired - reference)))
         if not diff <= tolerance:
@@ -132,12 +131,6 @@ def verify(session, contract: InputContract, state=None) -> dict:
         report.update(reference="cord_ops from the run's logged state", max_abs_diff=diff,
                       tolerance=tolerance)
     return report
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    from scipy.special import softmax
-
-    return softmax(x, axis=1)
 
 
 def load_version(client, tracking_uri: str, name: str, version: str,
