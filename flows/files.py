@@ -1,8 +1,10 @@
-"""Which files an ``--input`` names when it is a folder or a glob of Parquet files.
+"""Which files an input names when it is a folder or a glob: the one file-set expander.
 
 Shared by batch scoring (:mod:`flows.serve.batch`), the shard plan
-(:mod:`flows.shards.plan`) and the command line's checks; it imports nothing heavy
-at import time, so the checks that use it run before numpy is loaded.
+(:mod:`flows.shards.plan`), the label-free monitor's batches
+(:mod:`flows.monitor.label_free.records`) and the command line's checks, so a pattern
+names the same files in every command; it imports nothing heavy at import time, so the
+checks that use it run before numpy is loaded.
 """
 
 from __future__ import annotations
@@ -11,8 +13,23 @@ import glob
 import os
 from pathlib import Path
 
-#: Characters that make an --input a glob pattern.
+#: Characters that make an input a glob pattern.
 GLOB_CHARS = "*?["
+
+
+def is_glob(spec) -> bool:
+    """Whether ``spec`` is a glob pattern (holds one of :data:`GLOB_CHARS`)."""
+    return any(c in str(spec) for c in GLOB_CHARS)
+
+
+def files_in(spec) -> list[Path]:
+    """Every file a glob matches (``**`` recursing) or a folder holds (recursively), in no
+    particular order, spelled as the pattern or folder spells them. Callers pick the
+    suffixes they read and the order."""
+    text = str(spec)
+    if is_glob(text):
+        return [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file()]
+    return [p for p in Path(text).rglob("*") if p.is_file()]
 
 
 def expand_inputs(spec) -> tuple[Path, list[Path]]:
@@ -24,18 +41,16 @@ def expand_inputs(spec) -> tuple[Path, list[Path]]:
     folder it starts from (``in/*/../../elsewhere/*.parquet``) raises ValueError naming
     the file, since its output path would lead out of the output folder."""
     text = str(spec)
-    if any(c in text for c in GLOB_CHARS):
+    if is_glob(text):
         parts = Path(text).parts
-        first = next(i for i, part in enumerate(parts) if any(c in part for c in GLOB_CHARS))
+        first = next(i for i, part in enumerate(parts) if is_glob(part))
         root = Path(*parts[:first]) if first else Path.cwd()
-        files = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file()]
     else:
         root = Path(text)
-        files = [p for p in root.rglob("*") if p.is_file()]
     from cord_ops import data
 
     root = _normal(root)
-    files = sorted({_normal(f) for f in files if data.is_parquet(f)})
+    files = sorted({_normal(f) for f in files_in(text) if data.is_parquet(f)})
     if not files:
         raise ValueError(f"{text}: matches no .parquet/.pq file")
     for file in files:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from cord_ops.names import CALIBRATOR_CHOICES
 from flows.errors import CordOpsError
-from flows.files import GLOB_CHARS
+from flows.files import is_glob
 from flows.store import reads as store_reads
 
 CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31),
@@ -102,7 +102,7 @@ def load_data(path: Path, input_kind: str = "auto"):
 def is_batch_input(spec) -> bool:
     """Whether an --input is a folder or a glob pattern (batch mode), not one file."""
     text = str(spec)
-    return any(c in text for c in GLOB_CHARS) or Path(text).is_dir()
+    return is_glob(text) or Path(text).is_dir()
 
 
 def new_folder(path: Path, option: str) -> Path:

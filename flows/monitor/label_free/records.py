@@ -25,7 +25,6 @@ prior-shift candidate is judged on the labels by the gate's rules
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from cord_ops import data, label_free, metrics
+from flows import files
 from flows.redact import redact
 
 KIND = "monitor-label-free"
@@ -71,7 +71,6 @@ MAX_PRIOR_METRICS = 100
 ESTIMATES = ("cbpe", "cbpe_raw", "atc", "doc", "cbpe_prior")
 PRIOR_SHIFT_REASON = "class priors moved by"
 SCORE_SUFFIXES = (".npz", *data.PARQUET_SUFFIXES)
-GLOB_CHARS = "*?["
 
 
 def monitoring_experiment(model_name: str) -> str:
@@ -106,18 +105,14 @@ def batch_files(spec) -> list[Path]:
     """The files ``--data`` names: one file, the .npz/.parquet/.pq files of a folder
     (recursively), or a glob's; sorted. ValueError when it names none."""
     text = str(spec)
-    if any(c in text for c in GLOB_CHARS):
-        found = [Path(p) for p in glob.glob(text, recursive=True)]
-    elif Path(text).is_dir():
-        found = list(Path(text).rglob("*"))
-    elif Path(text).is_file():
-        return [Path(text)]
-    else:
+    if not files.is_glob(text) and not Path(text).is_dir():
+        if Path(text).is_file():
+            return [Path(text)]
         raise ValueError(f"{text}: no such file, folder or matching glob")
-    files = sorted(p for p in found if p.is_file() and p.suffix.lower() in SCORE_SUFFIXES)
-    if not files:
+    found = sorted(p for p in files.files_in(text) if p.suffix.lower() in SCORE_SUFFIXES)
+    if not found:
         raise ValueError(f"{text}: holds no .npz/.parquet/.pq file")
-    return files
+    return found
 
 
 def has_labels(path) -> bool:
