@@ -11,7 +11,7 @@ from prefect import get_run_logger
 
 from flows.errors import CordOpsError, in_words
 from flows.redact import redact
-from flows.store import journal, registry
+from flows.store import journal, registry, tracking
 from flows.store.retries import is_store_outage
 
 
@@ -79,10 +79,8 @@ class Failure:
                  "status": "FAILED" if isinstance(exc, Exception) else "KILLED"}
         logger = get_run_logger()
         if not is_store_outage(exc):  # an unreachable store would only fail again, slowly
-            from mlflow import MlflowClient
-
             try:
-                registry.record_failure(MlflowClient(self.uri), entry)
+                registry.record_failure(tracking.client(self.uri), entry)
                 return
             except Exception as store_exc:  # noqa: BLE001 - journaled below
                 logger.warning("could not record the failure of run %s in %s (%s: %s)",

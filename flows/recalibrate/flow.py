@@ -248,11 +248,9 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
         raise RecalibrationError(steps.current, exc, uri_if_store(steps.current, uri)) from exc
     checkpoints.checkpoint("start_run")
 
-    from mlflow import MlflowClient
-
     failure = Failure(uri, folder, run_id, model_name)
     # Owners on this host are judged by pid; only a store other hosts reach needs beats.
-    beating = owner.Heartbeat(MlflowClient(uri), run_id) if folder is None else nullcontext()
+    beating = owner.Heartbeat(tracking.client(uri), run_id) if folder is None else nullcontext()
     try:
         with beating:
             skipped = steps(skip_if_unchanged, uri, run_id, model_name)
@@ -329,7 +327,7 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
             holder = {"run_id": run_id, **owner.Owner.current().record()}
             with registry_lock.registry_lock(lock, model_name, lock_timeout,
                                              get_run_logger(), holder,
-                                             client=MlflowClient(uri), store_folder=folder):
+                                             client=tracking.client(uri), store_folder=folder):
                 checkpoints.checkpoint("lock_acquired")
                 try:
                     failure.version, failure.previous = steps(

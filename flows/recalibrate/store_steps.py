@@ -172,9 +172,7 @@ def log_reference(uri: str, run_id: str, evaluation: data.Dataset) -> dict[str, 
     """Pin the evaluation split: artifact ``reference/evaluation.npz`` and the run's
     evaluation dataset input (digest and source), so later gates can score on it.
     Returns its digest by artifact path, for :func:`verify_artifacts`."""
-    from mlflow import MlflowClient
-
-    sha256 = reference.log_reference_split(MlflowClient(uri), run_id, evaluation)
+    sha256 = reference.log_reference_split(tracking.client(uri), run_id, evaluation)
     return {f"{reference.ARTIFACT_DIR}/{reference.ARTIFACT_NAME}": sha256}
 
 
@@ -223,12 +221,10 @@ def log_onnx_model(uri: str, run_id: str, experiment_id: str, model, evaluation:
     The requirements are stated (pinned), which skips MLflow's inference: it re-imports
     the model in a subprocess for several seconds.
     """
-    from mlflow import MlflowClient
-
     from flows import pyfunc_model
 
     example = np.asarray(evaluation.scores[:INPUT_EXAMPLE_ROWS], dtype=dtype)
-    return pyfunc_model.log_model(MlflowClient(uri), run_id, experiment_id, model, example,
+    return pyfunc_model.log_model(tracking.client(uri), run_id, experiment_id, model, example,
                                   name=MODEL_ARTIFACT)
 
 
@@ -245,22 +241,18 @@ def verify_artifacts(uri: str, run_id: str, model_info, model, digests: dict[str
     first artifact that is missing or differs (a partial upload, a full disk).
     """
     import mlflow.artifacts
-    from mlflow import MlflowClient
-
     with tempfile.TemporaryDirectory(prefix="cord-ops-verify-") as tmp:
         run_dir = Path(mlflow.artifacts.download_artifacts(
             run_id=run_id, artifact_path="", dst_path=str(Path(tmp) / "run"), tracking_uri=uri))
         check_digests(run_dir, digests, f"run {run_id}")
-        return graphs.record_digests(MlflowClient(uri), uri, run_id, model_info.model_uri,
+        return graphs.record_digests(tracking.client(uri), uri, run_id, model_info.model_uri,
                                      model, digests, Path(tmp))
 
 
 @store_task
 def ensure_model(uri: str, model_name: str) -> None:
     """The registered model exists (the ``prefect`` and ``lease`` locks publish on it)."""
-    from mlflow import MlflowClient
-
-    registry.ensure_registered_model(MlflowClient(uri), model_name)
+    registry.ensure_registered_model(tracking.client(uri), model_name)
 
 
 @store_task
@@ -272,14 +264,12 @@ def register(uri: str, run_id: str, experiment: str, model_name: str, model_info
 
     Returns (version, champion version before this registration).
     """
-    from mlflow import MlflowClient
-
     if not parity.ok:
         raise ValueError(
             f"ONNX parity failed: max |onnx - cord_ops| = {parity.max_abs_diff:.3g} "
             f"(tolerance {parity.tolerance:g}), argmax agreement {parity.argmax_agreement:.6f}"
             " (expected 1.0); nothing registered")
-    client = MlflowClient(uri)
+    client = tracking.client(uri)
     for line in registry.clean_up(client, model_name, experiment):
         get_run_logger().warning("clean-up: %s", line)
     previous = registry.champion_version(client, model_name)
@@ -312,9 +302,7 @@ def gate(uri: str, model_name: str, version: str, previous_champion: str | None,
     Also records the champion's health as a registered-model tag; a promotion is pushed
     onto the champion history before the alias moves.
     """
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
+    client = tracking.client(uri)
     name, kind = model_name, evaluation.input_kind
     champion = score_champion(client, name, previous_champion, evaluation.scores,
                                      evaluation.labels, kind)
@@ -377,9 +365,7 @@ def _version_threshold(client, name: str, version: str) -> float | None:
 @store_task
 def finish_run(uri: str, run_id: str, model_name: str, version: str) -> None:
     """Mark the run FINISHED, then the version complete: the last write of the flow."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
+    client = tracking.client(uri)
     client.set_terminated(run_id, "FINISHED")
     checkpoints.checkpoint("run_finished")
     registry.complete_version(client, model_name, version)
@@ -389,10 +375,8 @@ def finish_run(uri: str, run_id: str, model_name: str, version: str) -> None:
 def prepare_store(uri: str, store_timeout: float) -> int:
     """Create or upgrade the store once (under its file lock) and replay the failures
     journaled while it was down. Returns how many were replayed."""
-    from mlflow import MlflowClient
-
     tracking.prepare_store(uri, store_timeout)
-    client = MlflowClient(uri)
+    client = tracking.client(uri)
     done = journal.replay(uri, tracking.local_store_folder(uri),
                           lambda entry: registry.record_failure(client, entry))
     for path in done:

@@ -28,8 +28,8 @@ version without a restart:
 - SIGTERM (or Ctrl-C) stops accepting connections, answers the requests in flight and
   exits within ``SHUTDOWN_GRACE`` seconds.
 
-Nothing is process-wide: the tracking store is addressed through ``MlflowClient(uri)`` and
-the metrics live in the server's own registry.
+Nothing is process-wide: the tracking store is addressed through a client bound to its URI
+(:func:`flows.store.tracking.client`) and the metrics live in the server's own registry.
 """
 
 from __future__ import annotations
@@ -372,11 +372,10 @@ def serve(tracking_uri: str, name: str, alias: str = "champion", host: str = "12
     sock = bind(host, port)  # held from here on: nothing can take the port meanwhile
     access = None
     try:
-        from mlflow import MlflowClient
-
         from flows.serve import access as serve_access
+        from flows.store import tracking
 
-        MlflowClient(tracking_uri).get_registered_model(name)  # a typo fails here, not later
+        tracking.client(tracking_uri).get_registered_model(name)  # a typo fails here, not later
         access = serve_access.resolve(tracking_uri, sock.getsockname()[1], host, token_file,
                                       tuple(allowed_hosts), require_token)
         settings = {"tracking_uri": tracking_uri, "name": name, "alias": alias, "host": host,

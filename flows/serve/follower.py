@@ -23,9 +23,9 @@ class RegistryFollower:
 
     def __init__(self, tracking_uri: str, name: str, alias: str, interval: float,
                  metrics: Metrics, provider: str = "auto"):
-        from mlflow import MlflowClient
+        from flows.store import tracking
 
-        self.client = MlflowClient(tracking_uri)
+        self.client = tracking.client(tracking_uri)
         self.tracking_uri, self.name, self.alias = tracking_uri, name, alias
         self.interval, self.metrics, self.provider = interval, metrics, provider
         self.current: ServedModel | None = None

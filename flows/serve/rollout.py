@@ -214,11 +214,12 @@ class RolloutController:
 
     def __init__(self, follower, metrics, queue_size: int = DEFAULT_SHADOW_QUEUE,
                  judge_interval: float = JUDGE_INTERVAL):
-        from mlflow import MlflowClient
         from prometheus_client import Counter, Gauge
 
+        from flows.store import tracking
+
         self.follower, self.metrics = follower, metrics
-        self.client = MlflowClient(follower.tracking_uri)
+        self.client = tracking.client(follower.tracking_uri)
         self.name, self.judge_interval = follower.name, judge_interval
         self.step: ActiveStep | None = None
         self.record: dict | None = None

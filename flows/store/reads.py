@@ -63,10 +63,11 @@ def registered_names(uri: str, name: str, alias: str | None) -> tuple[list[str],
 
 
 def _client_names(uri: str, name: str, alias: str | None) -> tuple[list[str], bool]:
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    from flows.store import tracking
+
+    client = tracking.client(uri)
     names = sorted(m.name for m in client.search_registered_models(max_results=1000))
     if name not in names:
         return names, False
@@ -114,10 +115,11 @@ def version_reads(uri: str, name: str, alias: str | None, version: str | None) -
 
 def _client_version(uri: str, name: str, alias: str | None,
                     version: str | None) -> dict | None:
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    from flows.store import tracking
+
+    client = tracking.client(uri)
     try:
         current = (client.get_model_version_by_alias(name, alias) if alias is not None
                    else client.get_model_version(name, version))
@@ -156,10 +158,11 @@ def model_state(uri: str, name: str) -> dict | None:
 
 
 def _client_state(uri: str, name: str) -> dict | None:
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    from flows.store import tracking
+
+    client = tracking.client(uri)
     try:
         model = client.get_registered_model(name)
     except MlflowException:
