@@ -232,6 +232,22 @@ def non_negative(value: float, option: str) -> float:
     return value
 
 
+#: The ports a server of ours may be told to listen on: the port its start-up line prints
+#: is the one clients use, so 0 (a port the system picks when the socket is bound) is
+#: refused rather than printed as ``:0``.
+PORTS = (1, 65535)
+
+
+def listen_port(port: int, option: str = "--port") -> int:
+    """``port`` if ``cord-ops ui`` and ``cord-ops serve`` (and :func:`flows.serve.app.serve`)
+    may listen on it: an integer in :data:`PORTS`. The one port rule of the command line
+    and the library."""
+    low, high = PORTS
+    if not low <= port <= high:
+        raise InputError(f"{option}: expected {low}-{high}, got {port!r}")
+    return port
+
+
 def fraction_in_unit_interval(value: float, option: str = "--fraction") -> float:
     if not 0.0 < value < 1.0:
         raise InputError(f"{option}: expected a calibration share in (0, 1), got {value!r}")

@@ -443,8 +443,7 @@ def validate_model_command(args) -> None:
 
 
 def validate_ui(args) -> None:
-    if not 1 <= args.port <= 65535:
-        raise inputs.InputError(f"--port: expected 1-65535, got {args.port}")
+    inputs.listen_port(args.port)
 
 
 # ---------------------------------------------------------------- commands

@@ -40,6 +40,7 @@ import os
 import threading
 import time
 
+from flows import inputs
 from flows.redact import redact
 from flows.serve.access import Access
 from flows.serve.batcher import MicroBatcher
@@ -303,8 +304,7 @@ def check_options(port: int, poll_interval: float, batch_window: float,
                   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                   max_rows: int = DEFAULT_MAX_ROWS) -> None:
     """Raise ValueError naming the first bad option."""
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port: expected 0..65535, got {port}")
+    inputs.listen_port(port)
     if not poll_interval > 0:
         raise ValueError(f"--poll-interval: expected seconds > 0, got {poll_interval}")
     if not 0 <= batch_window <= 1:
