@@ -854,9 +854,9 @@ ACCEPTED: dict[str, str] = {
         _G_SCRATCH,
     'flows/store/graphs.py::record_digests::model_dir = tracking.download(uri, model_uri, folder / "model") -> model_dir = tracking.download(uri, model_uri, folder / "MODEL")':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
-    'flows/store/graphs.py::record_digests::run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "back"), -> run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "XXbackXX"),':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::record_digests::back = tracking.download_from_run(uri, run_id, DIGESTS_ARTIFACT, folder / "back") -> back = tracking.download_from_run(uri, run_id, DIGESTS_ARTIFACT, folder / "XXbackXX")':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
-    'flows/store/graphs.py::record_digests::run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "back"), -> run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "BACK"),':  # noqa: E501 - a key is one source line
+    'flows/store/graphs.py::record_digests::back = tracking.download_from_run(uri, run_id, DIGESTS_ARTIFACT, folder / "back") -> back = tracking.download_from_run(uri, run_id, DIGESTS_ARTIFACT, folder / "BACK")':  # noqa: E501 - a key is one source line
         _G_SCRATCH,
     'flows/store/graphs.py::record_digests::payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\\n").encode() -> payload = (json.dumps(manifest, indent=None, sort_keys=True) + "\\n").encode()':  # noqa: E501 - a key is one source line
         _G_LAYOUT,
@@ -864,9 +864,9 @@ ACCEPTED: dict[str, str] = {
         _G_LAYOUT,
     'flows/store/graphs.py::record_digests::payload = (json.dumps(manifest, indent=2, sort_keys=True) + "\\n").encode() -> payload = (json.dumps(manifest, indent=3, sort_keys=True) + "\\n").encode()':  # noqa: E501 - a key is one source line
         _G_LAYOUT,
-    "flows/store/graphs.py::recorded_digests::local = _download(f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder, -> local = _download(f\"{run.info.artifact_uri.rstrip(None)}/{DIGESTS_ARTIFACT}\", folder,":  # noqa: E501 - a key is one source line
+    "flows/store/graphs.py::recorded_digests::client.tracking_uri, f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder) -> client.tracking_uri, f\"{run.info.artifact_uri.rstrip(None)}/{DIGESTS_ARTIFACT}\", folder)":  # noqa: E501 - a key is one source line
         _G_RUN_URI,
-    "flows/store/graphs.py::recorded_digests::local = _download(f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder, -> local = _download(f\"{run.info.artifact_uri.rstrip('XX/XX')}/{DIGESTS_ARTIFACT}\", folder,":  # noqa: E501 - a key is one source line
+    "flows/store/graphs.py::recorded_digests::client.tracking_uri, f\"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}\", folder) -> client.tracking_uri, f\"{run.info.artifact_uri.rstrip('XX/XX')}/{DIGESTS_ARTIFACT}\", folder)":  # noqa: E501 - a key is one source line
         _G_RUN_URI,
     'flows/store/graphs.py::run_graph::session = open_session(graph, provider="cpu", spin=False) -> session = open_session(graph, provider="cpu", spin=None)':  # noqa: E501 - a key is one source line
         _G_SPIN,

@@ -240,10 +240,8 @@ def verify_artifacts(uri: str, run_id: str, model_info, model, digests: dict[str
     version checks its graph against it. Returns that digest. Raises ValueError naming the
     first artifact that is missing or differs (a partial upload, a full disk).
     """
-    import mlflow.artifacts
     with tempfile.TemporaryDirectory(prefix="cord-ops-verify-") as tmp:
-        run_dir = Path(mlflow.artifacts.download_artifacts(
-            run_id=run_id, artifact_path="", dst_path=str(Path(tmp) / "run"), tracking_uri=uri))
+        run_dir = tracking.download_from_run(uri, run_id, "", Path(tmp) / "run")
         check_digests(run_dir, digests, f"run {run_id}")
         return graphs.record_digests(tracking.client(uri), uri, run_id, model_info.model_uri,
                                      model, digests, Path(tmp))

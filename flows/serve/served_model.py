@@ -66,17 +66,18 @@ def _probe_scores(contract: InputContract, seed: int = 0) -> np.ndarray:
     return logits
 
 
-def _logged_state(client, run_id: str | None, folder: Path):
+def _logged_state(tracking_uri: str, run_id: str | None, folder: Path):
     """(calibrator, CORD) rebuilt from the run's ``state/`` JSON, or None without them."""
     from mlflow.exceptions import MlflowException
 
     from cord_ops import CORD
     from cord_ops.calibrators import calibrator_from_dict
+    from flows.store import tracking
 
     if not run_id:
         return None
     try:
-        state = Path(client.download_artifacts(run_id, "state", str(folder)))
+        state = tracking.download_from_run(tracking_uri, run_id, "state", folder)
     except (MlflowException, OSError):
         return None
     paths = state / "calibrator.json", state / "cord.json"
@@ -157,7 +158,7 @@ def load_version(client, tracking_uri: str, name: str, version: str,
             session = open_session(graph, provider=provider, spin=False)
         except (ValueError, RuntimeError) as exc:
             raise VersionRejected(f"v{version}: cannot load its graph ({exc})") from exc
-        state = _logged_state(client, mv.run_id, folder / "state")
+        state = _logged_state(tracking_uri, mv.run_id, folder / "state")
     try:
         report = verify(session, contract, state)
     except VersionRejected as exc:

@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from flows.errors import CordOpsError
+from flows.store import tracking
 
 #: The digest manifest artifact of a run, and the run tag holding the manifest's own digest.
 DIGESTS_ARTIFACT = "digests.json"
@@ -53,13 +54,6 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _download(uri: str, dst: Path, tracking_uri: str) -> Path:
-    import mlflow.artifacts
-
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst),
-                                                   tracking_uri=tracking_uri))
 
 
 def version_of(client, model_uri: str) -> tuple[str, str]:
@@ -111,8 +105,8 @@ def recorded_digests(client, run_id: str | None, version: str, folder: Path) -> 
                             f"{DIGESTS_TAG}), so its graph cannot be checked; it is not loaded")
     # from the run's artifact folder directly (the runs:/ repository would look the run up
     # again, and its logged models too)
-    local = _download(f"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}", folder,
-                      client.tracking_uri)
+    local = tracking.download(
+        client.tracking_uri, f"{run.info.artifact_uri.rstrip('/')}/{DIGESTS_ARTIFACT}", folder)
     found = sha256_file(local)
     if found != expected:
         raise GraphRejected(f"v{version}: its run's {DIGESTS_ARTIFACT} (sha256 {found[:12]}) "
@@ -131,7 +125,7 @@ def _model_file(location: str, relative: str, folder: Path, tracking_uri: str,
     import mlflow.artifacts
 
     try:
-        return _download(f"{location}/{relative}", folder, tracking_uri)
+        return tracking.download(tracking_uri, f"{location}/{relative}", folder)
     except Exception:
         parent, _, leaf = f"{location}/{relative}".rpartition("/")
         listed = mlflow.artifacts.list_artifacts(artifact_uri=parent, tracking_uri=tracking_uri)
@@ -223,10 +217,6 @@ def record_digests(client, uri: str, run_id: str, model_uri: str, graph,
     as :data:`DIGESTS_ARTIFACT`, its SHA-256 as the run tag :data:`DIGESTS_TAG`, read back.
     Returns that digest. ValueError when the uploaded ONNX file differs (nothing may be
     registered then). ``folder``: an empty scratch folder."""
-    import mlflow.artifacts
-
-    from flows.store import tracking
-
     model_dir = tracking.download(uri, model_uri, folder / "model")
     model_files = {p.relative_to(model_dir).as_posix(): sha256_file(p)
                    for p in sorted(model_dir.rglob("*")) if p.is_file()}
@@ -241,9 +231,7 @@ def record_digests(client, uri: str, run_id: str, model_uri: str, graph,
     client.log_artifact(run_id, str(folder / DIGESTS_ARTIFACT))
     digest = hashlib.sha256(payload).hexdigest()
     client.set_tag(run_id, DIGESTS_TAG, digest)
-    back = Path(mlflow.artifacts.download_artifacts(
-        run_id=run_id, artifact_path=DIGESTS_ARTIFACT, dst_path=str(folder / "back"),
-        tracking_uri=uri))
+    back = tracking.download_from_run(uri, run_id, DIGESTS_ARTIFACT, folder / "back")
     if sha256_file(back) != digest:
         raise ValueError(f"run {run_id}: artifact {DIGESTS_ARTIFACT} differs from what was "
                          "written; nothing registered")

@@ -21,7 +21,7 @@ import numpy as np
 
 from cord_ops import data
 from flows.errors import CordOpsError
-from flows.store import retries
+from flows.store import retries, tracking
 
 ARTIFACT_DIR = "reference"
 ARTIFACT_NAME = "evaluation.npz"
@@ -124,7 +124,8 @@ def load_reference_split(client, run_id: str) -> data.Dataset:
         raise ReferenceUnavailable(f"run {run_id}: unreadable dataset input ({exc})") from None
     with tempfile.TemporaryDirectory(prefix="cord-ops-reference-") as tmp:
         try:
-            local = client.download_artifacts(run_id, f"{ARTIFACT_DIR}/{ARTIFACT_NAME}", tmp)
+            local = tracking.download_from_run(client.tracking_uri, run_id,
+                                               f"{ARTIFACT_DIR}/{ARTIFACT_NAME}", tmp)
             raw = Path(local).read_bytes()
         except Exception as exc:
             raise ReferenceUnavailable(f"run {run_id}: {ARTIFACT_DIR}/{ARTIFACT_NAME} cannot be "

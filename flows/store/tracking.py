@@ -253,12 +253,28 @@ def resolve_model_uri(mlflow_client, model_uri: str) -> str:
 def download(uri: str, artifact_uri: str, dst: str | os.PathLike) -> Path:
     """Download ``artifact_uri`` (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``,
     ``runs:/...`` or a plain artifact URI) from the store at ``uri`` into ``dst``; returns
-    the local path."""
+    the local path.
+
+    The one artifact download of the project (run files, logged models, the digest record
+    and the graph checked against it): every read goes to the store the command was given,
+    never to the process's ``MLFLOW_TRACKING_URI``, and a ``models:/`` name is resolved in
+    that store's registry (:func:`resolve_model_uri`).
+    """
     import mlflow.artifacts
 
-    location = resolve_model_uri(client(uri), artifact_uri)
+    location = (resolve_model_uri(client(uri), artifact_uri)
+                if artifact_uri.startswith("models:/") else artifact_uri)
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=str(dst),
                                                     tracking_uri=uri, registry_uri=uri))
+
+
+def download_from_run(uri: str, run_id: str, path: str, dst: str | os.PathLike) -> Path:
+    """``path`` (a file or folder; ``""`` for all of them) of run ``run_id``'s artifacts into
+    ``dst`` through :func:`download`: ``runs:/RUN_ID/PATH``, or the run's artifact folder
+    itself for all of them, as MLflow's own run-id form reads them."""
+    if path:
+        return download(uri, f"runs:/{run_id}/{path}", dst)
+    return download(uri, client(uri).get_run(run_id).info.artifact_uri, dst)
 
 
 # ---------------------------------------------------------------- store preparation

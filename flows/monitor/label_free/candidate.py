@@ -36,7 +36,7 @@ from cord_ops.validation import top1
 from flows.monitor.label_free import records
 from flows.platform import checkpoints
 from flows.redact import redact
-from flows.store import registry
+from flows.store import registry, tracking
 
 KIND = "prior-shift-candidate"
 #: Monitoring-run tag: the version a candidate was registered as.
@@ -86,8 +86,8 @@ def prepare(client, model_name: str, version: str, monitor_run_id: str,
     champion = client.get_model_version(model_name, version)
     champion_run = client.get_run(champion.run_id)
     with tempfile.TemporaryDirectory(prefix="cord-ops-candidate-") as tmp:
-        state = json.loads(Path(client.download_artifacts(
-            monitor_run_id, "monitor/prior_shift.json", tmp)).read_text())
+        state = json.loads(tracking.download_from_run(
+            client.tracking_uri, monitor_run_id, "monitor/prior_shift.json", tmp).read_text())
     # the champion's graph only, checked against its run's digest; nothing of it executed
     base = graphs.load_graph(client, model_name, version)
     dtype = model_metadata(base).get("cord.dtype", "float32")

@@ -36,6 +36,7 @@ import numpy as np
 from cord_ops import data, label_free, metrics
 from flows import files
 from flows.redact import redact
+from flows.store import tracking
 
 KIND = "monitor-label-free"
 EXPERIMENT_SUFFIX = "-monitoring"
@@ -323,8 +324,6 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
                   reference_priors: np.ndarray, candidate: dict | None = None) -> str:
     """One finished run for one batch (with ``candidate``, the prior-shift candidate's
     state as ``monitor/prior_shift.json``); a failure while logging leaves it FAILED."""
-    from flows.store import tracking
-
     run = client.create_run(
         tracking.experiment_id(client, monitoring_experiment(model_name)),
         run_name=f"label-free-v{version}-{Path(batch.path).name}",
@@ -373,8 +372,8 @@ def settle_candidate(client, run_id: str, scored: Scored,
     from flows.promotion import rules
 
     with tempfile.TemporaryDirectory(prefix="cord-ops-monitor-") as tmp:
-        state = json.loads(Path(client.download_artifacts(
-            run_id, "monitor/prior_shift.json", tmp)).read_text())
+        state = json.loads(tracking.download_from_run(
+            client.tracking_uri, run_id, "monitor/prior_shift.json", tmp).read_text())
     weights = np.asarray(state["weights"], dtype=np.float64)
     moved = CORD.from_dict(state["cord"]).transform(
         scored.original, label_free.reweighted(scored.repaired, weights))
