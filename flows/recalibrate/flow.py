@@ -38,8 +38,7 @@ talk to the store in :mod:`flows.recalibrate.store_steps`, what a run records
 
 from __future__ import annotations
 
-import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from prefect import flow, get_run_logger
 from cord_ops import metrics
 from flows import inputs
 from flows.platform import checkpoints, pinned, tick_lines
+from flows.platform.task_presets import TaskRuns, task_runs
 from flows.promotion import rules
 from flows.promotion.champion import ChampionUnhealthyError
 from flows.recalibrate.artifacts import run_params
@@ -100,8 +100,8 @@ DEFAULT_EVAL_SAMPLE = inputs.DEFAULT_EVAL_SAMPLE
 class RecalibrationResult:
     """What one recalibration produced and where to find it.
 
-    ``timings``: seconds per task as the flow saw them (task body plus Prefect's per-task
-    overhead), summed over repeated calls. ``warnings``: the fit's warnings, and the
+    ``timings``: seconds each task spent running, from Prefect's task-run records
+    (``total_run_time``), summed over repeated calls. ``warnings``: the fit's warnings, and the
     do-no-harm warning when the calibrator lost to the identity map on its own
     calibration split (:func:`flows.recalibrate.compute.no_harm_warning`).
     """
@@ -130,26 +130,6 @@ class RecalibrationResult:
     #: The family fitted and how it was chosen
     #: (:class:`flows.recalibrate.selection.Choice`; None on shards).
     choice: object | None = None
-
-
-class Steps:
-    """Calls the flow's tasks in order, timing each and remembering which one is running."""
-
-    def __init__(self):
-        self.current = "start"
-        self.timings: dict[str, float] = {}
-
-    def mark(self, name: str) -> None:
-        """Name a stretch of the flow that is not a task (waiting for the registry lock)."""
-        self.current = name
-
-    def __call__(self, step, *args, **kwargs):
-        self.current = step.name
-        start = time.perf_counter()
-        result = step(*args, **kwargs)
-        elapsed = time.perf_counter() - start
-        self.timings[step.name] = self.timings.get(step.name, 0.0) + elapsed
-        return result
 
 
 # ---------------------------------------------------------------- the flow
@@ -211,163 +191,225 @@ def recalibrate(data: str | Path, eval_data: str | Path | None = None, calibrato
     folder = tracking.local_store_folder(uri)
     if lock == "auto":
         lock = registry_lock.choose(folder, _prefect_api_url())
-    steps = Steps()
-    session = None  # the Dask session when ``data`` is shards
     gate_options = {"min_calibration": min_calibration, "min_evaluation": min_evaluation,
                     "max_class_share": max_class_share, "max_label_shift": max_label_shift,
                     "min_class_rows": min_class_rows}
     options = {"calibrator": calibrator, "seed": str(seed), "fraction": repr(fraction),
                "dtype": dtype, "promote": str(promote)}
-    try:
-        if is_shard_input(data, dask_address):
-            if decision_threshold is not None:
-                raise ValueError("decision_threshold: not available on shards")
-            plan = steps(plan_shard_inputs, str(data), _text(eval_data), input_kind, seed,
-                         fraction)
-            policy = steps(check_shard_options, calibrator, dtype, eval_sample, plan,
-                           gate_options)
-            session = steps(load_shards, plan, dask_address, dask_workers)
-            dataset, eval_dataset = session.plan.data, session.plan.evaluation
-            options.update(dask=dask_address or f"local:{dask_workers}",
-                           eval_sample=str(eval_sample))
-        else:
-            dataset = steps(load_dataset, str(data), input_kind)
-            eval_dataset = (steps(load_dataset, str(eval_data), dataset.input_kind)
-                            if eval_data is not None else None)
-            policy = steps(check_options, calibrator, dtype, seed, fraction, dataset,
-                           eval_dataset, gate_options, decision_threshold)
-        steps(prepare_store, uri, store_timeout)
-        if decision_threshold is None and session is None and dataset.n_classes == 2:
-            decision_threshold = steps(champion_threshold, uri, model_name)
-        if decision_threshold is not None:
-            options["decision_threshold"] = repr(float(decision_threshold))
-        run_id, experiment = steps(start_run, uri, model_name, dataset, eval_dataset, options)
-    except Exception as exc:
-        if session is not None:
-            session.close()
-        raise RecalibrationError(steps.current, exc, uri_if_store(steps.current, uri)) from exc
-    checkpoints.checkpoint("start_run")
-
-    failure = Failure(uri, folder, run_id, model_name)
-    # Owners on this host are judged by pid; only a store other hosts reach needs beats.
-    beating = owner.Heartbeat(tracking.client(uri), run_id) if folder is None else nullcontext()
-    try:
-        with beating:
-            skipped = steps(skip_if_unchanged, uri, run_id, model_name)
-            if skipped is not None:
-                if session is not None:
-                    session.close()
-                tick_lines.log_result(f"recalibrate: skipped: {skipped}")
-                return RecalibrationResult(
-                    run_id=run_id, experiment_id=experiment, tracking_uri=uri,
-                    model_name=model_name, version=None, decision=None,
-                    eta_star=float("nan"), reports={}, changes={},
-                    onnx_max_abs_diff=float("nan"), timings=steps.timings, skipped=skipped)
-            if session is None:
-                calibration, evaluation = steps(split_dataset, dataset, eval_dataset, seed,
-                                                fraction)
-                choice = steps(choose_family, calibration, calibrator, seed, select_budget)
-                fitted, calibrator_warnings = steps(fit_calibrator, calibration, choice.family)
-                repair, cord_warnings = steps(fit_cord, calibration, fitted,
-                                              decision_threshold)
-                cord_warnings = cord_warnings + steps(check_no_harm, calibration, fitted,
-                                                      repair)
-                report = steps(evaluate_reports, evaluation, fitted, repair)
-                harm = harm_reason(report, policy) if calibrator == "auto" else None
-                if harm is not None and choice.family != "identity":
-                    # A first version must not be left without a champion because no
-                    # calibrator helped: the classifier's own probabilities are served.
-                    choice.fall_back(harm)
-                    get_run_logger().warning("select: %s", choice.how)
-                    fitted, calibrator_warnings = steps(fit_calibrator, calibration,
-                                                        choice.family)
-                    repair, cord_warnings = steps(fit_cord, calibration, fitted,
-                                                  decision_threshold)
-                    report = steps(evaluate_reports, evaluation, fitted, repair)
-                calibrator_warnings = choice.warnings + calibrator_warnings
-                counts = (rules.label_counts(calibration.labels, dataset.n_classes),
-                          rules.label_counts(evaluation.labels, dataset.n_classes))
+    with task_runs() as runs:
+        bracket = _Bracket(uri, runs)
+        with bracket.before_run():
+            if is_shard_input(data, dask_address):
+                if decision_threshold is not None:
+                    raise ValueError("decision_threshold: not available on shards")
+                plan = plan_shard_inputs(str(data), _text(eval_data), input_kind, seed, fraction)
+                policy = check_shard_options(calibrator, dtype, eval_sample, plan, gate_options)
+                shards = bracket.session = load_shards(plan, dask_address, dask_workers)
+                dataset, eval_dataset = shards.plan.data, shards.plan.evaluation
+                options.update(dask=dask_address or f"local:{dask_workers}",
+                               eval_sample=str(eval_sample))
             else:
-                choice = None
-                with session:  # the cluster is released once the metrics are reduced
-                    fitted, calibrator_warnings = steps(fit_calibrator_on_shards, session,
-                                                       calibrator)
-                    (repair, fitted), cord_warnings = steps(fit_cord_on_shards, session,
-                                                            fitted)
-                    report, evaluation, counts = steps(evaluate_shards, session, fitted,
-                                                       repair, eval_sample)
-            fit_warnings = calibrator_warnings + cord_warnings
-            model = steps(export_model, fitted, repair, dataset.n_classes, dataset.input_kind,
-                          dtype)
-            parity = steps(verify_parity, model, evaluation, report, dtype, fitted, repair)
-            if session is None:
-                # One NLL per fact: what is reported, logged and gated is the served graph's
-                # outputs. (On shards the cord row covers every evaluation row, the graph
-                # ran on the sample: docs/promotion.md.)
-                report = served_report(report, parity)
-            params = run_params(calibrator, dataset, sum(counts[0]), sum(counts[1]), seed,
-                                repair)
-            if session is not None:
-                params.update(n_evaluation_sample=str(evaluation.n),
-                              n_shards=str(len(dataset.files) + (
-                                  0 if eval_dataset is None else len(eval_dataset.files))))
-            steps(log_params_and_metrics, uri, run_id, params, report, repair, parity, fit_warnings,
-                  policy, choice)
+                dataset = load_dataset(str(data), input_kind)
+                eval_dataset = (load_dataset(str(eval_data), dataset.input_kind)
+                                if eval_data is not None else None)
+                policy = check_options(calibrator, dtype, seed, fraction, dataset, eval_dataset,
+                                       gate_options, decision_threshold)
+            prepare_store(uri, store_timeout)
+            if decision_threshold is None and bracket.session is None and dataset.n_classes == 2:
+                decision_threshold = champion_threshold(uri, model_name)
+            if decision_threshold is not None:
+                options["decision_threshold"] = repr(float(decision_threshold))
+            run_id, experiment = start_run(uri, model_name, dataset, eval_dataset, options)
+        checkpoints.checkpoint("start_run")
+        with bracket.after_run(Failure(uri, folder, run_id, model_name)) as failure, \
+                _heartbeat(uri, folder, run_id):
+            if (skipped := skip_if_unchanged(uri, run_id, model_name)) is not None:
+                return bracket.skipped(skipped, run_id, experiment, model_name)
+            fit = (_fit(dataset, eval_dataset, calibrator, seed, fraction, select_budget,
+                        decision_threshold, policy) if bracket.session is None
+                   else _fit_on_shards(bracket.session, calibrator, eval_sample))
+            model = export_model(fit.calibrator, fit.repair, dataset.n_classes,
+                                 dataset.input_kind, dtype)
+            parity = verify_parity(model, fit.evaluation, fit.report, dtype, fit.calibrator,
+                                   fit.repair)
+            # One NLL per fact: the served graph's (on shards the cord row covers every
+            # evaluation row, the graph ran on the sample: docs/promotion.md)
+            report = fit.report if fit.on_shards else served_report(fit.report, parity)
+            log_params_and_metrics(uri, run_id, fit.params(calibrator, dataset, eval_dataset, seed),
+                                   report, fit.repair, parity, fit.warnings, policy, fit.choice)
             checkpoints.checkpoint("log_params")
-            digests = steps(log_report_artifacts, uri, run_id, report, fitted, repair, choice)
-            digests.update(steps(log_reference, uri, run_id, evaluation))
+            digests = log_report_artifacts(uri, run_id, report, fit.calibrator, fit.repair,
+                                           fit.choice)
+            digests.update(log_reference(uri, run_id, fit.evaluation))
             checkpoints.checkpoint("log_artifacts")
-            model_info = steps(log_onnx_model, uri, run_id, experiment, model, evaluation,
-                                        dtype)
+            model_info = log_onnx_model(uri, run_id, experiment, model, fit.evaluation, dtype)
             checkpoints.checkpoint("log_model")
-            steps(verify_artifacts, uri, run_id, model_info, model, digests)
-            steps(ensure_model, uri, model_name)
-            # The registry section: one run of this model at a time, across processes.
-            steps.mark("registry_lock")
-            holder = {"run_id": run_id, **owner.Owner.current().record()}
-            with registry_lock.registry_lock(lock, model_name, lock_timeout,
-                                             get_run_logger(), holder,
-                                             client=tracking.client(uri), store_folder=folder):
+            verify_artifacts(uri, run_id, model_info, model, digests)
+            ensure_model(uri, model_name)
+            with bracket.registry_section(failure, lock, model_name, lock_timeout, folder):
                 checkpoints.checkpoint("lock_acquired")
-                try:
-                    failure.version, failure.previous = steps(
-                        register, uri, run_id, experiment, model_name, model_info, parity,
-                        dataset, repair, fitted.name, choice)
-                    checkpoints.checkpoint("registered")
-                    decision = steps(gate, uri, model_name, failure.version, failure.previous,
-                                     counts, evaluation, report, parity, model, dtype,
-                                     policy, promote)
-                    steps(finish_run, uri, run_id, model_name, failure.version)
-                except BaseException as exc:
-                    failure.record(exc)  # withdraw while still holding the lock
-                    raise
-    except BaseException as exc:
-        if session is not None:
-            session.close()
-        failure.record(exc)
-        if isinstance(exc, Exception):
-            raise RecalibrationError(steps.current, exc, uri_if_store(steps.current, uri),
-                                     failure.journal) from exc
-        raise
-
+                failure.version, failure.previous = register(
+                    uri, run_id, experiment, model_name, model_info, parity, dataset, fit.repair,
+                    fit.calibrator.name, fit.choice)
+                checkpoints.checkpoint("registered")
+                decision = gate(uri, model_name, failure.version, failure.previous, fit.counts,
+                                fit.evaluation, report, parity, model, dtype, policy, promote)
+                finish_run(uri, run_id, model_name, failure.version)
     if decision.champion_problem is not None:
         # Finished and recorded; the registry is stuck until an operator acts, so say so.
         raise ChampionUnhealthyError(model_name, decision.champion_version,
-                                            decision.champion_problem,
-                                            candidate=failure.version)
+                                     decision.champion_problem, candidate=failure.version)
     tick_lines.log_result(f"recalibrate: v{failure.version} {decision.label}: "
                           f"{decision.reason}"[:1000])
-    return RecalibrationResult(
-        run_id=run_id, experiment_id=experiment, tracking_uri=uri, model_name=model_name,
-        version=failure.version, decision=decision, eta_star=repair.eta_,
-        reports=report.reports, changes=report.changes,
-        onnx_max_abs_diff=parity.max_abs_diff, timings=steps.timings,
-        warnings=fit_warnings + [w for w in [metrics.flat_warning(report.effect,
-                                                                   report.threshold)] if w],
-        repair=report.effect, decision_threshold=repair.decision_threshold,
-        choice=choice, input_notes=[note for source in (dataset, eval_dataset)
-                     if (note := getattr(source, "load_note", lambda: None)()) is not None],
-    )
+    return fit.result(run_id, experiment, uri, model_name, decision, failure.version, parity,
+                      report, runs, [dataset, eval_dataset])
+
+
+# ---------------------------------------------------------------- the flow's brackets
+class _Bracket:
+    """What a failure of the flow must undo and how it is reported: the step named is the
+    task Prefect ran last (:class:`flows.platform.task_presets.TaskRuns`), the Dask
+    session is closed, and once the run exists its :class:`Failure` is recorded."""
+
+    def __init__(self, uri: str, runs: TaskRuns):
+        self.uri, self.runs = uri, runs
+        self.session = None
+
+    def _error(self, exc: Exception, journal: str | None = None) -> RecalibrationError:
+        step = self.runs.current
+        return RecalibrationError(step, exc, uri_if_store(step, self.uri), journal)
+
+    def _close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+    @contextmanager
+    def before_run(self):
+        """Loading, checking and starting the run: nothing to undo but the session."""
+        try:
+            yield
+        except Exception as exc:
+            self._close()
+            raise self._error(exc) from exc
+
+    @contextmanager
+    def after_run(self, failure: Failure):
+        """The run exists: any failure (Ctrl-C too) marks it and withdraws its version;
+        yields ``failure``, which holds the version once registered."""
+        try:
+            yield failure
+        except BaseException as exc:
+            self._close()
+            failure.record(exc)
+            if isinstance(exc, Exception):
+                raise self._error(exc, failure.journal) from exc
+            raise
+
+    @contextmanager
+    def registry_section(self, failure: Failure, lock: str, model_name: str,
+                         lock_timeout: float, folder: Path | None):
+        """One run of this model at a time, across processes: holds the model's registry
+        lock; a failure inside is recorded (the version withdrawn) before it is released."""
+        self.runs.mark("registry_lock")
+        holder = {"run_id": failure.run_id, **owner.Owner.current().record()}
+        with registry_lock.registry_lock(lock, model_name, lock_timeout, get_run_logger(),
+                                         holder, client=tracking.client(self.uri),
+                                         store_folder=folder):
+            try:
+                yield
+            except BaseException as exc:
+                failure.record(exc)  # withdraw while still holding the lock
+                raise
+
+    def skipped(self, why: str, run_id: str, experiment: str,
+                model_name: str) -> RecalibrationResult:
+        self._close()
+        tick_lines.log_result(f"recalibrate: skipped: {why}")
+        return RecalibrationResult(
+            run_id=run_id, experiment_id=experiment, tracking_uri=self.uri,
+            model_name=model_name, version=None, decision=None, eta_star=float("nan"),
+            reports={}, changes={}, onnx_max_abs_diff=float("nan"),
+            timings=self.runs.seconds(), skipped=why)
+
+
+def _heartbeat(uri: str, folder: Path | None, run_id: str):
+    """Owners on this host are judged by pid; only a store other hosts reach needs beats."""
+    return owner.Heartbeat(tracking.client(uri), run_id) if folder is None else nullcontext()
+
+
+# ---------------------------------------------------------------- the fits
+@dataclass
+class _Fit:
+    """The fitted calibrator and CORD, their warnings, and what they were evaluated on."""
+
+    calibrator: object
+    repair: object
+    warnings: list[str]
+    report: object
+    evaluation: object
+    counts: tuple
+    choice: object | None  # None on shards, which refuse ``auto``
+
+    @property
+    def on_shards(self) -> bool:
+        return self.choice is None
+
+    def params(self, calibrator: str, dataset, eval_dataset, seed: int) -> dict[str, str]:
+        params = run_params(calibrator, dataset, sum(self.counts[0]), sum(self.counts[1]),
+                            seed, self.repair)
+        if self.on_shards:
+            params.update(n_evaluation_sample=str(self.evaluation.n),
+                          n_shards=str(len(dataset.files) + (
+                              0 if eval_dataset is None else len(eval_dataset.files))))
+        return params
+
+    def result(self, run_id, experiment, uri, model_name, decision, version, parity, report,
+               runs: TaskRuns, sources) -> RecalibrationResult:
+        flat = metrics.flat_warning(report.effect, report.threshold)
+        return RecalibrationResult(
+            run_id=run_id, experiment_id=experiment, tracking_uri=uri, model_name=model_name,
+            version=version, decision=decision, eta_star=self.repair.eta_,
+            reports=report.reports, changes=report.changes,
+            onnx_max_abs_diff=parity.max_abs_diff, timings=runs.seconds(),
+            warnings=self.warnings + [w for w in [flat] if w], repair=report.effect,
+            decision_threshold=self.repair.decision_threshold, choice=self.choice,
+            input_notes=[note for source in sources
+                         if (note := getattr(source, "load_note", lambda: None)()) is not None])
+
+
+def _fit(dataset, eval_dataset, calibrator: str, seed: int, fraction: float,
+         select_budget: float | None, decision_threshold: float | None, policy) -> _Fit:
+    """Split, choose the family, fit it and CORD, evaluate. When ``auto``'s choice does
+    harm on the evaluation split, identity is fitted instead: a first version must not be
+    left without a champion because no calibrator helped, so the classifier's own
+    probabilities are served."""
+    calibration, evaluation = split_dataset(dataset, eval_dataset, seed, fraction)
+    choice = choose_family(calibration, calibrator, seed, select_budget)
+    fitted, calibrator_warnings = fit_calibrator(calibration, choice.family)
+    repair, cord_warnings = fit_cord(calibration, fitted, decision_threshold)
+    cord_warnings = cord_warnings + check_no_harm(calibration, fitted, repair)
+    report = evaluate_reports(evaluation, fitted, repair)
+    harm = harm_reason(report, policy) if calibrator == "auto" else None
+    if harm is not None and choice.family != "identity":
+        choice.fall_back(harm)
+        get_run_logger().warning("select: %s", choice.how)
+        fitted, calibrator_warnings = fit_calibrator(calibration, choice.family)
+        repair, cord_warnings = fit_cord(calibration, fitted, decision_threshold)
+        report = evaluate_reports(evaluation, fitted, repair)
+    counts = (rules.label_counts(calibration.labels, dataset.n_classes),
+              rules.label_counts(evaluation.labels, dataset.n_classes))
+    return _Fit(fitted, repair, choice.warnings + calibrator_warnings + cord_warnings, report,
+                evaluation, counts, choice)
+
+
+def _fit_on_shards(session, calibrator: str, eval_sample: int) -> _Fit:
+    """The same on Dask, over the shards; no family choice (shards refuse ``auto``)."""
+    with session:  # the cluster is released once the metrics are reduced
+        fitted, calibrator_warnings = fit_calibrator_on_shards(session, calibrator)
+        (repair, fitted), cord_warnings = fit_cord_on_shards(session, fitted)
+        report, evaluation, counts = evaluate_shards(session, fitted, repair, eval_sample)
+    return _Fit(fitted, repair, calibrator_warnings + cord_warnings, report, evaluation, counts,
+                None)
 
 
 # ---------------------------------------------------------------- helpers
