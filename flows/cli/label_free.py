@@ -9,6 +9,8 @@ Exit status 0, or :data:`ALERT_STATUS` (3) when any batch is an alert (threshold
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from pathlib import Path
 
 from flows import inputs
 
@@ -21,6 +23,59 @@ DEFAULT_MAX_PRIOR_SHIFT = 0.1
 #: flows.serve.traffic.DEFAULT_WINDOW_ROWS and MIN_ROWS, restated for the parser.
 DEFAULT_MONITOR_WINDOW = 10_000
 MIN_MONITOR_WINDOW = 50
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a batch without labels is an alert (:func:`add_options`), checked."""
+
+    alpha: float
+    max_accuracy_drop: float
+    max_prior_shift: float
+
+    @classmethod
+    def read(cls, args: argparse.Namespace) -> Thresholds:
+        from flows.monitor.label_free import records as label_free
+
+        label_free.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
+        return cls(args.alpha, args.max_accuracy_drop, args.max_prior_shift)
+
+
+@dataclass(frozen=True)
+class Request:
+    """``monitor`` without labels, checked: every batch of ``data`` read against what
+    @champion reads; with ``labels``, the labels-only file for the one batch ``data``."""
+
+    tracking_uri: str
+    data: Path
+    model_name: str
+    thresholds: Thresholds
+    emit_event: bool
+    register_candidate: bool
+    labels: str | None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """``schedule``'s label-free monitor, checked: ``data`` absolute (runs start later,
+    from the runner's or the worker's directory) and its cron."""
+
+    tracking_uri: str
+    data: str
+    cron: str
+    model_name: str
+    thresholds: Thresholds
+    emit_event: bool
+    register_candidate: bool
+
+    def parameters(self) -> dict:
+        """The label-free deployment's parameters."""
+        return {"data": self.data, "model_name": self.model_name,
+                "alpha": self.thresholds.alpha,
+                "max_accuracy_drop": self.thresholds.max_accuracy_drop,
+                "max_prior_shift": self.thresholds.max_prior_shift,
+                "emit_events": self.emit_event, "tracking_uri": self.tracking_uri,
+                "register_candidates": self.register_candidate}
 
 
 def check_monitor_window(rows: int) -> None:
@@ -63,39 +118,28 @@ def add_schedule_options(parser: argparse.ArgumentParser) -> None:
     add_options(parser)
 
 
-def validate_schedule(args) -> None:
-    """``schedule``'s label-free options: the glob may match nothing yet (batches arrive
-    later), but it must be a glob or folder, and the thresholds and cron must hold."""
+def schedule(args: argparse.Namespace, monitor_cron: str,
+             tracking_uri: str) -> Schedule | None:
+    """``schedule``'s label-free options, or None without ``--label-free-data``: the glob
+    may match nothing yet (batches arrive later), but it must be a glob or folder, and the
+    thresholds and cron must hold (``monitor_cron``, checked: the default cron)."""
     if args.label_free_data is None:
         if args.label_free_cron is not None:
             raise inputs.InputError("--label-free-cron: needs --label-free-data")
-        return
-    from pathlib import Path
-
-    from flows.monitor.label_free import records as label_free
-
+        return None
     if not inputs.is_batch_input(args.label_free_data):
         raise inputs.InputError(f"--label-free-data {args.label_free_data}: expected a glob "
                                 "pattern or a folder of new batches")
     try:
-        label_free.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
+        thresholds = Thresholds.read(args)
     except ValueError as exc:
         raise inputs.InputError(str(exc)) from exc
-    args.label_free_cron = (args.monitor_cron if args.label_free_cron is None
-                            else inputs.check_cron(args.label_free_cron, "--label-free-cron"))
+    cron = (monitor_cron if args.label_free_cron is None
+            else inputs.check_cron(args.label_free_cron, "--label-free-cron"))
     text = str(args.label_free_data)
-    # Absolute: runs start later, from the runner's or the worker's directory.
-    args.label_free_data = text if Path(text).is_absolute() else str(Path.cwd() / text)
-
-
-def schedule_parameters(args) -> dict | None:
-    """The label-free deployment's parameters, or None without ``--label-free-data``."""
-    if args.label_free_data is None:
-        return None
-    return {"data": args.label_free_data, "model_name": args.model_name,
-            "alpha": args.alpha, "max_accuracy_drop": args.max_accuracy_drop,
-            "max_prior_shift": args.max_prior_shift, "emit_events": args.emit_event,
-            "tracking_uri": args.tracking_uri, "register_candidates": args.register_candidate}
+    data = text if Path(text).is_absolute() else str(Path.cwd() / text)
+    return Schedule(tracking_uri, data, cron, args.model_name, thresholds, args.emit_event,
+                    args.register_candidate)
 
 
 def add_labels_option(parser: argparse.ArgumentParser) -> None:
@@ -105,13 +149,13 @@ def add_labels_option(parser: argparse.ArgumentParser) -> None:
                              "labels: log the realised metrics beside its estimates")
 
 
-def is_label_free(args) -> bool:
-    """Whether ``--data`` asks for the label-free monitor."""
-    if getattr(args, "labels", None) is not None:
+def is_label_free(data: Path, labels: str | None) -> bool:
+    """Whether ``--data`` (with ``--labels``) asks for the label-free monitor."""
+    if labels is not None:
         return True
-    if inputs.is_batch_input(args.data):
+    if inputs.is_batch_input(data):
         return True
-    path = inputs.data_file(args.data, "--data")
+    path = inputs.data_file(data, "--data")
     from flows.monitor.label_free import records as label_free
 
     try:
@@ -120,57 +164,62 @@ def is_label_free(args) -> bool:
         raise inputs.InputError(f"{exc} (given as --data)") from exc
 
 
-def validate(args) -> None:
+def validate(args: argparse.Namespace, tracking_uri: str) -> Request:
     """Thresholds, files, the champion and every batch against what it reads."""
     from flows.monitor.label_free import records as label_free
     from flows.store.registry import CHAMPION
 
     try:
-        label_free.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
+        thresholds = Thresholds.read(args)
         files = label_free.batch_files(args.data)
     except ValueError as exc:
         raise inputs.InputError(f"{exc}" if str(exc).startswith("--") else
                                 f"{exc} (given as --data)") from exc
-    inputs.registered_model(args.tracking_uri, args.model_name, CHAMPION)
-    reads = inputs.model_reads(args.tracking_uri, f"models:/{args.model_name}@{CHAMPION}")
+    inputs.registered_model(tracking_uri, args.model_name, CHAMPION)
+    reads = inputs.model_reads(tracking_uri, f"models:/{args.model_name}@{CHAMPION}")
     if reads is None:
-        raise inputs.InputError(f"'{args.model_name}'@champion in {args.tracking_uri}: its "
+        raise inputs.InputError(f"'{args.model_name}'@champion in {tracking_uri}: its "
                                 "classes and input kind are not recorded; label-free "
                                 "monitoring needs a version registered by cord-ops")
     n_classes, input_kind, source = reads
     if args.input_kind not in ("auto", input_kind):
         raise inputs.InputError(f"--input-kind {args.input_kind}: {source} reads {input_kind}")
-    if getattr(args, "labels", None) is not None:
+    request = Request(tracking_uri, args.data, args.model_name, thresholds, args.emit_event,
+                      args.register_candidate, args.labels)
+    if args.labels is not None:
         if args.register_candidate:
             raise inputs.InputError("--register-candidate: registers what a batch without "
                                     "labels estimates; with --labels there is nothing to "
                                     "register (the labels judge an earlier candidate)")
-        return _validate_labels(args, files, n_classes, input_kind, source)
+        _validate_labels(request, files, n_classes, input_kind, source)
+        return request
     for path in files:
         try:
             label_free.read_batch(path, n_classes, input_kind)
         except (ValueError, TypeError, OSError) as exc:
             raise inputs.InputError(f"{exc} (given as --data; {source} reads {n_classes} "
                                     f"classes of {input_kind})") from exc
+    return request
 
 
-def _validate_labels(args, files, n_classes: int, input_kind: str, source: str) -> None:
+def _validate_labels(request: Request, files, n_classes: int, input_kind: str,
+                     source: str) -> None:
     from flows.monitor.label_free import labels as label_free_labels
 
-    if inputs.is_batch_input(args.data) or len(files) != 1:
+    if inputs.is_batch_input(request.data) or len(files) != 1:
         raise inputs.InputError(f"--labels: expected --data to name the one batch file the "
-                                f"labels are for, got {args.data}")
-    inputs.data_file(args.labels, "--labels")
+                                f"labels are for, got {request.data}")
+    inputs.data_file(request.labels, "--labels")
     try:
-        label_free_labels.check(args.tracking_uri, args.model_name, files[0], args.labels,
+        label_free_labels.check(request.tracking_uri, request.model_name, files[0], request.labels,
                                 n_classes, input_kind)
     except (ValueError, TypeError, OSError) as exc:
         raise inputs.InputError(f"{exc} (given as --labels/--data; {source} reads "
                                 f"{n_classes} classes of {input_kind})") from exc
 
 
-def labels_summary(args, settled: dict[str, dict[str, float]]) -> list[str]:
-    lines = [f"labels of {args.data} from {args.labels}:"]
+def labels_summary(request: Request, settled: dict[str, dict[str, float]]) -> list[str]:
+    lines = [f"labels of {request.data} from {request.labels}:"]
     for run_id, values in settled.items():
         lines.append(f"  met label-free run {run_id}: realised accuracy "
                      f"{values['realised.accuracy']:.4f}, ECE {values['realised.ece']:.4f}, "
@@ -207,21 +256,25 @@ def summary(result) -> list[str]:
     return lines
 
 
-def run(args) -> int:
+def run(request: Request) -> int:
     from flows.monitor.label_free.flow import monitor_label_free
 
-    if getattr(args, "labels", None) is not None:
+    if request.labels is not None:
         from flows.monitor.label_free.labels import meet_labels_file
 
-        settled = meet_labels_file(data=str(args.data), labels=str(args.labels),
-                                   model_name=args.model_name, tracking_uri=args.tracking_uri)
-        print("\n".join(labels_summary(args, settled)), flush=True)
+        settled = meet_labels_file(data=str(request.data), labels=str(request.labels),
+                                   model_name=request.model_name,
+                                   tracking_uri=request.tracking_uri)
+        print("\n".join(labels_summary(request, settled)), flush=True)
         return 0
 
-    result = monitor_label_free(data=str(args.data), model_name=args.model_name,
-                                alpha=args.alpha, max_accuracy_drop=args.max_accuracy_drop,
-                                max_prior_shift=args.max_prior_shift,
-                                emit_events=args.emit_event, tracking_uri=args.tracking_uri,
-                                register_candidates=args.register_candidate)
+    thresholds = request.thresholds
+    result = monitor_label_free(data=str(request.data), model_name=request.model_name,
+                                alpha=thresholds.alpha,
+                                max_accuracy_drop=thresholds.max_accuracy_drop,
+                                max_prior_shift=thresholds.max_prior_shift,
+                                emit_events=request.emit_event,
+                                tracking_uri=request.tracking_uri,
+                                register_candidates=request.register_candidate)
     print("\n".join(summary(result)), flush=True)
     return ALERT_STATUS if result.alert else 0

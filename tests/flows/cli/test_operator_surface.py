@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli.main import describe_error, predict_hint
+from flows.cli.main import describe_error
+from flows.cli.summary import predict_hint
 from flows.platform import temporary_server
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import CALIBRATORS, make_calibrator
-from flows.cli.main import summary_table
+from flows.cli.summary import summary_table
 from flows.recalibrate.compute import no_harm_warning
 
 EPS64 = 2.220446049250313e-16  # float64 machine epsilon, written out

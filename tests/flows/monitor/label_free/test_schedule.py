@@ -21,27 +21,31 @@ from flows.schedule import MONITOR_DEPLOYMENT, build_deployments
 
 
 def _schedule_args(*extra: str):
-    args = build_parser().parse_args(["schedule", "--cron", "0 3 * * *", "--data", "d.npz",
+    return build_parser().parse_args(["schedule", "--cron", "0 3 * * *", "--data", "d.npz",
                                       "--model-name", "lf", *extra])
-    args.monitor_cron = "30 3 * * *"  # what validate_schedule set before this check
-    return args
+
+
+def _label_free_schedule(args):
+    """The label-free part of ``schedule``'s request; "30 3 * * *": the monitoring cron
+    the command checked before."""
+    return label_free_cli.schedule(args, "30 3 * * *", "sqlite:///store.db")
 
 
 def test_schedule_options_and_the_label_free_deployment(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = _schedule_args("--label-free-data", "incoming/*.parquet", "--alpha", "0.001",
                           "--emit-event")
-    label_free_cli.validate_schedule(args)
-    assert args.label_free_cron == "30 3 * * *"  # the monitoring schedule by default
-    parameters = label_free_cli.schedule_parameters(args)
+    checked = _label_free_schedule(args)
+    assert checked.cron == "30 3 * * *"  # the monitoring schedule by default
+    parameters = checked.parameters()
     assert parameters["data"] == str(tmp_path / "incoming" / "*.parquet")  # absolute
     assert (parameters["alpha"], parameters["emit_events"], parameters["model_name"]) == \
         (0.001, True, "lf")
     assert parameters["register_candidates"] is False
-    assert label_free_cli.schedule_parameters(_schedule_args()) is None
+    assert parameters["tracking_uri"] == "sqlite:///store.db"
+    assert _label_free_schedule(_schedule_args()) is None
     registering = _schedule_args("--label-free-data", "in/*.npz", "--register-candidate")
-    label_free_cli.validate_schedule(registering)
-    assert label_free_cli.schedule_parameters(registering)["register_candidates"] is True
+    assert _label_free_schedule(registering).parameters()["register_candidates"] is True
 
     refusals = {("--label-free-data", "one.npz"): "expected a glob pattern or a folder",
                 ("--label-free-cron", "0 * * * *"): "--label-free-cron: needs --label-free-data",
@@ -50,7 +54,7 @@ def test_schedule_options_and_the_label_free_deployment(tmp_path, monkeypatch):
                     "--label-free-cron"}
     for extra, expected in refusals.items():
         with pytest.raises(InputError, match=expected):
-            label_free_cli.validate_schedule(_schedule_args(*extra))
+            _label_free_schedule(_schedule_args(*extra))
 
     deployments = build_deployments("0 3 * * *", {"data": "d.npz", "model_name": "lf"},
                                     {"data": "d.npz", "model_name": "lf"}, None,
