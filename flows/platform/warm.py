@@ -21,6 +21,15 @@ the command's own. Anything that does not match sends the command down the ordin
 in-process path; nothing is half-forwarded (a runner that refuses answers before any work
 starts).
 
+Why the child parses the arguments again instead of receiving the command's checked
+request (:mod:`flows.cli`: each command's ``validate`` builds one frozen request): a
+recalibration's or monitoring run's request holds the arrays it loaded, which do not cross
+this socket (a JSON message of at most :data:`flows.platform.warm_access.MAX_REQUEST_BYTES`,
+4 MiB; nothing that could run code, as unpickling would, is ever read from it). So the
+child runs the CLI on ``argv``: its validation re-reads the file the command names, and
+its flow uses what that validation loaded. The command's own validation, before it
+connects, is what makes a bad input fail at once and never reach the runner.
+
 Operator promises, each tested in ``tests/flows/platform/test_warm_runner.py``:
 
 - Ctrl-C / SIGTERM / SIGHUP to the command reach the child's process group; a command
