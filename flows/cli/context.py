@@ -8,7 +8,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from flows.platform import managed_server as server
+from flows.platform import managed_server
 from flows.store import tracking
 
 
@@ -53,22 +53,22 @@ def prefect_api(tracking_uri: str, start_managed: bool = False):
     """
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    from flows.platform import temporary_server as prefect_server
+    from flows.platform import temporary_server
 
-    configured = prefect_server.configured_api_url()
+    configured = temporary_server.configured_api_url()
     if configured:
-        if not server.healthy(configured, auth=PREFECT_API_AUTH_STRING.value()):
-            raise server.ServerError(f"the Prefect server PREFECT_API_URL={configured} does "
-                                     "not answer")
+        if not managed_server.healthy(configured, auth=PREFECT_API_AUTH_STRING.value()):
+            raise managed_server.ServerError(f"the Prefect server PREFECT_API_URL={configured} "
+                                             "does not answer")
         yield None
         return
-    folder = server.state_folder(tracking_uri)
-    managed = server.running(folder)
+    folder = managed_server.state_folder(tracking_uri)
+    managed = managed_server.running(folder)
     if managed is None and start_managed:
-        managed, started = server.start(folder)
+        managed, started = managed_server.start(folder)
         print(f"{'started' if started else 'using'} {managed.describe()}", flush=True)
     if managed is None:
-        with prefect_server.temporary_api():
+        with temporary_server.temporary_api():
             try:
                 yield None
             finally:
@@ -95,14 +95,14 @@ def flow_context(invocation: Invocation, store_timeout: float = tracking.DEFAULT
     (created or upgraded once, under a lock: :func:`flows.store.tracking.prepare_store`), a
     Prefect API (:func:`prefect_api`), the registry lock's kind for it and Prefect's
     console log without tracebacks unless ``--verbose``. Yields :class:`Flows`."""
-    from flows.platform import temporary_server as prefect_server
+    from flows.platform import temporary_server
     from flows.store import lock
 
     uri = invocation.tracking_uri
     tracking.prepare_store(uri, store_timeout)
     with prefect_api(uri, start_managed) as managed:
         # A temporary server serves this process only, so it cannot serialise anything.
-        api = prefect_server.configured_api_url() or (managed and managed.api_url)
+        api = temporary_server.configured_api_url() or (managed and managed.api_url)
         kind = lock.choose(tracking.local_store_folder(uri), api)
         with console_tracebacks(invocation.verbose):
             yield Flows(managed, kind)

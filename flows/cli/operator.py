@@ -32,10 +32,10 @@ def model_state(uri: str, name: str) -> dict:
     import sqlite3
 
     from flows import inputs
-    from flows.store import reads as store_reads
+    from flows.store import reads
 
     try:
-        state = store_reads.model_state(uri, name)
+        state = reads.model_state(uri, name)
     except sqlite3.DatabaseError as exc:
         raise inputs.InputError(f"{uri}: cannot read the MLflow store ({exc})") from exc
     if state is None:  # removed since registered_model looked
@@ -99,19 +99,18 @@ def cmd_status(args) -> int:
     import shutil
     import sys
 
-    from flows.promotion import operations as champion_ops
-    from flows.promotion import rollout_record as rollout
+    from flows.promotion import operations, rollout_record
 
     client, _ = store_client(args)
-    record = rollout.read(client, args.model_name)
-    report = champion_ops.status(client, args.model_name, args.limit, record)
+    record = rollout_record.read(client, args.model_name)
+    report = operations.status(client, args.model_name, args.limit, record)
     if args.json:
-        print(json.dumps(champion_ops.status_json(report), indent=2))
+        print(json.dumps(operations.status_json(report), indent=2))
         return 0
     # A terminal's width (or COLUMNS); output to a file or pipe keeps every word.
     width = (shutil.get_terminal_size().columns
              if sys.stdout.isatty() or "COLUMNS" in os.environ else None)
-    print(champion_ops.format_status(report, width, rollout.describe(record)))
+    print(operations.format_status(report, width, rollout_record.describe(record)))
     return 0
 
 
@@ -129,10 +128,10 @@ def _move_notes(move) -> None:
 
 
 def cmd_promote(args) -> int:
-    from flows.promotion import operations as champion_ops
+    from flows.promotion import operations
 
     client, uri = store_client(args)
-    move = champion_ops.promote(client, uri, args.model_name, str(args.version), args.reason,
+    move = operations.promote(client, uri, args.model_name, str(args.version), args.reason,
                                 args.lock_timeout, allow_label_free=args.allow_label_free,
                                 allow_harm=args.allow_harm)
     before = "none" if move.previous is None else f"v{move.previous}"
@@ -143,10 +142,10 @@ def cmd_promote(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from flows.promotion import operations as champion_ops
+    from flows.promotion import operations
 
     client, uri = store_client(args)
-    move = champion_ops.rollback(client, uri, args.model_name, args.reason, args.lock_timeout,
+    move = operations.rollback(client, uri, args.model_name, args.reason, args.lock_timeout,
                                  allow_label_free=args.allow_label_free,
                                  allow_harm=args.allow_harm)
     why = f": {args.reason}" if args.reason else ""

@@ -28,16 +28,16 @@ def _steps(text: str) -> tuple[float, ...]:
 
 def cmd_rollout(args) -> int:
     from flows.cli.operator import store_client
-    from flows.promotion import rollout_record as rollout
+    from flows.promotion import rollout_record
 
     if args.action == "start":
         plan = Plan.build(args.mode, args.steps, args.min_requests, args.min_seconds)
         budget = Budget(args.max_error_rate, args.max_p99_ratio, args.max_confidence_shift)
         client, uri = store_client(args)
-        record = rollout.start(client, uri, args.model_name, str(args.version), plan, budget,
-                               args.reason, args.allow_harm, args.lock_timeout,
-                               allow_label_free=args.allow_label_free)
-        print(rollout.format_record(record))
+        record = rollout_record.start(client, uri, args.model_name, str(args.version), plan,
+                                      budget, args.reason, args.allow_harm, args.lock_timeout,
+                                      allow_label_free=args.allow_label_free)
+        print(rollout_record.format_record(record))
         if record.get("warning"):
             print(f"warning:  {record['warning']}; its promotion at the end will say so again")
         print(f"every `cord-ops serve --model-name {args.model_name}` follows it; watch with "
@@ -46,9 +46,9 @@ def cmd_rollout(args) -> int:
         return 0
     client, uri = store_client(args)
     if args.action == "status":
-        print(rollout.format_record(rollout.read(client, args.model_name)))
+        print(rollout_record.format_record(rollout_record.read(client, args.model_name)))
         return 0
-    record = rollout.abort(client, uri, args.model_name, args.reason, args.lock_timeout)
+    record = rollout_record.abort(client, uri, args.model_name, args.reason, args.lock_timeout)
     print(f"{args.model_name}: rollout {record['id']} of v{record['version']} aborted; "
           f"@champion stays v{record['champion']}")
     return 0

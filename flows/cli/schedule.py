@@ -20,8 +20,7 @@ from flows.cli import label_free as label_free_cli
 from flows.cli import recalibrate as recalibrate_cli
 from flows.cli.context import Invocation, flow_context
 from flows.cli.parser import DriftThresholds, FlowOptions, add_flow_options, add_thresholds
-from flows.platform import credential, tick_lines
-from flows.platform import managed_server as server
+from flows.platform import credential, managed_server, tick_lines
 from flows.redact import PASSWORD_ENV, USERNAME_ENV
 
 
@@ -150,7 +149,7 @@ def run(request: Request) -> int:
             # One line per tick on this console, from the runs' processes (which read the
             # logging settings this names) and from this one; details stay in the runs' logs.
             os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = str(tick_lines.write_config(
-                server.state_folder(invocation.tracking_uri) / "schedule-logging.yml"))
+                managed_server.state_folder(invocation.tracking_uri) / "schedule-logging.yml"))
             with tick_lines.console():
                 schedule.serve_deployments(deployments)
             print("stopped serving")

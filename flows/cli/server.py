@@ -8,8 +8,7 @@ import argparse
 from dataclasses import dataclass
 
 from flows.cli.context import Invocation
-from flows.platform import managed_server as server
-from flows.platform import warm
+from flows.platform import managed_server, warm
 
 #: Exit status of ``server status`` when no managed server runs (as ``systemctl status``).
 NOT_RUNNING = 3
@@ -37,26 +36,26 @@ def validate(args: argparse.Namespace, invocation: Invocation) -> Request:
 
 
 def run(request: Request) -> int:
-    folder = server.state_folder(request.invocation.tracking_uri)
+    folder = managed_server.state_folder(request.invocation.tracking_uri)
     hint = request.invocation.server_hint()
     if request.action == "start":
-        managed, started = server.start(folder)
+        managed, started = managed_server.start(folder)
         print(f"{'started' if started else 'already running:'} {managed.describe()}")
-        runner = server.start_runner(folder)
+        runner = managed_server.start_runner(folder)
         print(warm.status(folder) if runner is not None and warm.wait_ready(folder, runner)
               else f"warm runner did not start; see {warm.log_file(folder)} (commands start "
                    "in-process)")
         print(f"stop it with: {hint}")
         return 0
     if request.action == "stop":
-        runner = warm.running(folder)  # server.stop stops it first
-        pid = server.stop(folder)
+        runner = warm.running(folder)  # managed_server.stop stops it first
+        pid = managed_server.stop(folder)
         stopped = ([f"the Prefect server (pid {pid})"] if pid is not None else []) + (
             [f"the warm runner (pid {runner['pid']})"] if runner is not None else [])
         print(f"stopped {' and '.join(stopped)} of {folder}" if stopped
               else f"no managed Prefect server or warm runner running for {folder}")
         return 0
-    managed = server.running(folder)
+    managed = managed_server.running(folder)
     if managed is None:
         print(f"not running (state folder {folder}); start it with: cord-ops server start")
         return NOT_RUNNING
