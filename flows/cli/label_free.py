@@ -11,8 +11,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flows import inputs
+
+if TYPE_CHECKING:  # records imports numpy; building the parser must not
+    from flows.monitor.label_free import records
 
 ALERT_STATUS = 3
 #: flows.monitor.label_free.records's defaults, restated so building the parser imports no
@@ -25,20 +29,12 @@ DEFAULT_MONITOR_WINDOW = 10_000
 MIN_MONITOR_WINDOW = 50
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """When a batch without labels is an alert (:func:`add_options`), checked."""
+def thresholds(args: argparse.Namespace):
+    """:func:`add_options`' thresholds, checked
+    (:class:`flows.monitor.label_free.records.Thresholds`; a ValueError names the option)."""
+    from flows.monitor.label_free import records
 
-    alpha: float
-    max_accuracy_drop: float
-    max_prior_shift: float
-
-    @classmethod
-    def read(cls, args: argparse.Namespace) -> Thresholds:
-        from flows.monitor.label_free import records as label_free
-
-        label_free.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
-        return cls(args.alpha, args.max_accuracy_drop, args.max_prior_shift)
+    return records.Thresholds(args.alpha, args.max_accuracy_drop, args.max_prior_shift).check()
 
 
 @dataclass(frozen=True)
@@ -49,7 +45,7 @@ class Request:
     tracking_uri: str
     data: Path
     model_name: str
-    thresholds: Thresholds
+    thresholds: records.Thresholds
     emit_event: bool
     register_candidate: bool
     labels: str | None
@@ -64,7 +60,7 @@ class Schedule:
     data: str
     cron: str
     model_name: str
-    thresholds: Thresholds
+    thresholds: records.Thresholds
     emit_event: bool
     register_candidate: bool
 
@@ -131,14 +127,14 @@ def schedule(args: argparse.Namespace, monitor_cron: str,
         raise inputs.InputError(f"--label-free-data {args.label_free_data}: expected a glob "
                                 "pattern or a folder of new batches")
     try:
-        thresholds = Thresholds.read(args)
+        checked = thresholds(args)
     except ValueError as exc:
         raise inputs.InputError(str(exc)) from exc
     cron = (monitor_cron if args.label_free_cron is None
             else inputs.check_cron(args.label_free_cron, "--label-free-cron"))
     text = str(args.label_free_data)
     data = text if Path(text).is_absolute() else str(Path.cwd() / text)
-    return Schedule(tracking_uri, data, cron, args.model_name, thresholds, args.emit_event,
+    return Schedule(tracking_uri, data, cron, args.model_name, checked, args.emit_event,
                     args.register_candidate)
 
 
@@ -156,22 +152,22 @@ def is_label_free(data: Path, labels: str | None) -> bool:
     if inputs.is_batch_input(data):
         return True
     path = inputs.data_file(data, "--data")
-    from flows.monitor.label_free import records as label_free
+    from flows.monitor.label_free import records
 
     try:
-        return not label_free.has_labels(path)
+        return not records.has_labels(path)
     except ValueError as exc:
         raise inputs.InputError(f"{exc} (given as --data)") from exc
 
 
 def validate(args: argparse.Namespace, tracking_uri: str) -> Request:
     """Thresholds, files, the champion and every batch against what it reads."""
-    from flows.monitor.label_free import records as label_free
+    from flows.monitor.label_free import records
     from flows.store.registry import CHAMPION
 
     try:
-        thresholds = Thresholds.read(args)
-        files = label_free.batch_files(args.data)
+        checked = thresholds(args)
+        files = records.batch_files(args.data)
     except ValueError as exc:
         raise inputs.InputError(f"{exc}" if str(exc).startswith("--") else
                                 f"{exc} (given as --data)") from exc
@@ -184,7 +180,7 @@ def validate(args: argparse.Namespace, tracking_uri: str) -> Request:
     n_classes, input_kind, source = reads
     if args.input_kind not in ("auto", input_kind):
         raise inputs.InputError(f"--input-kind {args.input_kind}: {source} reads {input_kind}")
-    request = Request(tracking_uri, args.data, args.model_name, thresholds, args.emit_event,
+    request = Request(tracking_uri, args.data, args.model_name, checked, args.emit_event,
                       args.register_candidate, args.labels)
     if args.labels is not None:
         if args.register_candidate:
@@ -195,7 +191,7 @@ def validate(args: argparse.Namespace, tracking_uri: str) -> Request:
         return request
     for path in files:
         try:
-            label_free.read_batch(path, n_classes, input_kind)
+            records.read_batch(path, n_classes, input_kind)
         except (ValueError, TypeError, OSError) as exc:
             raise inputs.InputError(f"{exc} (given as --data; {source} reads {n_classes} "
                                     f"classes of {input_kind})") from exc
@@ -204,14 +200,14 @@ def validate(args: argparse.Namespace, tracking_uri: str) -> Request:
 
 def _validate_labels(request: Request, files, n_classes: int, input_kind: str,
                      source: str) -> None:
-    from flows.monitor.label_free import labels as label_free_labels
+    from flows.monitor.label_free import labels
 
     if inputs.is_batch_input(request.data) or len(files) != 1:
         raise inputs.InputError(f"--labels: expected --data to name the one batch file the "
                                 f"labels are for, got {request.data}")
     inputs.data_file(request.labels, "--labels")
     try:
-        label_free_labels.check(request.tracking_uri, request.model_name, files[0], request.labels,
+        labels.check(request.tracking_uri, request.model_name, files[0], request.labels,
                                 n_classes, input_kind)
     except (ValueError, TypeError, OSError) as exc:
         raise inputs.InputError(f"{exc} (given as --labels/--data; {source} reads "
@@ -268,11 +264,10 @@ def run(request: Request) -> int:
         print("\n".join(labels_summary(request, settled)), flush=True)
         return 0
 
-    thresholds = request.thresholds
+    limits = request.thresholds
     result = monitor_label_free(data=str(request.data), model_name=request.model_name,
-                                alpha=thresholds.alpha,
-                                max_accuracy_drop=thresholds.max_accuracy_drop,
-                                max_prior_shift=thresholds.max_prior_shift,
+                                alpha=limits.alpha, max_accuracy_drop=limits.max_accuracy_drop,
+                                max_prior_shift=limits.max_prior_shift,
                                 emit_events=request.emit_event,
                                 tracking_uri=request.tracking_uri,
                                 register_candidates=request.register_candidate)
