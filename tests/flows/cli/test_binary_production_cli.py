@@ -1,5 +1,5 @@
 """A fraud-like binary model through ``cord-ops recalibrate`` and ``predict`` as production
-logs it (issue 44): 2.8 % positives, one float32 score column with a value 1.2e-6 above 1,
+logs it: 2.8 % positives, one float32 score column with a value 1.2e-6 above 1,
 trained with balanced class weights (its 0.5 decision flags far more rows than are
 positive), operated at the threshold 0.1. One flow run (slow: the Prefect harness).
 

@@ -1,4 +1,4 @@
-"""Real classifier outputs (tests/corpus.py, issue 23) through the ``cord-ops`` CLI:
+"""Real classifier outputs (tests/corpus.py) through the ``cord-ops`` CLI:
 ``recalibrate`` (the console script, a subprocess) on a calibration and an evaluation file
 as a pipeline writes them (float32 probabilities with exact zeros and ones, top-1 ties of
 forest and k-NN votes, rows a float32 rounding off 1), ``predict`` from the registry

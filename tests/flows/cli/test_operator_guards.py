@@ -1,4 +1,4 @@
-"""The operator surface on a real store, as issue 45 found it: a first version the gate
+"""The operator surface on a real store, as a new operator meets it: a first version the gate
 refused for harm leaves no champion, and every message then names the refusal and the
 next right step; ``promote``, ``rollback`` and a rollout guard harm the same way (refused
 without ``--allow-harm``, accepted with it, the override in the history) and say when a

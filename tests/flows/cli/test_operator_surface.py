@@ -1,4 +1,4 @@
-"""The operator's surface as a new user meets it (issue 24): a temporary Prefect server
+"""The operator's surface as a new user meets it: a temporary Prefect server
 that cannot start says why, a taken port or a wrong version is refused before the stack
 loads, no MLflow warning on every command, a ``next:`` hint of the run's input kind.
 Real processes; nothing of Prefect or MLflow is mocked."""

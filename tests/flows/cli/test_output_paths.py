@@ -1,4 +1,4 @@
-"""``predict`` writes only where it was asked to (issue 42, item 7): a batch input glob
+"""``predict`` writes only where it was asked to: a batch input glob
 whose ``..`` leads out of the folder it starts from is refused naming the file (its output
 would land outside the output folder, or over an input), a ``..`` that stays inside maps
 every file below the output folder, and an existing single-file ``--output`` is replaced
