@@ -1,4 +1,4 @@
-"""The user's data stays the user's : atomic writes create files under
+"""The user's data stays the user's: atomic writes create files under
 the process's umask (never a forced 0644), and the ``cord-ops`` command sets an owner-only
 umask for itself and what it starts unless CORD_OPS_UMASK says otherwise. The real runs'
 files are checked in test_cli.py (the store, artifacts and reference split) and
