@@ -130,17 +130,11 @@ def console_tracebacks(verbose: bool):
     traceback (the log sent to the Prefect API keeps it); restored afterwards."""
     swapped = []
     if not verbose:
-        import prefect.main  # noqa: F401  (sets up Prefect's log handlers, as any flow import does)
+        from flows.platform.tick_lines import prefect_console_handlers
 
-        loggers = [logging.getLogger()] + [
-            logger for name, logger in logging.Logger.manager.loggerDict.items()
-            if name.startswith("prefect") and isinstance(logger, logging.Logger)]
-        for logger in loggers:
-            for handler in logger.handlers:
-                if type(handler).__name__ == "PrefectConsoleHandler" and not any(
-                        handler is h for h, _ in swapped):
-                    swapped.append((handler, handler.formatter))
-                    handler.setFormatter(_WithoutTraceback(handler.formatter))
+        swapped = [(handler, handler.formatter) for handler in prefect_console_handlers()]
+        for handler, formatter in swapped:
+            handler.setFormatter(_WithoutTraceback(formatter))
     try:
         yield
     finally:

@@ -126,23 +126,32 @@ def write_config(path: Path) -> Path:
     return path
 
 
+def prefect_console_handlers() -> list[logging.Handler]:
+    """Every Prefect console handler of this process, once each (on the root logger and on
+    Prefect's own loggers), after Prefect has set up its logging."""
+    import prefect.main  # noqa: F401  (sets up Prefect's log handlers, as any flow import does)
+
+    loggers = [logging.getLogger()] + [
+        logger for name, logger in logging.Logger.manager.loggerDict.items()
+        if name.startswith("prefect") and isinstance(logger, logging.Logger)]
+    found: list[logging.Handler] = []
+    for logger in loggers:
+        for handler in logger.handlers:
+            if type(handler).__name__ == "PrefectConsoleHandler" and not any(
+                    handler is h for h in found):
+                found.append(handler)
+    return found
+
+
 @contextlib.contextmanager
 def console():
     """This process's Prefect console handlers print tick lines only (as the run
     processes do with :func:`write_config`'s file); restored afterwards."""
-    import prefect.main  # noqa: F401  (sets up Prefect's log handlers)
-
-    tick, changed = TickLines(), []
-    loggers = [logging.getLogger()] + [
-        logger for name, logger in logging.Logger.manager.loggerDict.items()
-        if name.startswith("prefect") and isinstance(logger, logging.Logger)]
-    for logger in loggers:
-        for handler in logger.handlers:
-            if type(handler).__name__ == "PrefectConsoleHandler" and not any(
-                    handler is h for h, _ in changed):
-                changed.append((handler, handler.formatter))
-                handler.addFilter(tick)
-                handler.setFormatter(logging.Formatter("%(message)s"))
+    tick = TickLines()
+    changed = [(handler, handler.formatter) for handler in prefect_console_handlers()]
+    for handler, _ in changed:
+        handler.addFilter(tick)
+        handler.setFormatter(logging.Formatter("%(message)s"))
     try:
         yield
     finally:
