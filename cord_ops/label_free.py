@@ -117,7 +117,15 @@ MIN_MAP_ROWS = 100
 #: confidences that matters, far above float64's resolution near 1.
 TIE_BREAK = 1e-6
 #: The map each predicted class's CBPE takes (``ReferenceProfile.map_routes_``).
-CLASS_MAP, POOLED_MAP = "class", "pooled"
+CLASS_MAP, POOLED_MAP, ONE_VS_REST_MAP = "class", "pooled", "one-vs-rest"
+#: CBPE's recipes (``ReferenceProfile(recipe=...)``, ``recipe_``; module docstring): maps of
+#: the top-1 confidence per predicted class, or the one-vs-rest calibration of the
+#: classifier's own probabilities; AUTO picks one per reference split by the out-of-fold
+#: Brier score of top-1 correctness over RECIPE_FOLDS folds, when the classifier's own rows
+#: are given and the split has at least RECIPE_MIN_ROWS rows (the class maps otherwise).
+CLASS_MAPS, ONE_VS_REST, AUTO = "class-maps", "one-vs-rest", "auto"
+RECIPE_FOLDS = 5
+RECIPE_MIN_ROWS = 100
 #: Prior-corrected CBPE (module docstring): the reweighted reference accuracy is used when
 #: every class of estimated share at least SHARE_FLOOR has MIN_CLASS_ROWS reference rows.
 MIN_CLASS_ROWS = 100
@@ -202,6 +210,26 @@ class ConfidenceMaps:
             rows = predicted == k
             out[rows] = self.maps_[k].predict(confidence[rows])
         return out
+
+
+class OneVsRestMaps:
+    """CBPE's one-vs-rest recipe (module docstring, NannyML's calibration): per class ``k``
+    the isotonic regression of ``label == k`` on the score of class ``k`` over *every*
+    reference row. ``fit(scores, labels, n_classes)`` sets ``maps_`` and ``routes_``
+    (:data:`ONE_VS_REST_MAP` for every class); ``predict(predicted, score)`` reads each
+    row's map of its predicted class at ``score``, the row's score of that class: the
+    estimated probability that the predicted class is right. Not renormalised across
+    classes: only the predicted class's value is read."""
+
+    def fit(self, scores, labels, n_classes: int) -> OneVsRestMaps:
+        scores = np.asarray(scores, dtype=np.float64)
+        labels = np.asarray(labels, dtype=np.int64)
+        self.maps_ = [_isotonic(scores[:, k], (labels == k).astype(np.float64))
+                      for k in range(n_classes)]
+        self.routes_ = (ONE_VS_REST_MAP,) * n_classes
+        return self
+
+    predict = ConfidenceMaps.predict
 
 
 def atc_threshold(confidence, correct) -> float:
@@ -394,22 +422,68 @@ class ReferenceProfile(BaseEstimator):
     """
 
     def __init__(self, em_tol: float = EM_TOL, em_max_iter: int = EM_MAX_ITER,
-                 min_map_rows: float = MIN_MAP_ROWS):
+                 min_map_rows: float = MIN_MAP_ROWS, recipe: str = AUTO):
         self.em_tol = em_tol
         self.em_max_iter = em_max_iter
         self.min_map_rows = min_map_rows
+        self.recipe = recipe
 
-    def _map_input(self, confidence: np.ndarray, predicted: np.ndarray, original,
-                   n_classes: int) -> np.ndarray:
-        """The confidences CBPE's maps read: ties broken by ``original``'s probability
-        of the same top-1 when given (module docstring)."""
+    @staticmethod
+    def _own_rows(original, n: int, n_classes: int):
+        """The classifier's own probability rows, checked against the batch's ``n``."""
         if original is None:
-            return confidence
+            return None
         raw = check_probabilities(original, "original", n_classes=n_classes)
-        if raw.shape[0] != confidence.shape[0]:
-            raise ValueError(f"original: expected {confidence.shape[0]} rows, one per row of "
-                             f"probs, got {raw.shape[0]}")
-        return confidence + TIE_BREAK * raw[np.arange(raw.shape[0]), predicted]
+        if raw.shape[0] != n:
+            raise ValueError(f"original: expected {n} rows, one per row of probs, got "
+                             f"{raw.shape[0]}")
+        return raw
+
+    @staticmethod
+    def _reads(recipe: str, probs: np.ndarray, predicted: np.ndarray, raw) -> np.ndarray:
+        """What ``recipe``'s maps read per row (module docstring): the top-1 confidence,
+        ties ordered by the classifier's own probability of that top-1 when given; or, one
+        vs rest, that probability itself (the champion's when the classifier's is not
+        given)."""
+        rows = np.arange(probs.shape[0])
+        if recipe == ONE_VS_REST:
+            return (probs if raw is None else raw)[rows, predicted]
+        read = probs[rows, predicted]
+        return read if raw is None else read + TIE_BREAK * raw[rows, predicted]
+
+    def _fit_maps(self, recipe: str, probs, labels, predicted, correct, raw):
+        k = probs.shape[1]
+        if recipe == ONE_VS_REST:
+            return OneVsRestMaps().fit(probs if raw is None else raw, labels, k)
+        return ConfidenceMaps(self.min_map_rows).fit(
+            predicted, self._reads(recipe, probs, predicted, raw), correct, k)
+
+    def _choose_recipe(self, probs, labels, predicted, correct, raw) -> str:
+        """:data:`AUTO`: the recipe whose maps, fitted on the other folds, predict the
+        top-1 correctness of each fold's rows with the lower Brier score (module
+        docstring); the class maps on a tie, without the classifier's own rows or below
+        :data:`RECIPE_MIN_ROWS`."""
+        if self.recipe not in (CLASS_MAPS, ONE_VS_REST, AUTO):
+            raise ValueError(f"recipe: expected one of {CLASS_MAPS!r}, {ONE_VS_REST!r}, "
+                             f"{AUTO!r}, got {self.recipe!r}")
+        self.recipe_brier_ = {}
+        if self.recipe != AUTO:
+            return self.recipe
+        if raw is None or probs.shape[0] < RECIPE_MIN_ROWS:
+            return CLASS_MAPS
+        from sklearn.model_selection import KFold
+
+        folds = KFold(RECIPE_FOLDS, shuffle=True, random_state=0).split(probs)
+        held = {CLASS_MAPS: np.empty(probs.shape[0]), ONE_VS_REST: np.empty(probs.shape[0])}
+        for train, test in folds:
+            for recipe, out in held.items():
+                maps = self._fit_maps(recipe, probs[train], labels[train], predicted[train],
+                                      correct[train], raw[train])
+                out[test] = maps.predict(predicted[test], self._reads(
+                    recipe, probs[test], predicted[test], raw[test]))
+        self.recipe_brier_ = {r: float(np.mean((v - correct) ** 2)) for r, v in held.items()}
+        return ONE_VS_REST if self.recipe_brier_[ONE_VS_REST] < self.recipe_brier_[CLASS_MAPS] \
+            else CLASS_MAPS
 
     def fit(self, probs, labels, original=None) -> ReferenceProfile:
         if not (self.em_tol > 0 and int(self.em_max_iter) >= 1):
@@ -426,11 +500,12 @@ class ReferenceProfile(BaseEstimator):
         self.accuracy_ = float(correct.mean())
         self.confidence_ = np.sort(confidence)
         self.mean_confidence_ = float(confidence.mean())
-        ordered = self._map_input(confidence, predicted, original, k)
-        self.tie_break_ = original is not None
-        self.maps_ = ConfidenceMaps(self.min_map_rows).fit(predicted, ordered, correct, k)
+        raw = self._own_rows(original, n, k)
+        self.tie_break_ = raw is not None
+        self.recipe_ = self._choose_recipe(p, y, predicted, correct, raw)
+        self.maps_ = self._fit_maps(self.recipe_, p, y, predicted, correct, raw)
         self.map_routes_ = self.maps_.routes_
-        mapped = self.maps_.predict(predicted, ordered)
+        mapped = self.maps_.predict(predicted, self._reads(self.recipe_, p, predicted, raw))
         self.cbpe_ = float(mapped.mean())
         self.atc_threshold_ = atc_threshold(confidence, correct)
         self.priors_ = p.mean(axis=0)
@@ -480,12 +555,19 @@ class ReferenceProfile(BaseEstimator):
             raise ValueError("original: the reference profile was fitted "
                              f"{'with' if self.tie_break_ else 'without'} the classifier's own "
                              "probabilities; estimate a batch likewise")
-        mapped = self.maps_.predict(predicted, self._map_input(confidence, predicted, original,
-                                                               self.n_classes_))
+        raw = self._own_rows(original, p.shape[0], self.n_classes_)
+        mapped = self.maps_.predict(predicted, self._reads(self.recipe_, p, predicted, raw))
         cbpe = float(mapped.mean())
-        by_confidence = float(self.maps_.predict(predicted, self._map_input(
-            prior_corrected_confidence(p, self.priors_, em.priors), predicted, original,
-            self.n_classes_)).mean())
+        # the prior-corrected rows through the same maps: the one-vs-rest maps read the
+        # classifier's own rows, so the weights move those (the class maps order ties by
+        # the classifier's uncorrected probability, as before)
+        weights = prior_weights(self.priors_, em.priors)
+        if self.recipe_ == ONE_VS_REST:
+            corrected = self._reads(self.recipe_, reweighted(p if raw is None else raw,
+                                                             weights), predicted, None)
+        else:
+            corrected = self._reads(self.recipe_, reweighted(p, weights), predicted, raw)
+        by_confidence = float(self.maps_.predict(predicted, corrected).mean())
         shares = label_shares(self.label_counts_, self.priors_, em.priors)
         by_reweighting = float(shares @ self.class_accuracy_)  # reweighted_accuracy
         known = shares.sum() > 0 and bool(
