@@ -505,6 +505,8 @@ class ReferenceProfile(BaseEstimator):
         self.recipe_ = self._choose_recipe(p, y, predicted, correct, raw)
         self.maps_ = self._fit_maps(self.recipe_, p, y, predicted, correct, raw)
         self.map_routes_ = self.maps_.routes_
+        self.prior_maps_ = self.maps_ if self.recipe_ == CLASS_MAPS else \
+            self._fit_maps(CLASS_MAPS, p, y, predicted, correct, raw)
         mapped = self.maps_.predict(predicted, self._reads(self.recipe_, p, predicted, raw))
         self.cbpe_ = float(mapped.mean())
         self.atc_threshold_ = atc_threshold(confidence, correct)
@@ -558,16 +560,11 @@ class ReferenceProfile(BaseEstimator):
         raw = self._own_rows(original, p.shape[0], self.n_classes_)
         mapped = self.maps_.predict(predicted, self._reads(self.recipe_, p, predicted, raw))
         cbpe = float(mapped.mean())
-        # the prior-corrected rows through the same maps: the one-vs-rest maps read the
-        # classifier's own rows, so the weights move those (the class maps order ties by
-        # the classifier's uncorrected probability, as before)
-        weights = prior_weights(self.priors_, em.priors)
-        if self.recipe_ == ONE_VS_REST:
-            corrected = self._reads(self.recipe_, reweighted(p if raw is None else raw,
-                                                             weights), predicted, None)
-        else:
-            corrected = self._reads(self.recipe_, reweighted(p, weights), predicted, raw)
-        by_confidence = float(self.maps_.predict(predicted, corrected).mean())
+        # the prior-corrected top-1 through the class maps whatever CBPE's recipe (module
+        # docstring: clipped to the range of the rows predicting each class)
+        by_confidence = float(self.prior_maps_.predict(predicted, self._reads(
+            CLASS_MAPS, reweighted(p, prior_weights(self.priors_, em.priors)), predicted,
+            raw)).mean())
         shares = label_shares(self.label_counts_, self.priors_, em.priors)
         by_reweighting = float(shares @ self.class_accuracy_)  # reweighted_accuracy
         known = shares.sum() > 0 and bool(
