@@ -22,8 +22,8 @@ probabilities), the champion's mean top-1 probability (``mean_conf``, CBPE witho
 reference split's isotonic maps), CBPE on the champion (``cbpe``: as ``cord-ops monitor``
 estimates it, with the classifier's own probabilities beside the champion's, so the recipe
 is chosen per model between the per-predicted-class maps and the one-vs-rest calibration,
-``cord_ops.label_free``; ``cbpe_class``: the per-predicted-class maps alone; ``cbpe_pooled``: one map pooled over the predicted
-classes, the estimate before issue 48),
+``cord_ops.label_free``; ``cbpe_class``: the per-predicted-class maps alone;
+``cbpe_pooled``: one map pooled over the predicted classes, the estimate before issue 48),
 ATC, DoC and CBPE after the EM prior correction; ``ref_floor``, the floor of every
 label-shift estimate whose per-class accuracies come from the labelled reference split (the
 batch's exact label shares times the reference's per-class accuracy: what is left is the

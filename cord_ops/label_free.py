@@ -377,8 +377,9 @@ def total_variation(p, q) -> float:
 
 class Estimates(NamedTuple):
     """What :meth:`ReferenceProfile.estimate` returns for one batch. ``class_map_share``
-    is the share of its rows whose CBPE came from their predicted class's own map (the
-    rest took the pooled map), ``map_routes`` the profile's route per class."""
+    is the share of its rows whose CBPE came from a map of their predicted class's own
+    (:data:`CLASS_MAP` or :data:`ONE_VS_REST_MAP`; the rest took the pooled map),
+    ``map_routes`` the profile's route per class."""
 
     n: int
     cbpe: float
@@ -580,7 +581,7 @@ class ReferenceProfile(BaseEstimator):
             n=int(p.shape[0]),
             cbpe=cbpe,
             class_map_share=float(np.isin(predicted, np.flatnonzero(
-                np.array(self.map_routes_) == CLASS_MAP)).mean()),
+                np.array(self.map_routes_) != POOLED_MAP)).mean()),
             map_routes=self.map_routes_,
             atc=atc_accuracy(self.atc_threshold_, confidence),
             doc=doc_accuracy(self.accuracy_, self.mean_confidence_, confidence),
