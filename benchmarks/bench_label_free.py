@@ -22,7 +22,9 @@ probabilities), the champion's mean top-1 probability (``mean_conf``, CBPE witho
 reference split's isotonic maps), CBPE on the champion (``cbpe``: as ``cord-ops monitor``
 estimates it, with the classifier's own probabilities beside the champion's, so the recipe
 is chosen per model between the per-predicted-class maps and the one-vs-rest calibration,
-``cord_ops.label_free``; ``cbpe_class``: the per-predicted-class maps alone;
+``cord_ops.label_free``; ``cbpe_class``: the per-predicted-class maps alone, and
+``prior_class`` the prior-corrected estimate beside them: both the estimates before the
+recipe was chosen;
 ``cbpe_pooled``: one map pooled over the predicted classes, the estimate before issue 48),
 ATC, DoC and CBPE after the EM prior correction; ``ref_floor``, the floor of every
 label-shift estimate whose per-class accuracies come from the labelled reference split (the
@@ -75,7 +77,7 @@ from flows.monitor.label_free.records import Thresholds, alert_reasons
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "cbpe_class", "cbpe_pooled", "atc", "doc",
-              "cbpe_prior", "ref_floor", "oracle")
+              "cbpe_prior", "prior_class", "ref_floor", "oracle")
 GROUPS = ("cifar100", "cifar10", "corpus", "imbalanced", "large")
 SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence", "predicted-shift")
 #: The imbalanced binary group: positive shares and the class-balanced models.
@@ -149,11 +151,12 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
         for _ in range(repeats):
             rows = draw(rng, scenario, pool_y, raw_conf, size, pool_top1)
             est = profile.estimate(pool_q[rows], pool_p0[rows])
+            by_class_est = by_class.estimate(pool_q[rows], pool_p0[rows])
             realised = float(np.mean(pool_correct[rows]))
             shares = np.array([np.mean(pool_y[rows] == c) for c in present])
             values = {"cbpe_raw": lf.cbpe_accuracy(pool_p0[rows]),
                       "mean_conf": est.mean_confidence, "cbpe": est.cbpe,
-                      "cbpe_class": by_class.estimate(pool_q[rows], pool_p0[rows]).cbpe,
+                      "cbpe_class": by_class_est.cbpe, "prior_class": by_class_est.prior_corrected,
                       "cbpe_pooled": float(pooled.predict(pool_top1[rows],
                                                           pool_q[rows].max(axis=1)).mean()),
                       "atc": est.atc, "doc": est.doc, "cbpe_prior": est.prior_corrected,
