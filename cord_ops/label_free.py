@@ -410,7 +410,7 @@ class Estimates(NamedTuple):
     """What :meth:`ReferenceProfile.estimate` returns for one batch. ``class_map_share``
     is the share of its rows whose CBPE came from a map of their predicted class's own
     (:data:`CLASS_MAP` or :data:`ONE_VS_REST_MAP`; the rest took the pooled map),
-    ``map_routes`` the profile's route per class."""
+    ``map_routes`` the profile's route per class, ``recipe`` its recipe (``recipe_``)."""
 
     n: int
     cbpe: float
@@ -431,6 +431,7 @@ class Estimates(NamedTuple):
     mean_confidence: float
     predicted_counts: np.ndarray
     drift: tuple[DriftTest, ...]
+    recipe: str = CLASS_MAPS
 
 
 class ReferenceProfile(BaseEstimator):
@@ -629,4 +630,5 @@ class ReferenceProfile(BaseEstimator):
             mean_confidence=float(confidence.mean()),
             predicted_counts=counts,
             drift=(ks_confidence(self.confidence_, confidence),
-                   chi2_predicted(self.predicted_counts_, counts)))
+                   chi2_predicted(self.predicted_counts_, counts)),
+            recipe=self.recipe_)

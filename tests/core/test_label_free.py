@@ -435,6 +435,7 @@ def test_one_vs_rest_maps_hand_checked():
     est = profile.estimate(batch, batch)
     assert est.cbpe == pytest.approx((0.75 + 0.5 + 0.5 + 1.0) / 4, abs=1e-12)
     assert est.class_map_share == 1.0 and est.map_routes == (lf.ONE_VS_REST_MAP,) * 3
+    assert est.recipe == lf.ONE_VS_REST
     # the maps read the classifier's own probability of the champion's top-1
     champion = np.array([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]])
     assert profile.estimate(champion, batch).cbpe == pytest.approx(est.cbpe, abs=1e-12)
@@ -482,6 +483,7 @@ def test_auto_recipe_takes_the_maps_that_predict_held_out_correctness_better():
     assert abs(own_is_better.estimate(fresh_noise, fresh).cbpe - realised) < 0.03
     without = lf.ReferenceProfile().fit(noise, labels)
     assert without.recipe_ == lf.CLASS_MAPS and without.recipe_brier_ == {}
+    assert without.estimate(fresh_noise).recipe == lf.CLASS_MAPS
     few = lf.ReferenceProfile().fit(noise[:lf.RECIPE_MIN_ROWS - 1],
                                     labels[:lf.RECIPE_MIN_ROWS - 1],
                                     informative[:lf.RECIPE_MIN_ROWS - 1])
