@@ -488,6 +488,15 @@ def test_auto_recipe_takes_the_maps_that_predict_held_out_correctness_better():
                                     labels[:lf.RECIPE_MIN_ROWS - 1],
                                     informative[:lf.RECIPE_MIN_ROWS - 1])
     assert few.recipe_ == lf.CLASS_MAPS and few.recipe_brier_ == {}
+    enough = lf.ReferenceProfile().fit(noise[:lf.RECIPE_MIN_ROWS],
+                                       labels[:lf.RECIPE_MIN_ROWS],
+                                       informative[:lf.RECIPE_MIN_ROWS])
+    assert set(enough.recipe_brier_) == {lf.CLASS_MAPS, lf.ONE_VS_REST}
+    # the prior-corrected confidence route reads the class maps whatever the recipe
+    class_maps = lf.ReferenceProfile(recipe=lf.CLASS_MAPS).fit(noise, labels, informative)
+    skewed = np.flatnonzero(fresh_labels == 1)[:300]
+    assert own_is_better.estimate(fresh_noise[skewed], fresh[skewed]).prior_confidence == \
+        class_maps.estimate(fresh_noise[skewed], fresh[skewed]).prior_confidence
 
 
 def test_rarely_predicted_classes_share_one_map_of_their_own_rows():
