@@ -51,8 +51,8 @@ top-1 probability of row ``i`` of the batch and, on the reference split, ``c^r_j
   Why a second recipe: a per-class top-1 map is fitted on the few hundred rows that
   predict the class, and its lowest steps hold a handful of them, while one-vs-rest
   spans a class's low probabilities with every row where the class is not the top-1; on
-  batches of hard inputs (CIFAR-10, confidence-selected) the class maps missed by 4.5
-  points, one pooled map by 3.4, one vs rest by 2.1. Why the classifier's own
+  batches of hard inputs (CIFAR-10, confidence-selected) the class maps missed by 4.3
+  points, one pooled map by 3.2, one vs rest by 1.9. Why the classifier's own
   probabilities, not the champion's: CORD moves the rows its calibrator disagrees with to
   a tie, so the champion's probabilities of those rows carry less order (on CIFAR-10's
   confidence-selected batches 2.8 points with the champion's, 2.1 with the classifier's;
