@@ -19,8 +19,12 @@ Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
 
 For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
 probabilities), the champion's mean top-1 probability (``mean_conf``, CBPE without the
-reference split's isotonic maps), CBPE on the champion (``cbpe``: per-predicted-class maps,
-ties ordered by the classifier's own probabilities as ``cord-ops monitor`` does;
+reference split's isotonic maps), CBPE on the champion (``cbpe``: as ``cord-ops monitor``
+estimates it, with the classifier's own probabilities beside the champion's, so the recipe
+is chosen per model between the per-predicted-class maps and the one-vs-rest calibration,
+``cord_ops.label_free``; ``cbpe_class``: the per-predicted-class maps alone, and
+``prior_class`` the prior-corrected estimate beside them: both the estimates before the
+recipe was chosen;
 ``cbpe_pooled``: one map pooled over the predicted classes, the estimate before issue 48),
 ATC, DoC and CBPE after the EM prior correction; ``ref_floor``, the floor of every
 label-shift estimate whose per-class accuracies come from the labelled reference split (the
@@ -47,6 +51,7 @@ rows), where batches of 2,000 rows fit as on CIFAR.
 
 Usage: python benchmarks/bench_label_free.py [--repeats 40] [--batch 2000] [--no-corpus]
        [--large] [--no-imbalanced] [--files cifar10_resnet56 ...]
+       [--groups cifar100 cifar10 corpus imbalanced large]
        [--nannyml /path/to/python]
 """
 
@@ -71,8 +76,9 @@ from flows.monitor.label_free.records import Thresholds, alert_reasons
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "cbpe_pooled", "atc", "doc", "cbpe_prior",
-              "ref_floor", "oracle")
+ESTIMATORS = ("cbpe_raw", "mean_conf", "cbpe", "cbpe_class", "cbpe_pooled", "atc", "doc",
+              "cbpe_prior", "prior_class", "ref_floor", "oracle")
+GROUPS = ("cifar100", "cifar10", "corpus", "imbalanced", "large")
 SCENARIOS = ("random", "dirichlet-1", "dirichlet-0.3", "confidence", "predicted-shift")
 #: The imbalanced binary group: positive shares and the class-balanced models.
 RARE_SHARES = (0.01, 0.028, 0.05)
@@ -125,6 +131,7 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
     cal, cord = champion(scores[cal_i], labels[cal_i], kind, calibrator)
     ref_p0, ref_q = outputs(cal, cord, scores[ref_i], kind)
     profile = lf.ReferenceProfile().fit(ref_q, labels[ref_i], ref_p0)
+    by_class = lf.ReferenceProfile(recipe=lf.CLASS_MAPS).fit(ref_q, labels[ref_i], ref_p0)
     pooled = lf.ReferenceProfile(min_map_rows=np.inf).fit(ref_q, labels[ref_i]).maps_
     pool_p0, pool_q = outputs(cal, cord, scores[pool_i], kind)
     pool_y = labels[pool_i]
@@ -144,10 +151,12 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
         for _ in range(repeats):
             rows = draw(rng, scenario, pool_y, raw_conf, size, pool_top1)
             est = profile.estimate(pool_q[rows], pool_p0[rows])
+            by_class_est = by_class.estimate(pool_q[rows], pool_p0[rows])
             realised = float(np.mean(pool_correct[rows]))
             shares = np.array([np.mean(pool_y[rows] == c) for c in present])
             values = {"cbpe_raw": lf.cbpe_accuracy(pool_p0[rows]),
                       "mean_conf": est.mean_confidence, "cbpe": est.cbpe,
+                      "cbpe_class": by_class_est.cbpe, "prior_class": by_class_est.prior_corrected,
                       "cbpe_pooled": float(pooled.predict(pool_top1[rows],
                                                           pool_q[rows].max(axis=1)).mean()),
                       "atc": est.atc, "doc": est.doc, "cbpe_prior": est.prior_corrected,
@@ -167,7 +176,7 @@ def run_model(name: str, scores, labels, kind: str, repeats: int, batch: int, rn
         nannyml_jobs.append({"model": name, "reference": True,
                              "p0": ref_p0.tolist(), "y": labels[ref_i].tolist(),
                              "pool_p0": pool_p0.tolist()})
-    return {"model": name, "k": k, "batch": size,
+    return {"model": name, "k": k, "batch": size, "recipe": profile.recipe_,
             "error": {s: {e: float(np.mean(v)) for e, v in errors[s].items()}
                       for s in SCENARIOS},
             "cbpe_signed": signed,
@@ -310,6 +319,9 @@ def table(rows: list[dict], nannyml: dict, label: str) -> None:
         print(line)
     if nannyml:
         print(wins(rows, nannyml))
+    recipes = [r["recipe"] for r in rows]
+    print(f"cbpe's recipe: {recipes.count(lf.ONE_VS_REST)} of {len(rows)} models "
+          f"{lf.ONE_VS_REST}, the others {lf.CLASS_MAPS}")
 
 
 def main(argv=None) -> int:
@@ -326,6 +338,10 @@ def main(argv=None) -> int:
                         help="leave out the generated imbalanced binary group")
     parser.add_argument("--nannyml", help="python interpreter with nannyml installed "
                         "[this one, if it has nannyml]")
+    parser.add_argument("--groups", nargs="*", choices=GROUPS,
+                        help="only these groups (the others' batches are not drawn, so a "
+                        "group's batches differ from a full run's) [cifar100 cifar10 corpus "
+                        "imbalanced, and large with --large]")
     parser.add_argument("--json", type=Path, help="also write the per-model figures here")
     args = parser.parse_args(argv)
     print(f"load average {os.getloadavg()}, repeats {args.repeats}, batch {args.batch}, "
@@ -335,25 +351,28 @@ def main(argv=None) -> int:
     groups = {}
     python = nannyml_python(args.nannyml)
     jobs = [] if python else None
+    wanted = set(args.groups or GROUPS)
     if DATA.is_dir():
         for name, scores, labels, kind in cifar_models(args.files):
             group = "CIFAR-100" if name.startswith("cifar100") else "CIFAR-10"
+            if group.lower().replace("-", "") not in wanted:
+                continue
             groups.setdefault(group, []).append(
                 run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
                          args.calibrator))
     else:
         print(f"{DATA}: not found, CIFAR skipped")
-    if not args.no_corpus:
+    if not args.no_corpus and "corpus" in wanted:
         for name, scores, labels, kind in corpus_models():
             groups.setdefault("corpus", []).append(
                 run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
                          args.calibrator))
-    if not args.no_imbalanced:
+    if not args.no_imbalanced and "imbalanced" in wanted:
         for name, scores, labels, kind in imbalanced_models():
             groups.setdefault("imbalanced binary", []).append(
                 run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,
                          args.calibrator))
-    if args.large:
+    if args.large and "large" in wanted:
         for name, scores, labels, kind in corpus_models(large=True):
             groups.setdefault("tabular 20k", []).append(
                 run_model(name, scores, labels, kind, args.repeats, args.batch, rng, jobs,

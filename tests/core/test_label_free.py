@@ -359,7 +359,8 @@ def _overpredicting_champion():
     def repaired(rows):
         return cord.transform(probs[rows], calibrator.predict_proba(probs[rows]))
 
-    return (repaired(ref_i), labels[ref_i]), (repaired(pool_i), labels[pool_i])
+    return (repaired(ref_i), labels[ref_i], probs[ref_i]), \
+        (repaired(pool_i), labels[pool_i], probs[pool_i])
 
 
 def test_cbpe_follows_an_imbalanced_binary_model_predicting_twice_its_positive_share():
@@ -367,7 +368,7 @@ def test_cbpe_follows_an_imbalanced_binary_model_predicting_twice_its_positive_s
     rows that predict twice the reference's positive share. The per-class maps are within
     1.5 points of the realised accuracy on every batch; one pooled map (``min_map_rows``
     above the reference's size, the estimate before issue 48) misses by over 10."""
-    (ref_p, ref_y), (pool_p, pool_y) = _overpredicting_champion()
+    (ref_p, ref_y, _), (pool_p, pool_y, _) = _overpredicting_champion()
     profile = lf.ReferenceProfile().fit(ref_p, ref_y)
     pooled = lf.ReferenceProfile(min_map_rows=len(ref_y) + 1).fit(ref_p, ref_y)
     assert profile.map_routes_ == (lf.CLASS_MAP, lf.CLASS_MAP)
@@ -386,6 +387,116 @@ def test_cbpe_follows_an_imbalanced_binary_model_predicting_twice_its_positive_s
         assert abs(est.cbpe - realised) < 0.015
         assert est.class_map_share == 1.0
         assert abs(pooled.estimate(pool_p[rows]).cbpe - realised) > 0.10
+
+
+def test_cbpe_with_the_classifiers_own_rows_follows_the_overpredicting_binary_model():
+    """The batches above, estimated as ``cord-ops monitor`` does, with the classifier's own
+    probabilities beside the champion's: the recipe chosen on the reference split and
+    the one-vs-rest recipe forced are each within 1.5 points of the realised accuracy on
+    every batch."""
+    (ref_p, ref_y, ref_o), (pool_p, pool_y, pool_o) = _overpredicting_champion()
+    chosen = lf.ReferenceProfile().fit(ref_p, ref_y, ref_o)
+    ovr = lf.ReferenceProfile(recipe=lf.ONE_VS_REST).fit(ref_p, ref_y, ref_o)
+    assert chosen.recipe_ in (lf.CLASS_MAPS, lf.ONE_VS_REST) and ovr.recipe_ == lf.ONE_VS_REST
+    assert set(chosen.recipe_brier_) == {lf.CLASS_MAPS, lf.ONE_VS_REST}
+    share = float(np.mean(ref_p.argmax(axis=1) == 1))
+    predicted = pool_p.argmax(axis=1)
+    correct = predicted == pool_y
+    positives, negatives = np.flatnonzero(predicted == 1), np.flatnonzero(predicted == 0)
+    rng = np.random.default_rng(5)
+    n_pos = round(2 * share * 2000)
+    for _ in range(5):
+        rows = np.r_[rng.choice(positives, n_pos), rng.choice(negatives, 2000 - n_pos)]
+        realised = float(correct[rows].mean())
+        for profile in (chosen, ovr):
+            assert abs(profile.estimate(pool_p[rows], pool_o[rows]).cbpe - realised) < 0.015
+
+
+def test_one_vs_rest_maps_hand_checked():
+    """Five reference rows of 3 classes (the champion's rows are the classifier's own).
+    Class 0's scores 0.1, 0.2, 0.3, 0.5, 0.6 with label 0 on 0.3 and 0.6: the pool of
+    adjacent violators makes 0.3 and 0.5 both 1/2, so the map is 0, 0, 1/2, 1/2, 1; class
+    1's 0.2, 0.3, 0.3, 0.4, 0.7 (label 1 on 0.4 and 0.7): 0, 0, 0, 1, 1; class 2's 0.1
+    (three rows), 0.5, 0.6 (label 2 on 0.6): 0, 0, 1. Batch: class 0 at 0.55 -> 3/4 (linear
+    between 0.5 and 0.6) and at 0.4 -> 1/2; class 1 at 0.35 (a tie with class 2, top-1 the
+    smaller index) -> 1/2; class 2 at 0.9 -> 1 (clipped). Each map is fitted over every
+    reference row, not only those predicting the class, and only the predicted class's
+    value is read (no renormalisation)."""
+    rows = np.array([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.2, 0.7, 0.1], [0.1, 0.3, 0.6],
+                     [0.3, 0.2, 0.5]])
+    labels = np.array([0, 1, 1, 2, 0])
+    profile = lf.ReferenceProfile(recipe=lf.ONE_VS_REST).fit(rows, labels, rows)
+    assert profile.recipe_ == lf.ONE_VS_REST and profile.recipe_brier_ == {}
+    assert profile.map_routes_ == (lf.ONE_VS_REST_MAP,) * 3
+    # reference rows: predicted 0, 0, 1, 2, 2 at 0.6, 0.5, 0.7, 0.6, 0.5 -> 1, 1/2, 1, 1, 0
+    assert profile.cbpe_ == pytest.approx(3.5 / 5, abs=1e-12)
+    batch = np.array([[0.55, 0.25, 0.2], [0.4, 0.3, 0.3], [0.3, 0.35, 0.35],
+                      [0.05, 0.05, 0.9]])
+    est = profile.estimate(batch, batch)
+    assert est.cbpe == pytest.approx((0.75 + 0.5 + 0.5 + 1.0) / 4, abs=1e-12)
+    assert est.class_map_share == 1.0 and est.map_routes == (lf.ONE_VS_REST_MAP,) * 3
+    assert est.recipe == lf.ONE_VS_REST
+    # the maps read the classifier's own probability of the champion's top-1
+    champion = np.array([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]])
+    assert profile.estimate(champion, batch).cbpe == pytest.approx(est.cbpe, abs=1e-12)
+    # without the classifier's own rows, the champion's are calibrated one vs rest
+    assert lf.ReferenceProfile(recipe=lf.ONE_VS_REST).fit(rows, labels).estimate(
+        batch).cbpe == pytest.approx(est.cbpe, abs=1e-12)
+    with pytest.raises(ValueError, match="recipe: expected one of"):
+        lf.ReferenceProfile(recipe="isotonic").fit(rows, labels, rows)
+
+
+def _informative_and_noise(rng, n: int):
+    """Binary rows whose labels are drawn from ``informative`` (so its probabilities are
+    calibrated), and rows of ``noise`` drawn independently of the labels."""
+    positive = rng.beta(0.7, 0.7, size=n)
+    informative = np.column_stack([1.0 - positive, positive])
+    labels = (rng.random(n) < positive).astype(np.int64)
+    noise = rng.uniform(0.5, 1.0, size=n)
+    flip = rng.random(n) < 0.5
+    noise = np.column_stack([np.where(flip, noise, 1 - noise), np.where(flip, 1 - noise, noise)])
+    return informative, noise, labels
+
+
+def test_auto_recipe_takes_the_maps_that_predict_held_out_correctness_better():
+    """2,000 reference rows. When the classifier's own rows carry the labels' probability
+    and the champion's are noise, the one-vs-rest calibration of the classifier's rows
+    predicts each held-out row's correctness better (lower Brier score) than maps of the
+    champion's confidence: it is chosen. Swapped, the class maps are. Without the
+    classifier's rows, or below RECIPE_MIN_ROWS rows, the class maps are kept without a
+    comparison."""
+    rng = np.random.default_rng(6)
+    informative, noise, labels = _informative_and_noise(rng, 2000)
+    own_is_better = lf.ReferenceProfile().fit(noise, labels, informative)
+    assert own_is_better.recipe_ == lf.ONE_VS_REST
+    assert own_is_better.recipe_brier_[lf.ONE_VS_REST] < \
+        own_is_better.recipe_brier_[lf.CLASS_MAPS] - 0.05
+    champion_is_better = lf.ReferenceProfile().fit(informative, labels, noise)
+    assert champion_is_better.recipe_ == lf.CLASS_MAPS
+    assert champion_is_better.recipe_brier_[lf.CLASS_MAPS] < \
+        champion_is_better.recipe_brier_[lf.ONE_VS_REST] - 0.05
+    assert champion_is_better.map_routes_ == (lf.CLASS_MAP, lf.CLASS_MAP)
+    # the choice shows: on fresh rows of the same kind, CBPE of the noise champion meets
+    # the accuracy its decisions have (the noise's top-1 is right about half the time)
+    fresh, fresh_noise, fresh_labels = _informative_and_noise(rng, 2000)
+    realised = float(np.mean(fresh_noise.argmax(axis=1) == fresh_labels))
+    assert abs(own_is_better.estimate(fresh_noise, fresh).cbpe - realised) < 0.03
+    without = lf.ReferenceProfile().fit(noise, labels)
+    assert without.recipe_ == lf.CLASS_MAPS and without.recipe_brier_ == {}
+    assert without.estimate(fresh_noise).recipe == lf.CLASS_MAPS
+    few = lf.ReferenceProfile().fit(noise[:lf.RECIPE_MIN_ROWS - 1],
+                                    labels[:lf.RECIPE_MIN_ROWS - 1],
+                                    informative[:lf.RECIPE_MIN_ROWS - 1])
+    assert few.recipe_ == lf.CLASS_MAPS and few.recipe_brier_ == {}
+    enough = lf.ReferenceProfile().fit(noise[:lf.RECIPE_MIN_ROWS],
+                                       labels[:lf.RECIPE_MIN_ROWS],
+                                       informative[:lf.RECIPE_MIN_ROWS])
+    assert set(enough.recipe_brier_) == {lf.CLASS_MAPS, lf.ONE_VS_REST}
+    # the prior-corrected confidence route reads the class maps whatever the recipe
+    class_maps = lf.ReferenceProfile(recipe=lf.CLASS_MAPS).fit(noise, labels, informative)
+    skewed = np.flatnonzero(fresh_labels == 1)[:300]
+    assert own_is_better.estimate(fresh_noise[skewed], fresh[skewed]).prior_confidence == \
+        class_maps.estimate(fresh_noise[skewed], fresh[skewed]).prior_confidence
 
 
 def test_rarely_predicted_classes_share_one_map_of_their_own_rows():
@@ -426,7 +537,8 @@ def test_class_maps_keep_the_reference_accuracy_and_stay_in_the_unit_interval(ca
     # the classifier's own rows, when given, only order ties: any rows will do
     original = data.draw(st.one_of(st.none(), probability_rows(k=k).map(
         lambda r: np.resize(r, (n, k)))))
-    profile = lf.ReferenceProfile(min_map_rows=min_rows).fit(probs, labels, original)
+    profile = lf.ReferenceProfile(min_map_rows=min_rows, recipe=lf.CLASS_MAPS).fit(
+        probs, labels, original)
     predicted = lf.top1(probs)
     correct = predicted == labels
     read = probs.max(axis=1) if original is None else \
@@ -505,3 +617,30 @@ def test_ties_left_by_the_repair_are_ordered_by_the_classifiers_own_probabilitie
         flat.estimate(batch, batch_original)
     with pytest.raises(ValueError, match="original: expected 2 rows"):
         ordered.estimate(batch, original)
+
+
+@settings(max_examples=100, deadline=None)
+@given(labelled_rows(), st.data())
+def test_one_vs_rest_maps_read_the_served_top1_and_stay_in_the_unit_interval(case, data):
+    """The one-vs-rest recipe on any rows (exact 0/1, ties at the top, K = 2): each batch
+    row's value is the isotonic regression of ``label == k`` on the classifier's own
+    probability of class ``k`` over every reference row, read at the champion's top-1
+    ``k`` (under the paper's tie rule) and its own probability of that class: the served
+    decision, never another; CBPE is their mean, in [0, 1], and the predicted counts are the
+    champion's."""
+    from sklearn.isotonic import IsotonicRegression
+
+    probs, labels = case
+    n, k = probs.shape
+    original = data.draw(probability_rows(k=k).map(lambda r: np.resize(r, (n, k))))
+    profile = lf.ReferenceProfile(recipe=lf.ONE_VS_REST).fit(probs, labels, original)
+    batch = data.draw(probability_rows(k=k))
+    own = data.draw(probability_rows(k=k).map(lambda r: np.resize(r, batch.shape)))
+    est = profile.estimate(batch, own)
+    served = lf.top1(batch)
+    expected = [IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
+                .fit(original[:, c], (labels == c).astype(float)).predict([own[i, c]])[0]
+                for i, c in enumerate(served)]
+    assert est.cbpe == pytest.approx(np.mean(expected), abs=1e-12)
+    assert 0.0 <= est.cbpe <= 1.0 and est.class_map_share == 1.0
+    assert est.predicted_counts.tolist() == np.bincount(served, minlength=k).tolist()
