@@ -14,7 +14,7 @@ Batches of ``--batch`` rows (at most the pool's size) are drawn from the pool:
   a covariate-like shift towards hard inputs;
 - (iv) ``predicted-shift``: the shares of the champion's predicted classes drawn from a
   Dirichlet of concentration 1 over the classes it predicts on the pool, rows drawn per
-  predicted class with replacement (issue 48: a batch that predicts more of one class;
+  predicted class with replacement (a batch that predicts more of one class;
   each predicted class keeps its rows' distribution).
 
 For each batch: |estimate - realised accuracy| of raw CBPE (the classifier's own
@@ -25,7 +25,7 @@ is chosen per model between the per-predicted-class maps and the one-vs-rest cal
 ``cord_ops.label_free``; ``cbpe_class``: the per-predicted-class maps alone, and
 ``prior_class`` the prior-corrected estimate beside them: both the estimates before the
 recipe was chosen;
-``cbpe_pooled``: one map pooled over the predicted classes, the estimate before issue 48),
+``cbpe_pooled``: one map pooled over the predicted classes, the estimate without per-class maps),
 ATC, DoC and CBPE after the EM prior correction; ``ref_floor``, the floor of every
 label-shift estimate whose per-class accuracies come from the labelled reference split (the
 batch's exact label shares times the reference's per-class accuracy: what is left is the
@@ -42,8 +42,8 @@ table is followed by ``wins``: the share of batches on which cord-ops's ``cbpe``
 as close to the realised accuracy as NannyML's.
 
 Models: the shared CIFAR logits, the test corpus (``tests/corpus.py``: scikit-learn's
-bundled data sets, pools of at most 360 rows), the ``imbalanced binary`` group (issue 48:
-20,000 generated rows of 1, 2.8 or 5 % positives; class-balanced logistic regression and
+bundled data sets, pools of at most 360 rows), the ``imbalanced binary`` group
+(20,000 generated rows of 1, 2.8 or 5 % positives; class-balanced logistic regression and
 gradient boosting, which predict the rare class several times too often, most of those
 predictions wrong; pools of 6,000 rows) and, with ``--large``, the corpus's model
 families on two generated 20,000-row data sets (``corpus.LARGE_SOURCES``, pools of 6,000
@@ -205,7 +205,7 @@ def corpus_models(large: bool = False):
 
 
 def imbalanced_models():
-    """Issue 48's failure, generated: 20,000 rows of ``RARE_SHARES`` positives, 3-fold
+    """The over-predicting binary case, generated: 20,000 rows of ``RARE_SHARES`` positives, 3-fold
     out-of-fold probabilities of class-balanced models (which over-predict the rare class)."""
     from sklearn.datasets import make_classification
     from sklearn.ensemble import HistGradientBoostingClassifier

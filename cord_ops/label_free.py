@@ -13,7 +13,7 @@ top-1 probability of row ``i`` of the batch and, on the reference split, ``c^r_j
   reliability map. The classes predicted on fewer than ``min_map_rows``
   (:data:`MIN_MAP_ROWS`) reference rows share one map ``m`` instead, the same regression
   over their rows together (the *pooled* route; over every row if they have none):
-  CIFAR-100's 100 classes of about 30 reference rows each share one map, as before issue 48,
+  CIFAR-100's 100 classes of about 30 reference rows each share one map,
   while a binary model's rare predicted class of 75 rows gets its own rather than one
   dominated by the other class's rows. Why per class: one pooled map averages the predicted
   classes' reliabilities at each confidence, at the reference's mix of predictions, so a
@@ -22,7 +22,7 @@ top-1 probability of row ``i`` of the batch and, on the reference split, ``c^r_j
   positives (95 % of them wrong) has predicted positives of top-1 confidence 0.52-0.82 next
   to predicted negatives of 0.55-0.87 that are mostly right; on batches that predict twice
   the reference's positive share the pooled map missed the accuracy by 27 points, the
-  per-class maps by 0.5 (issue 48; the figures in docs/label-free.md). This is NannyML's
+  per-class maps by 0.5 (docs/label-free.md). This is NannyML's
   one-vs-rest calibration restricted to where it is evaluated (the top-1's probability,
   among the rows that predict that class), and it keeps every decision: the map only says
   how often the served top-1 is right. With few reference rows per predicted class an

@@ -341,10 +341,11 @@ def test_prior_noise_shrinks_with_the_batch_and_is_zero_without_spread():
     assert same.prior_noise(10) == pytest.approx(0.0, abs=1e-12)
 
 
-# ---------------------------------------------------------------- per-class maps (issue 48)
+# ---------------------------------------------------------------- per-class maps
 def _overpredicting_champion():
-    """Issue 48's hard case through the champion cord-ops fits (temperature scaling, then
-    CORD, on a third of the rows): reference and pool thirds of the repaired rows."""
+    """The over-predicting binary model through the champion cord-ops fits (temperature
+    scaling, then CORD, on a third of the rows): reference and pool thirds of the repaired
+    rows."""
     from cord_ops import CORD
     from cord_ops.calibrators import make_calibrator
     from tests import corpus
@@ -367,7 +368,7 @@ def test_cbpe_follows_an_imbalanced_binary_model_predicting_twice_its_positive_s
     """2.8 % positives, about 30 % predicted, 95 % of those wrong: batches of 2,000 pool
     rows that predict twice the reference's positive share. The per-class maps are within
     1.5 points of the realised accuracy on every batch; one pooled map (``min_map_rows``
-    above the reference's size, the estimate before issue 48) misses by over 10."""
+    above the reference's size) misses by over 10."""
     (ref_p, ref_y, _), (pool_p, pool_y, _) = _overpredicting_champion()
     profile = lf.ReferenceProfile().fit(ref_p, ref_y)
     pooled = lf.ReferenceProfile(min_map_rows=len(ref_y) + 1).fit(ref_p, ref_y)
@@ -515,7 +516,7 @@ def test_rarely_predicted_classes_share_one_map_of_their_own_rows():
     assert est.cbpe == pytest.approx((0.5 + 0.5 + 0.5 + 1.0) / 4, abs=1e-12)
     assert est.class_map_share == 0.5
     assert profile.cbpe_ == pytest.approx(4 / 7, abs=1e-12)  # the reference's accuracy
-    # no class with enough rows: every class shares the map of every row, as before
+    # no class with enough rows: every class shares the map of every row
     everything = lf.ReferenceProfile(min_map_rows=5).fit(rows, labels)
     assert everything.map_routes_ == (lf.POOLED_MAP,) * 3
     assert everything.estimate(batch).class_map_share == 0.0

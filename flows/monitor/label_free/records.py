@@ -49,6 +49,9 @@ LABELS_RUN_TAG = "monitor.labels_run"
 #: (``reweighted``, ``confidence``, or ``cbpe`` where label shift does not explain the
 #: batch; ``cord_ops.label_free``).
 PRIOR_ROUTE_TAG = "estimate.cbpe_prior_route"
+#: Run tag: CBPE's recipe on this run (``class-maps`` or ``one-vs-rest``: the reference
+#: profile's choice, ``cord_ops.label_free``).
+RECIPE_TAG = "estimate.cbpe_recipe"
 #: Run tag: whether a prior-shift candidate's state was logged (``monitor/prior_shift.json``).
 PRIOR_SHIFT_TAG = "monitor.prior_shift_candidate"
 #: Run tag written when labels meet a run with a prior-shift candidate: the gate's NLL
@@ -333,6 +336,7 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
               "data.shape": f"{batch.n}x{batch.scores.shape[1]}",
               ALERT_TAG: str(bool(reasons)).lower(), ALERTS_TAG: "; ".join(reasons) or "none",
               LABELS_TAG: "pending", PRIOR_ROUTE_TAG: est.prior_method,
+              RECIPE_TAG: est.recipe,
               PRIOR_SHIFT_TAG: "logged (label-free, not registered)" if candidate else "none",
               "drift.ks.test": "scipy.stats.ks_2samp on the top-1 confidence",
               "drift.chi2.test": "scipy.stats.chi2_contingency on predicted-class counts"})
@@ -341,6 +345,7 @@ def log_batch_run(client, model_name: str, version: str, batch: Batch, report_va
         tracking.log_values(client, run_id, metrics=report_values, params=thresholds.as_params())
         summary = {"estimates": {k: report_values[f"estimate.{k}"] for k in ESTIMATES},
                    "cbpe_prior_route": est.prior_method,
+                   "cbpe_recipe": est.recipe,
                    "cbpe_map_routes": list(est.map_routes),
                    "priors": {"estimated": est.priors.tolist(),
                               "reference": np.asarray(reference_priors).tolist()},

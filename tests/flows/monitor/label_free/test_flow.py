@@ -94,6 +94,9 @@ def test_label_free_monitor_estimates_alerts_refuses_and_meets_labels(store, tmp
     assert logged.metrics["estimate.cbpe_prior"] == \
         logged.metrics["estimate.cbpe_prior_confidence"] == shifted.estimates.prior_confidence
     assert logged.tags[records.PRIOR_ROUTE_TAG] == "confidence"
+    # CBPE's recipe, as the reference profile chose it from the classifier's own rows
+    assert logged.tags[records.RECIPE_TAG] == shifted.estimates.recipe
+    assert shifted.estimates.recipe in ("class-maps", "one-vs-rest")
     assert logged.metrics["estimate.label_shift_gap"] == shifted.estimates.label_shift_gap \
         <= logged.metrics["estimate.label_shift_tolerance"]
     assert logged.params["threshold.alpha"] == "0.01"
