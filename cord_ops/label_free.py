@@ -337,22 +337,6 @@ def em_priors(probs, source_priors, tol: float = EM_TOL,
     return EMResult(current, max_iter, False)
 
 
-def prior_corrected_confidence(probs, source_priors, target_priors) -> np.ndarray:
-    """Each row's prior-corrected probability of its *original* top-1 (label shift to
-    ``target_priors``)."""
-    p = check_probabilities(probs, "probs")
-    weights = prior_weights(check_priors(source_priors, p.shape[1], "source_priors"),
-                            check_priors(target_priors, p.shape[1], "target_priors"))
-    q = reweighted(p, weights)
-    return q[np.arange(p.shape[0]), top1(p)]
-
-
-def prior_corrected_accuracy(probs, source_priors, target_priors) -> float:
-    """Mean prior-corrected probability of each row's *original* top-1: the estimated
-    accuracy of the decisions kept, under label shift to ``target_priors``."""
-    return float(prior_corrected_confidence(probs, source_priors, target_priors).mean())
-
-
 def label_shares(label_counts, source_priors, target_priors) -> np.ndarray:
     """The label shares a label shift to ``target_priors`` makes of ``label_counts``: the
     counts times ``target / source``, renormalised (all zeros when no class keeps a count).

@@ -91,10 +91,12 @@ def test_em_priors_hand_checked_fixed_points():
         lf.em_priors([[0.5, 0.5]], [0.7, 0.7])
 
 
-def test_prior_corrected_accuracy_reads_the_kept_top1():
-    # w = (0.5, 1.5): the row becomes (1/3, 2/3); the decision stays class 0
-    assert lf.prior_corrected_accuracy([[0.6, 0.4]], [0.5, 0.5], [0.25, 0.75]) == \
-        pytest.approx(1 / 3, abs=1e-15)
+def test_prior_reweighting_hand_checked():
+    # w = target / source = (0.5, 1.5): the row (0.6, 0.4) becomes (0.3, 0.6) / 0.9
+    weights = lf.prior_weights(np.array([0.5, 0.5]), np.array([0.25, 0.75]))
+    assert weights.tolist() == pytest.approx([0.5, 1.5], abs=1e-15)
+    got = lf.reweighted(np.array([[0.6, 0.4]]), weights)
+    assert got.tolist()[0] == pytest.approx([1 / 3, 2 / 3], abs=1e-15)
 
 
 def test_reweighted_accuracy_hand_checked():
