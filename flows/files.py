@@ -1,5 +1,9 @@
 """Which files an input names when it is a folder or a glob: the one file-set expander.
 
+It also remembers, for the length of a command, what the command line already read and
+checked (:func:`preloaded`, :func:`read_once`), so the command's flow does not read a file
+a second time.
+
 Shared by batch scoring (:mod:`flows.serve.batch`), the shard plan
 (:mod:`flows.shards.plan`), the label-free monitor's batches
 (:mod:`flows.monitor.label_free.records`) and the command line's checks, so a pattern
@@ -9,9 +13,13 @@ checks that use it run before numpy is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 #: Characters that make an input a glob pattern.
 GLOB_CHARS = "*?["
@@ -64,3 +72,35 @@ def expand_inputs(spec) -> tuple[Path, list[Path]]:
 def _normal(path: Path) -> Path:
     """``path`` absolute, with ``.`` and ``..`` resolved as written."""
     return Path(os.path.normpath(path.absolute()))
+
+
+# ---------------------------------------------------------------- files read once
+T = TypeVar("T")
+#: What this process's command line read and checked, by (absolute path, what was read).
+_PRELOADED: dict[tuple[str, str], object] = {}
+_PRELOADED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def preloaded(*loaded: tuple[str | os.PathLike, str, object]):
+    """Within the block, :func:`read_once` of a ``(path, kind, value)`` given returns that
+    value instead of reading the file again: the command line read and checked it before
+    anything started, and the run must use what was checked. ``kind`` names what was read
+    and how (an input kind, a model's classes); a flow run in another process (a
+    deployment's) reads its file."""
+    keys = {(os.path.abspath(path), kind): value for path, kind, value in loaded}
+    with _PRELOADED_LOCK:
+        _PRELOADED.update(keys)
+    try:
+        yield
+    finally:
+        with _PRELOADED_LOCK:
+            for key in keys:
+                _PRELOADED.pop(key, None)
+
+
+def read_once(path: str | os.PathLike, kind: str, read: Callable[[], T]) -> T:
+    """What :func:`preloaded` holds for ``path`` read as ``kind``, else ``read()``."""
+    with _PRELOADED_LOCK:
+        found = _PRELOADED.get((os.path.abspath(path), kind))
+    return found if found is not None else read()

@@ -58,7 +58,7 @@ def validate(args: argparse.Namespace, invocation: Invocation) -> Request:
 
 def run(request: Request) -> int:
     """Digits classifier (or ``--data``) -> full flow -> ``cord-ops-demo`` -> table."""
-    from flows.recalibrate.compute import preloaded
+    from flows.files import preloaded
     from flows.recalibrate.flow import recalibrate
 
     options = request.options

@@ -9,7 +9,7 @@ Exit status 0, or :data:`ALERT_STATUS` (3) when any batch is an alert (threshold
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,9 @@ class Request:
     emit_event: bool
     register_candidate: bool
     labels: str | None
+    #: The batches as validation read them (path, how it was read, batch): the run's flow
+    #: uses these instead of reading the files again.
+    batches: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -189,13 +192,15 @@ def validate(args: argparse.Namespace, tracking_uri: str) -> Request:
                                     "register (the labels judge an earlier candidate)")
         _validate_labels(request, files, n_classes, input_kind, source)
         return request
+    batches = []
     for path in files:
         try:
-            records.read_batch(path, n_classes, input_kind)
+            batches.append((path, records.batch_kind(n_classes, input_kind),
+                            records.read_batch(path, n_classes, input_kind)))
         except (ValueError, TypeError, OSError) as exc:
             raise inputs.InputError(f"{exc} (given as --data; {source} reads {n_classes} "
                                     f"classes of {input_kind})") from exc
-    return request
+    return replace(request, batches=tuple(batches))
 
 
 def _validate_labels(request: Request, files, n_classes: int, input_kind: str,
@@ -253,6 +258,7 @@ def summary(result) -> list[str]:
 
 
 def run(request: Request) -> int:
+    from flows.files import preloaded
     from flows.monitor.label_free.flow import monitor_label_free
 
     if request.labels is not None:
@@ -265,11 +271,15 @@ def run(request: Request) -> int:
         return 0
 
     limits = request.thresholds
-    result = monitor_label_free(data=str(request.data), model_name=request.model_name,
-                                alpha=limits.alpha, max_accuracy_drop=limits.max_accuracy_drop,
-                                max_prior_shift=limits.max_prior_shift,
-                                emit_events=request.emit_event,
-                                tracking_uri=request.tracking_uri,
-                                register_candidates=request.register_candidate)
+    # the files validation expanded and read, so the flow neither lists nor reads them again
+    with preloaded(*request.batches):
+        result = monitor_label_free(data=[str(path) for path, _, _ in request.batches],
+                                    model_name=request.model_name,
+                                    alpha=limits.alpha,
+                                    max_accuracy_drop=limits.max_accuracy_drop,
+                                    max_prior_shift=limits.max_prior_shift,
+                                    emit_events=request.emit_event,
+                                    tracking_uri=request.tracking_uri,
+                                    register_candidates=request.register_candidate)
     print("\n".join(summary(result)), flush=True)
     return ALERT_STATUS if result.alert else 0

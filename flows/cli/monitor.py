@@ -3,7 +3,7 @@
 folder or a glob runs the label-free one (:mod:`flows.cli.label_free`).
 
 :func:`validate` reads the batch once into a :class:`Request`; :func:`run` hands it to the
-flow (:func:`flows.recalibrate.compute.preloaded`), whose parameters stay the deployments'.
+flow (:func:`flows.files.preloaded`), whose parameters stay the deployments'.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def run(request: Request) -> int:
 
 
 def _run_labelled(request: Request) -> int:
+    from flows.files import preloaded
     from flows.monitor.labelled import monitor
-    from flows.recalibrate.compute import preloaded
 
     with preloaded((request.data, request.options.input_kind, request.batch)):
         result = monitor(**request.flow_kwargs())

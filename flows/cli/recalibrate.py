@@ -3,7 +3,7 @@ export ONNX, register and gate.
 
 :func:`validate` reads and checks everything once into a :class:`Request` (the loaded
 ``Dataset`` among it); :func:`run` hands that dataset to the flow
-(:func:`flows.recalibrate.compute.preloaded`), so the file is read once per command. The
+(:func:`flows.files.preloaded`), so the file is read once per command. The
 flow keeps its parameters (the deployments' contract): :meth:`Request.flow_kwargs` builds
 them.
 """
@@ -140,7 +140,7 @@ def _validate_shards(args: argparse.Namespace, invocation: Invocation) -> Reques
 
 
 def run(request: Request) -> int:
-    from flows.recalibrate.compute import preloaded
+    from flows.files import preloaded
     from flows.recalibrate.flow import recalibrate
 
     loaded = [] if request.shards is not None else [

@@ -7,9 +7,6 @@ None of them talks to the tracking store (those are in :mod:`flows.recalibrate.s
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -20,6 +17,7 @@ from cord_ops import CORD, data, metrics
 from cord_ops.calibrators import make_calibrator
 from cord_ops.threshold import decisions
 from flows import inputs
+from flows.files import read_once
 from flows.platform.task_presets import compute_task
 from flows.promotion import rules
 from onnx_export import parity
@@ -56,36 +54,12 @@ class Parity:
 
 
 # ---------------------------------------------------------------- compute tasks
-#: Datasets this process loaded and checked already, by (absolute path, input kind asked).
-_PRELOADED: dict[tuple[str, str], data.Dataset] = {}
-_PRELOADED_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def preloaded(*loaded: tuple[str | os.PathLike, str, data.Dataset]):
-    """Within the block, :func:`load_dataset` of a ``(path, input_kind, dataset)`` given
-    returns that dataset instead of reading the file again: the command line loaded and
-    checked it before anything started, and the run must use what was checked. A flow run
-    in another process (a deployment's) reads its file."""
-    keys = {(os.path.abspath(path), kind): dataset for path, kind, dataset in loaded}
-    with _PRELOADED_LOCK:
-        _PRELOADED.update(keys)
-    try:
-        yield
-    finally:
-        with _PRELOADED_LOCK:
-            for key in keys:
-                _PRELOADED.pop(key, None)
-
-
 @compute_task
 def load_dataset(path: str, input_kind: str) -> data.Dataset:
     """Load and validate an .npz or Parquet file of classifier outputs (errors name the file,
     the array or column, and the row); one this process loaded already is not read again
-    (:func:`preloaded`)."""
-    with _PRELOADED_LOCK:
-        found = _PRELOADED.get((os.path.abspath(path), input_kind))
-    return found if found is not None else data.load(path, input_kind=input_kind)
+    (:func:`flows.files.preloaded`)."""
+    return read_once(path, input_kind, lambda: data.load(path, input_kind=input_kind))
 
 
 @compute_task

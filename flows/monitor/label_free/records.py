@@ -135,12 +135,23 @@ def has_labels(path) -> bool:
         raise ValueError(f"{path}: not a readable .npz archive ({exc})") from None
 
 
+def batch_kind(n_classes: int, input_kind: str) -> str:
+    """How :func:`read_batch` read a file, as :func:`flows.files.preloaded` keys it."""
+    return f"label-free batch of {n_classes} {input_kind}"
+
+
 def read_batch(path, n_classes: int, input_kind: str) -> Batch:
     """The validated batch of ``path`` for a model of ``n_classes`` reading ``input_kind``:
     the load rule of ``cord-ops predict`` (:mod:`cord_ops.scoring_files`; Parquet columns
     as :func:`cord_ops.data.table_scores` reads them, other columns ignored), and when the
     file has labels, those of :func:`cord_ops.data.load` (integers in [0, K), one per
-    row). Raises ValueError/TypeError naming the file, array and row."""
+    row). Raises ValueError/TypeError naming the file, array and row. A batch the command
+    line read already (:func:`flows.files.preloaded`) is not read again."""
+    return files.read_once(path, batch_kind(n_classes, input_kind),
+                           lambda: _read_batch(path, n_classes, input_kind))
+
+
+def _read_batch(path, n_classes: int, input_kind: str) -> Batch:
     from cord_ops.scoring_files import read_input
 
     if data.is_parquet(path):

@@ -105,6 +105,9 @@ def test_the_run_uses_what_validation_loaded_and_every_command_leaves_its_argume
     request = _validated(["monitor", "--data", str(without_labels), "--model-name", "m"],
                          store)
     assert request.label_free is not None and request.batch is None
+    assert [str(path) for path, _, _ in request.label_free.batches] == [str(without_labels)]
+    without_labels.unlink()  # read once: the label-free flow has what validation read
+    assert monitor.run(request) == 0
 
     scored = data.save_npz(tmp_path / "score.npz", digits.scores, digits.labels, "logits")
     request = _validated(["predict", "--model", "models:/m@champion", "--input", str(scored),
