@@ -501,7 +501,8 @@ def test_a_candidate_deleted_or_emptied_during_its_rollout_is_rolled_back(
                 code, _, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
                                     "--version", version, "--mode", "canary", "--steps",
                                     "50", "--min-requests", "100000", "--min-seconds", "1",
-                                    "--reason", "to be removed")
+                                    # the removal must end it, not a loaded machine's p99
+                                    "--max-p99-ratio", "1000", "--reason", "to be removed")
                 assert code == 0, err
                 _wait(lambda v=version: any(x.get("named") == v for x in list(during.answers)),
                       60, f"v{version} answering canary rows")
