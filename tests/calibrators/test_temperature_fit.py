@@ -13,28 +13,6 @@ import pytest
 from scipy.optimize import brentq
 
 from cord_ops.calibrators import temperature
-from cord_ops.cord_kernels import RepairTerms, response
-
-
-def _terms(g, lower, upper) -> RepairTerms:
-    g, lower, upper = (np.asarray(v, dtype=np.float64) for v in (g, lower, upper))
-    return RepairTerms(label=None, b=g.copy(), tail=None, rest=None, lower=lower,
-                       upper=upper, g=g)
-
-
-def _mean(eta: float, terms: RepairTerms) -> float:
-    """mean psi(eta) (eq. 16), as ``np.mean`` of the module's response sums it."""
-    return float(np.mean(response(eta, terms)))
-
-
-def assert_target_side_endpoint(eta: float, terms: RepairTerms, mu: float) -> None:
-    """eta* is the float nearest zero on its side whose mean reaches mu: the next float
-    towards zero falls short (the bracket's other end)."""
-    towards_zero = np.nextafter(eta, 0.0)
-    if eta > 0:
-        assert _mean(eta, terms) >= mu > _mean(towards_zero, terms)
-    else:
-        assert _mean(eta, terms) <= mu < _mean(towards_zero, terms)
 
 
 # ------------------------------------------------------- temperature: cost of the fit

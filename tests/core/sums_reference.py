@@ -3,10 +3,32 @@ cord_ops.reduce, written with plain numpy from the equations."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 from cord_ops.cord_kernels import EPS_NUM, interior_response, sweep
 from cord_ops.softmax import softmax
+
+SCALE = 2**1074
+
+
+def units(x: float, n: int = 1) -> int:
+    """n * x as an exact sum (times 2^1074): what a reducer returns for n rows of x."""
+    value = Fraction(x) * n * SCALE
+    assert value.denominator == 1
+    return value.numerator
+
+
+def fraction_sum(x) -> int:
+    return int(sum((Fraction(v) for v in np.ravel(x).tolist()), Fraction(0)) * SCALE)
+
+
+def logit_rows(seed, n, k):
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, k)) * 3.0
+    y = (softmax(0.4 * z + rng.normal(size=k)).cumsum(axis=1) > rng.random((n, 1))).argmax(1)
+    return z, y
 
 
 def part_scalars(seed, n, k, lam=0.5):

@@ -13,7 +13,16 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from core.sums_reference import metrics_from, part_scalars, response_terms, vs_reference
+from core.sums_reference import (
+    SCALE,
+    fraction_sum,
+    logit_rows,
+    metrics_from,
+    part_scalars,
+    response_terms,
+    units,
+    vs_reference,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.linalg import cho_factor
@@ -46,27 +55,6 @@ from cord_ops.reduce import (
     temperature_step,
 )
 from cord_ops.softmax import softmax
-
-SCALE = 2**1074
-
-
-def units(x: float, n: int = 1) -> int:
-    """n * x as an exact sum (times 2^1074): what a reducer returns for n rows of x."""
-    value = Fraction(x) * n * SCALE
-    assert value.denominator == 1
-    return value.numerator
-
-
-def fraction_sum(x) -> int:
-    return int(sum((Fraction(v) for v in np.ravel(x).tolist()), Fraction(0)) * SCALE)
-
-
-def logit_rows(seed, n, k):
-    rng = np.random.default_rng(seed)
-    z = rng.normal(size=(n, k)) * 3.0
-    y = (softmax(0.4 * z + rng.normal(size=k)).cumsum(axis=1) > rng.random((n, 1))).argmax(1)
-    return z, y
-
 
 # --------------------------------------------------------------------- reduce: split_rows
 
