@@ -16,6 +16,7 @@ order, so the outputs agree to rounding. ``Family`` also records two facts the e
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -151,6 +152,38 @@ def _isotonic(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
     k = int(cal.n_classes_)
     return gb.op("Div", gb.add(r, gb.mul(empty, gb.const(1.0 / k)), hint="r_or_uniform"),
                  gb.add(total, empty, hint="r_sum_or_one"), hint="isotonic_q", out=out)
+
+
+def for_float32_scores(calibrator):
+    """The calibrator a float32 graph stores: ``calibrator`` itself, except for an
+    isotonic map read straight from the input (``irova``, ``irm`` on probabilities), whose
+    copy has every knot x rounded to float32.
+
+    Such a map reads p = the float32 input, the float32 rounding of the probability that
+    cord_ops reads in float64. Knots are calibration inputs, so on discrete outputs (a
+    random forest's votes, k-NN) an input often sits exactly on a knot, and float64
+    knots put its float32 rounding on either side: one float32 ulp past the end of a
+    plateau moves g by slope * ulp (3e-8 at slope 2.5), which outweighs the 1e-9 p
+    tie-breaker between two classes whose maps give the same plateau value, so the graph
+    took argmax q != a where cord_ops did not and repaired the row (a 0.1 difference).
+    Rounding is monotone, so p <= x_j implies fl(p) <= fl(x_j) and p >= x_j the reverse:
+    with the knots rounded as the input is, an input on a knot reads y_j exactly, one on a
+    plateau reads the plateau's value, and exact ties of g stay exact, decided by the same
+    1e-9 p term (whose order rounding keeps). Elsewhere values move by slope * ulp, as the
+    input's own rounding moves them (``onnx_export.parity`` already measures this
+    rounding as ``s_store``). Knots closer than a float32 ulp become equal, which
+    ``interpolate`` reads as np.interp does; the graph cannot tell such inputs apart.
+
+    ``irova-ts`` and maps of logits read a float64 softmax of the float32 input, which
+    lies off the float32 grid, so rounded knots would not make it exact; they keep their
+    knots (docs/calibrators.md, section 4)."""
+    if (getattr(calibrator, "name", None) not in ("irova", "irm")
+            or getattr(calibrator, "input_kind", None) != "probs"):
+        return calibrator
+    stored = copy.copy(calibrator)
+    stored.knots_ = [(np.asarray(kx, dtype=np.float32).astype(np.float64), ky)
+                     for kx, ky in calibrator.knots_]
+    return stored
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,10 @@ argmax(original)):
 - ``repaired`` keeps the label strictly on top by the fix-up in ``onnx_export.repair``.
 - whether q keeps the original top-1 (eq. 5) is decided exactly where it matters: not at
   all for TS (it provably does), by float64 argmax where q is computed in float64, and by
-  q_a < max_{j != a} q_j for VS/SVS in float32 (``repair.CHANGED_FROM_RUNNER_UP``).
+  q_a < max_{j != a} q_j for VS/SVS in float32 (``repair.CHANGED_FROM_RUNNER_UP``);
+- isotonic maps of the input probabilities (``irova``, ``irm``) store their knots rounded
+  to float32, as the input is, so an input on a knot reads the knot's value and an exact
+  tie of two classes' maps stays exact (``calibrators.for_float32_scores``).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from onnx import TensorProto, helper
 import cord_ops
 from cord_ops.atomic import write_bytes_atomic
 from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder, tensor_info
-from onnx_export.calibrators import FAMILIES, family_of
+from onnx_export.calibrators import FAMILIES, family_of, for_float32_scores
 from onnx_export.repair import CHANGED_FROM_RUNNER_UP, build_repair, on_boundary
 
 INPUT = "scores"
@@ -253,7 +256,8 @@ def _threshold_pipeline(gb: GraphBuilder, source: str, calibrator, input_kind: s
             wide.op("Identity", original, out="original")
     original_w = reweight(original, w, "original_w")
     label = wide.row_argmax(original_w, hint="label_col")
-    q = family.build(wide, x, calibrator, out=None if narrow else "calibrated")
+    stored = for_float32_scores(calibrator) if narrow else calibrator
+    q = family.build(wide, x, stored, out=None if narrow else "calibrated")
     if narrow:
         gb.op("Cast", q, out="calibrated", to=TensorProto.FLOAT)
     q_w = reweight(q, w, "calibrated_w")
@@ -325,7 +329,8 @@ def export_onnx(calibrator, cord, n_classes: int, input_kind: str = "logits",
         label, p0_a = _label_and_original_float32(gb, source, input_kind, "original" in keep)
         if family.float64_inside or eta <= WIDE_REPAIR_BELOW_ETA:
             wide = gb.retyped("float64")
-            q = family.build(wide, wide.cast(source, np.float64), calibrator)
+            q = family.build(wide, wide.cast(source, np.float64),
+                             for_float32_scores(calibrator))
             changed = gb.op("Not", gb.op("Equal", gb.row_argmax(q), label), hint="changed")
             gb.op("Cast", q, out="calibrated", to=TensorProto.FLOAT)
             _, confidence = build_repair(wide, wide.cast(p0_a, np.float64), None, q, label,

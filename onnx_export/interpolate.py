@@ -129,7 +129,12 @@ def _layout(kx: np.ndarray, clip: tuple, sqrt: bool, cells: int, offset: int):
 
 
 def knot_tables(knots: list) -> KnotTables:
-    """The lookup tables for ``knots``, a list of (x, y) with x strictly increasing."""
+    """The lookup tables for ``knots``, a list of (x, y) with x non-decreasing.
+
+    Equal knots (float64 knots rounded onto each other, ``onnx_export.calibrators``) are
+    read as np.interp reads them: the largest j with x_j <= t is the last of them, so t at
+    them gives the last one's y, and the segment to their left ends at the first one's y.
+    The zero-width segment between them is never read; its slope is stored as 0."""
     sets = [(np.asarray(kx, dtype=np.float64), np.asarray(ky, dtype=np.float64))
             for kx, ky in knots]
     lo = min(0.0, min(kx[0] for kx, _ in sets))
@@ -167,7 +172,8 @@ def knot_tables(knots: list) -> KnotTables:
         c = np.arange(first, last + 1)
         cell_start[first:last + 1] = base + np.searchsorted(knots_v, c - 0.5, side="left")
         slope = np.zeros(1 + len(kx) + pad)
-        slope[1:len(kx)] = np.diff(ky) / np.diff(kx)
+        dx = np.diff(kx)
+        slope[1:len(kx)] = np.divide(np.diff(ky), dx, out=np.zeros_like(dx), where=dx > 0)
         xs.append(np.concatenate([[lo], kx, np.full(pad, np.inf)]))
         ys.append(np.concatenate([ky[:1], ky, np.full(pad, ky[-1])]))
         slopes.append(slope)
