@@ -155,35 +155,59 @@ def _isotonic(gb: GraphBuilder, x: str, cal, out: str | None = None) -> str:
 
 
 def for_float32_scores(calibrator):
-    """The calibrator a float32 graph stores: ``calibrator`` itself, except for an
-    isotonic map read straight from the input (``irova``, ``irm`` on probabilities), whose
-    copy has every knot x rounded to float32.
+    """The calibrator a float32 graph stores: ``calibrator`` itself, except for the isotonic
+    maps of probabilities, whose copy has knots placed so that an input lying exactly on a
+    knot in float64 reads that knot's value from its float32 rounding.
 
-    Such a map reads p = the float32 input, the float32 rounding of the probability that
-    cord_ops reads in float64. Knots are calibration inputs, so on discrete outputs (a
-    random forest's votes, k-NN) an input often sits exactly on a knot, and float64
-    knots put its float32 rounding on either side: one float32 ulp past the end of a
-    plateau moves g by slope * ulp (3e-8 at slope 2.5), which outweighs the 1e-9 p
-    tie-breaker between two classes whose maps give the same plateau value, so the graph
-    took argmax q != a where cord_ops did not and repaired the row (a 0.1 difference).
-    Rounding is monotone, so p <= x_j implies fl(p) <= fl(x_j) and p >= x_j the reverse:
-    with the knots rounded as the input is, an input on a knot reads y_j exactly, one on a
-    plateau reads the plateau's value, and exact ties of g stay exact, decided by the same
-    1e-9 p term (whose order rounding keeps). Elsewhere values move by slope * ulp, as the
-    input's own rounding moves them (``onnx_export.parity`` already measures this
-    rounding as ``s_store``). Knots closer than a float32 ulp become equal, which
-    ``interpolate`` reads as np.interp does; the graph cannot tell such inputs apart.
+    Why: knots are calibration inputs, so on discrete outputs (a random forest's votes,
+    k-NN) an input often sits exactly on a knot, and float64 knots put the input's float32
+    rounding on either side. One float32 ulp past the end of a plateau moves g by
+    slope * ulp (3e-8 at slope 2.5), which outweighs the 1e-9 p tie-breaker between two
+    classes whose maps give the same plateau value: the graph took argmax q != a where
+    cord_ops did not and repaired the row (0.1 apart). With the knots below, g of an
+    input on a knot or a plateau is y exactly, exact ties of g stay exact and the 1e-9 p
+    term decides them as in cord_ops (rounding and softmax keep the order of p).
 
-    ``irova-ts`` and maps of logits read a float64 softmax of the float32 input, which
-    lies off the float32 grid, so rounded knots would not make it exact; they keep their
+    - ``irova``, ``irm`` read the input itself: every knot x is rounded to float32.
+      Rounding is monotone, so p <= x_j implies fl(p) <= fl(x_j) and p >= x_j the reverse;
+      an input on a knot lands on it. Knots closer than a float32 ulp become equal, which
+      ``interpolate`` reads as np.interp does (the graph cannot tell such inputs apart).
+    - ``irova-ts`` reads p = softmax(beta log max(x, floor)) computed in float64 from the
+      float32 input, off the float32 grid. Rounding x moves each log by at most u (2^-24,
+      relative), so log p by at most 2 |beta| u and p by a relative |beta| eps32 (plus
+      float64 roundings): each knot becomes a plateau (x_j - w_j, y_j), (x_j + w_j, y_j)
+      of half-width w_j = (|beta| + 1) eps32 x_j, at most a quarter of each gap to a
+      neighbour (closer knots are not resolved by a float32 input anyway).
+
+    Values between knots move by about slope * ulp either way, as the input's own rounding
+    moves them (``onnx_export.parity`` measures that as ``s_input`` and ``s_store``). Maps
+    of logits read a softmax of logits whose rounding error grows with |z|; they keep their
     knots (docs/calibrators.md, section 4)."""
-    if (getattr(calibrator, "name", None) not in ("irova", "irm")
+    name = getattr(calibrator, "name", None)
+    if (name not in ("irova", "irm", "irova-ts")
             or getattr(calibrator, "input_kind", None) != "probs"):
         return calibrator
     stored = copy.copy(calibrator)
-    stored.knots_ = [(np.asarray(kx, dtype=np.float32).astype(np.float64), ky)
-                     for kx, ky in calibrator.knots_]
+    if name == "irova-ts":
+        width = (abs(float(calibrator.beta_)) + 1.0) * float(np.finfo(np.float32).eps)
+        stored.knots_ = [_plateaus(np.asarray(kx, dtype=np.float64),
+                                   np.asarray(ky, dtype=np.float64), width)
+                         for kx, ky in calibrator.knots_]
+    else:
+        stored.knots_ = [(np.asarray(kx, dtype=np.float32).astype(np.float64), ky)
+                         for kx, ky in calibrator.knots_]
     return stored
+
+
+def _plateaus(kx: np.ndarray, ky: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
+    """Knots (x_j - w_j, y_j), (x_j + w_j, y_j) for every knot, w_j = width * |x_j| and at
+    most a quarter of the gap to each neighbour, so x stays non-decreasing and the map
+    between two plateaus is the segment between their knots' values."""
+    w = width * np.abs(kx)
+    gaps = np.diff(kx) / 4.0
+    w[:-1] = np.minimum(w[:-1], gaps)
+    w[1:] = np.minimum(w[1:], gaps)
+    return np.column_stack([kx - w, kx + w]).ravel(), np.repeat(ky, 2)
 
 
 @dataclass(frozen=True)
