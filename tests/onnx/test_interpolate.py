@@ -162,3 +162,17 @@ def test_cells_hold_whether_cast_truncates_or_rounds(sizes, seed, clustered):
         for cast in (np.trunc, np.rint, np.floor):
             np.testing.assert_array_equal(lookup_in_numpy(tables, t, column_set, cast),
                                           expected)
+
+
+def test_equal_knots_are_read_as_np_interp_reads_them():
+    """Knots rounded onto each other (a float32 graph's irova knots): at them the last
+    one's y, left of them the segment to the first one's y, right of them the segment from
+    the last one's; the zero-width segment between them is never read."""
+    knots = [(np.array([0.0, 0.25, 0.5, 0.5, 0.5, 1.0]),
+              np.array([0.0, 0.1, 0.2, 0.6, 0.7, 0.9]))]
+    tables = knot_tables(knots)
+    assert np.all(np.isfinite(tables.slope))
+    t = np.array([0.25, 0.4, np.nextafter(0.5, 0.0), 0.5, np.nextafter(0.5, 1.0), 0.75, 1.0])
+    got = interp_graph(knots, 1).run(None, {"t": t[:, None]})[0][:, 0]
+    np.testing.assert_array_equal(got, np.interp(t, *knots[0]))
+    assert got[3] == 0.7 and got[1] == np.interp(0.4, [0.25, 0.5], [0.1, 0.2])
