@@ -176,8 +176,11 @@ def for_float32_scores(calibrator):
       float32 input, off the float32 grid. Rounding x moves each log by at most u (2^-24,
       relative), so log p by at most 2 |beta| u and p by a relative |beta| eps32 (plus
       float64 roundings): each knot becomes a plateau (x_j - w_j, y_j), (x_j + w_j, y_j)
-      of half-width w_j = (|beta| + 1) eps32 x_j, at most a quarter of each gap to a
-      neighbour (closer knots are not resolved by a float32 input anyway).
+      of half-width w_j = (|beta| eps32 (1 + 2^-10) + 2^-40) x_j (``PLATEAU_MARGIN``),
+      at most a quarter of each gap to a neighbour (closer knots are not resolved by a
+      float32 input anyway). Normal float32 inputs: a probability below float32's
+      smallest normal (1.2e-38) is rounded by more than u, but only above a
+      ``prob_floor`` below it (the default is 2.2e-16).
 
     Values between knots move by about slope * ulp either way, as the input's own rounding
     moves them (``onnx_export.parity`` measures that as ``s_input`` and ``s_store``). Maps
@@ -189,7 +192,8 @@ def for_float32_scores(calibrator):
         return calibrator
     stored = copy.copy(calibrator)
     if name == "irova-ts":
-        width = (abs(float(calibrator.beta_)) + 1.0) * float(np.finfo(np.float32).eps)
+        width = (abs(float(calibrator.beta_)) * float(np.finfo(np.float32).eps)
+                 * (1.0 + PLATEAU_MARGIN) + PLATEAU_MARGIN * 2.0**-30)
         stored.knots_ = [_plateaus(np.asarray(kx, dtype=np.float64),
                                    np.asarray(ky, dtype=np.float64), width)
                          for kx, ky in calibrator.knots_]
@@ -197,6 +201,12 @@ def for_float32_scores(calibrator):
         stored.knots_ = [(np.asarray(kx, dtype=np.float32).astype(np.float64), ky)
                          for kx, ky in calibrator.knots_]
     return stored
+
+
+#: Relative margin of an irova-ts plateau over the first-order bound |beta| eps32 (which
+#: leaves out terms of order (beta eps32)^2), and in units of 2^-30 (relative) the float64
+#: roundings of log, softmax and onnxruntime's Exp (a few ulps each, 2^-52): 2^-40 in all.
+PLATEAU_MARGIN = 2.0**-10
 
 
 def _plateaus(kx: np.ndarray, ky: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:

@@ -48,12 +48,12 @@ def test_maps_of_the_input_read_a_knot_from_its_float32_rounding(name):
 
 
 def test_irova_ts_knots_become_plateaus_as_wide_as_the_input_rounding_moves_p():
-    """Each knot a plateau of its own y of half-width (|beta| + 1) eps32 x_j: a
+    """Each knot a plateau of its own y of half-width about |beta| eps32 x_j: a
     probability computed from the float32 input (at most |beta| eps32 relative away from
     cord_ops' float64 one) reads exactly y_j."""
     cal, x = _fit("irova-ts")
     stored = for_float32_scores(cal)
-    width = (abs(float(cal.beta_)) + 1.0) * float(np.finfo(np.float32).eps)
+    width = abs(float(cal.beta_)) * float(np.finfo(np.float32).eps) * (1 + 2**-10) + 2**-40
     for (kx, ky), (sx, sy) in zip(cal.knots_, stored.knots_, strict=True):
         assert len(sx) == 2 * len(kx) and np.all(np.diff(sx) >= 0.0)
         np.testing.assert_array_equal(sy, np.repeat(ky, 2))
