@@ -175,17 +175,18 @@ def for_float32_scores(calibrator):
     - ``irova-ts`` reads p = softmax(beta log max(x, floor)) computed in float64 from the
       float32 input, off the float32 grid. Rounding x moves each log by at most u (2^-24,
       relative), so log p by at most 2 |beta| u and p by a relative |beta| eps32 (plus
-      float64 roundings): each knot becomes a plateau (x_j - w_j, y_j), (x_j + w_j, y_j)
-      of half-width w_j = (|beta| eps32 (1 + 2^-10) + 2^-40) x_j (``PLATEAU_MARGIN``),
-      at most a quarter of each gap to a neighbour (closer knots are not resolved by a
-      float32 input anyway). Normal float32 inputs: a probability below float32's
-      smallest normal (1.2e-38) is rounded by more than u, but only above a
-      ``prob_floor`` below it (the default is 2.2e-16).
+      float64 roundings). Each knot gets a window [x_j - w_j, x_j + w_j] that reads y_j,
+      w_j = (|beta| eps32 (1 + 2^-10) + 2^-40) x_j (``SNAP_MARGIN``), at most a quarter
+      of the gap to each neighbour (closer knots are not resolved by a float32 input
+      anyway); outside the windows the map is the original one (``_snap_windows``), so
+      only inputs within w_j of a knot move, by at most slope * w_j. Normal float32
+      inputs: a probability below float32's smallest normal (1.2e-38) is rounded by more
+      than u, but only above a ``prob_floor`` below it (the default is 2.2e-16).
 
-    Values between knots move by about slope * ulp either way, as the input's own rounding
-    moves them (``onnx_export.parity`` measures that as ``s_input`` and ``s_store``). Maps
-    of logits read a softmax of logits whose rounding error grows with |z|; they keep their
-    knots (docs/calibrators.md, section 4)."""
+    Elsewhere values move by about slope * ulp, as the input's own rounding moves them
+    (``onnx_export.parity`` measures that as ``s_input`` and ``s_store``). Maps of logits
+    read a softmax of logits whose rounding error grows with |z|; they keep their knots
+    (docs/calibrators.md, section 4)."""
     name = getattr(calibrator, "name", None)
     if (name not in ("irova", "irm", "irova-ts")
             or getattr(calibrator, "input_kind", None) != "probs"):
@@ -193,9 +194,9 @@ def for_float32_scores(calibrator):
     stored = copy.copy(calibrator)
     if name == "irova-ts":
         width = (abs(float(calibrator.beta_)) * float(np.finfo(np.float32).eps)
-                 * (1.0 + PLATEAU_MARGIN) + PLATEAU_MARGIN * 2.0**-30)
-        stored.knots_ = [_plateaus(np.asarray(kx, dtype=np.float64),
-                                   np.asarray(ky, dtype=np.float64), width)
+                 * (1.0 + SNAP_MARGIN) + SNAP_MARGIN * 2.0**-30)
+        stored.knots_ = [_snap_windows(np.asarray(kx, dtype=np.float64),
+                                       np.asarray(ky, dtype=np.float64), width)
                          for kx, ky in calibrator.knots_]
     else:
         stored.knots_ = [(np.asarray(kx, dtype=np.float32).astype(np.float64), ky)
@@ -203,21 +204,31 @@ def for_float32_scores(calibrator):
     return stored
 
 
-#: Relative margin of an irova-ts plateau over the first-order bound |beta| eps32 (which
-#: leaves out terms of order (beta eps32)^2), and in units of 2^-30 (relative) the float64
-#: roundings of log, softmax and onnxruntime's Exp (a few ulps each, 2^-52): 2^-40 in all.
-PLATEAU_MARGIN = 2.0**-10
+#: Relative margin of an irova-ts snap window over the first-order bound |beta| eps32
+#: (which leaves out terms of order (beta eps32)^2), and in units of 2^-30 (relative) the
+#: float64 roundings of log, softmax and onnxruntime's Exp (a few ulps each, 2^-52):
+#: 2^-40 in all.
+SNAP_MARGIN = 2.0**-10
 
 
-def _plateaus(kx: np.ndarray, ky: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
-    """Knots (x_j - w_j, y_j), (x_j + w_j, y_j) for every knot, w_j = width * |x_j| and at
-    most a quarter of the gap to each neighbour, so x stays non-decreasing and the map
-    between two plateaus is the segment between their knots' values."""
+def _snap_windows(kx: np.ndarray, ky: np.ndarray, width: float
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Knots of the map np.interp(t, kx, ky) except on [x_j - w_j, x_j + w_j), where it is
+    y_j; w_j = width * |x_j|, at most a quarter of the gap to each neighbour.
+
+    Four knots per knot: (x_j - w_j, g(x_j - w_j)), (x_j - w_j, y_j), (x_j + w_j, y_j),
+    (x_j + w_j, g(x_j + w_j)). np.interp (and ``interpolate``) reads the last of equal
+    knots at them and the first as the end of the segment to their left, so between two
+    windows the map is the segment between two points of the original one, i.e. the
+    original map up to rounding, and a flat stretch stays exactly flat."""
     w = width * np.abs(kx)
     gaps = np.diff(kx) / 4.0
     w[:-1] = np.minimum(w[:-1], gaps)
     w[1:] = np.minimum(w[1:], gaps)
-    return np.column_stack([kx - w, kx + w]).ravel(), np.repeat(ky, 2)
+    lo, hi = kx - w, kx + w
+    x = np.column_stack([lo, lo, hi, hi]).ravel()
+    y = np.column_stack([np.interp(lo, kx, ky), ky, ky, np.interp(hi, kx, ky)]).ravel()
+    return x, y
 
 
 @dataclass(frozen=True)

@@ -47,27 +47,32 @@ def test_maps_of_the_input_read_a_knot_from_its_float32_rounding(name):
     assert not np.array_equal(cal.knots_[0][0], cal.knots_[0][0].astype(np.float32))
 
 
-def test_irova_ts_knots_become_plateaus_as_wide_as_the_input_rounding_moves_p():
-    """Each knot a plateau of its own y of half-width about |beta| eps32 x_j: a
-    probability computed from the float32 input (at most |beta| eps32 relative away from
-    cord_ops' float64 one) reads exactly y_j."""
+def test_irova_ts_knots_read_their_value_within_the_input_rounding_of_p():
+    """Each knot reads its own y on a window of half-width about |beta| eps32 x_j (how far
+    a probability computed from the float32 input can be from cord_ops' float64 one),
+    and the map is the original one outside the windows."""
     cal, x = _fit("irova-ts")
     stored = for_float32_scores(cal)
-    width = abs(float(cal.beta_)) * float(np.finfo(np.float32).eps) * (1 + 2**-10) + 2**-40
+    eps32 = float(np.finfo(np.float32).eps)
+    width = abs(float(cal.beta_)) * eps32 * (1 + 2**-10) + 2**-40
+    rng = np.random.default_rng(0)
     for (kx, ky), (sx, sy) in zip(cal.knots_, stored.knots_, strict=True):
-        assert len(sx) == 2 * len(kx) and np.all(np.diff(sx) >= 0.0)
-        np.testing.assert_array_equal(sy, np.repeat(ky, 2))
-        inside = kx * (1.0 + np.array([[-1.0], [1.0]]) * abs(cal.beta_)
-                       * np.finfo(np.float32).eps)
+        assert len(sx) == 4 * len(kx) and np.all(np.diff(sx) >= 0.0)
+        inside = kx * (1.0 + np.array([[-1.0], [1.0]]) * abs(float(cal.beta_)) * eps32)
         for t in (kx, *inside):
             np.testing.assert_array_equal(np.interp(t, sx, sy), ky)
         # never wider than the derived width, nor than a quarter of a gap (up to the
         # rounding of x_j -+ w_j)
         slack = 4.0 * np.finfo(np.float64).eps * kx
-        left, right = kx - sx[::2], sx[1::2] - kx
+        left, right = kx - sx[::4], sx[2::4] - kx
         assert np.all(np.maximum(left, right) <= width * kx + slack)
         gaps = np.diff(kx) / 4.0
         assert np.all(right[:-1] <= gaps + slack[:-1]) and np.all(left[1:] <= gaps + slack[1:])
+        # outside the windows: the original map, to rounding
+        t = rng.uniform(0.0, 1.0, 2000)
+        outside = np.all(np.abs(t[:, None] - kx[None, :]) > 2.0 * width * kx, axis=1)
+        np.testing.assert_allclose(np.interp(t[outside], sx, sy),
+                                   np.interp(t[outside], kx, ky), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("name, kind", [("irova", "logits"), ("irova-ts", "logits"),
