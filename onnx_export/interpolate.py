@@ -76,6 +76,10 @@ class KnotTables:
     y: np.ndarray  # [M] y_0 at the sentinel, the set's last y in the padding
     slope: np.ndarray  # [M] slope_j; 0 at the sentinel, each last knot and the padding
     steps: int  # halving steps: 2**steps - 1 >= the most knots in one cell's window
+    # With ``snap``: ``x`` holds the window starts x_j - w_j (searched), ``at`` the knots
+    # x_j (the formula's) and ``flat_until`` the window ends x_j + w_j; None without.
+    at: np.ndarray | None = None
+    flat_until: np.ndarray | None = None
 
     def shifted_x(self, h: int) -> np.ndarray:
         """x_{i+h} at index i (+inf past the end)."""
@@ -128,15 +132,33 @@ def _layout(kx: np.ndarray, clip: tuple, sqrt: bool, cells: int, offset: int):
     raise ValueError(f"knots: cannot place a knot set at cell {offset}")
 
 
-def knot_tables(knots: list) -> KnotTables:
+def snap_widths(kx: np.ndarray, snap: float) -> np.ndarray:
+    """w_j = snap * |x_j|, at most a quarter of the gap to each neighbour, so the windows
+    [x_j - w_j, x_j + w_j] of consecutive knots are disjoint and ordered as the knots."""
+    w = snap * np.abs(kx)
+    gaps = np.diff(kx) / 4.0
+    w[:-1] = np.minimum(w[:-1], gaps)
+    w[1:] = np.minimum(w[1:], gaps)
+    return w
+
+
+def knot_tables(knots: list, snap: float = 0.0) -> KnotTables:
     """The lookup tables for ``knots``, a list of (x, y) with x non-decreasing.
 
     Equal knots (float64 knots rounded onto each other, ``onnx_export.calibrators``) are
     read as np.interp reads them: the largest j with x_j <= t is the last of them, so t at
     them gives the last one's y, and the segment to their left ends at the first one's y.
-    The zero-width segment between them is never read; its slope is stored as 0."""
+    The zero-width segment between them is never read; its slope is stored as 0.
+
+    ``snap`` > 0 (strictly increasing knots): t in [x_j - w_j, x_j + w_j] (``snap_widths``)
+    reads y_j; the search runs on the window starts, so j is knot j's from its window on,
+    and elsewhere it is np.interp's j and the formula np.interp's."""
     sets = [(np.asarray(kx, dtype=np.float64), np.asarray(ky, dtype=np.float64))
             for kx, ky in knots]
+    knots_at = [kx for kx, _ in sets]
+    widths = [snap_widths(kx, snap) if snap else None for kx in knots_at]
+    if snap:
+        sets = [(kx - w, ky) for (kx, ky), w in zip(sets, widths, strict=True)]
     lo = min(0.0, min(kx[0] for kx, _ in sets))
     hi = max(1.0, max(kx[-1] for kx, _ in sets))
     sqrt = lo >= 0.0
@@ -166,17 +188,21 @@ def knot_tables(knots: list) -> KnotTables:
     steps = max(1, per_cell.bit_length())  # 2**steps - 1 >= per_cell
     pad = (1 << steps) - 1
     cell_start = np.zeros(offset, dtype=np.int64)  # cells between sets are never read
-    xs, ys, slopes, base = [], [], [], 0
-    for (kx, ky), (_, _, knots_v, first, last) in zip(sets, layouts, strict=True):
+    xs, ys, slopes, ats, flats, base = [], [], [], [], [], 0
+    for (kx, ky), (_, _, knots_v, first, last), at, w in zip(sets, layouts, knots_at, widths,
+                                                            strict=True):
         # J: the sentinel at ``base``, then one index per knot below the window.
         c = np.arange(first, last + 1)
         cell_start[first:last + 1] = base + np.searchsorted(knots_v, c - 0.5, side="left")
         slope = np.zeros(1 + len(kx) + pad)
-        dx = np.diff(kx)
+        dx = np.diff(at)
         slope[1:len(kx)] = np.divide(np.diff(ky), dx, out=np.zeros_like(dx), where=dx > 0)
         xs.append(np.concatenate([[lo], kx, np.full(pad, np.inf)]))
         ys.append(np.concatenate([ky[:1], ky, np.full(pad, ky[-1])]))
         slopes.append(slope)
+        if snap:
+            ats.append(np.concatenate([[lo], at, np.full(pad, np.inf)]))
+            flats.append(np.concatenate([[lo], at + w, np.full(pad, np.inf)]))
         base += 1 + len(kx) + pad
     if base >= 2**31:
         raise ValueError(f"knots: {base} table entries exceed int32 indices")
@@ -184,16 +210,24 @@ def knot_tables(knots: list) -> KnotTables:
         sqrt=sqrt, lo=lo, hi=hi, scale=np.array([layout[0] for layout in layouts], dtype=F32),
         shift=np.array([layout[1] for layout in layouts], dtype=F32),
         cell_start=cell_start.astype(np.int32), x=np.concatenate(xs), y=np.concatenate(ys),
-        slope=np.concatenate(slopes), steps=steps)
+        slope=np.concatenate(slopes), steps=steps,
+        at=np.concatenate(ats) if snap else None,
+        flat_until=np.concatenate(flats) if snap else None)
 
 
-def interpolate(gb: GraphBuilder, t: str, knots: list, bounded: bool = False) -> str:
+def interpolate(gb: GraphBuilder, t: str, knots: list, bounded: bool = False,
+                snap: float = 0.0) -> str:
     """np.interp(t[:, k], x_k, y_k) for every column k of the [N, K] float64 tensor t, with
     one knot set shared by all columns or one per column; returns [N, K]. ``bounded``: t
-    is known to lie in [0, 1] (a softmax output), so it needs no clipping."""
+    is known to lie in [0, 1] (a softmax output), so it needs no clipping.
+
+    ``snap`` > 0: y_j wherever |t - x_j| <= w_j (``snap_widths``: snap * |x_j|, at most a
+    quarter gap), np.interp bit for bit elsewhere (``knot_tables``); a float32 graph's
+    irova-ts reads a knot through the rounding of its input this way
+    (``onnx_export.calibrators.for_float32_scores``). Three [1, N K] operations more."""
     if gb.dtype != np.float64:
         raise ValueError("interpolate: np.interp parity needs a float64 graph")
-    tables = knot_tables(knots)
+    tables = knot_tables(knots, snap)
     shared = len(knots) == 1
     if not (bounded and tables.lo <= 0.0 and tables.hi >= 1.0):
         t = gb.op("Clip", t, gb.const(tables.lo, rank0=True), gb.const(tables.hi, rank0=True),
@@ -225,8 +259,16 @@ def interpolate(gb: GraphBuilder, t: str, knots: list, bounded: bool = False) ->
         if h > 1:
             move = gb.mul(move, gb.const(h, "step", dtype=np.int32), hint="move")
         j = gb.add(j, move, hint="knot_index")
-    x_j = lookup(tables.x, j, "x_j")
+    x_j = lookup(tables.x if tables.at is None else tables.at, j, "x_j")
     y_j = lookup(tables.y, j, "y_j")
     slope_j = lookup(tables.slope, j, "slope_j")
+    if tables.flat_until is not None:
+        # t in knot j's window [x_j - w_j, x_j + w_j] (it is at or above x_j - w_j, as j
+        # was searched on the window starts): a zero slope gives y_j exactly, with a Mul
+        # instead of a Where (several times slower in onnxruntime)
+        beyond = gb.op("Greater", t_flat, lookup(tables.flat_until, j, "flat_until_j"),
+                       hint="beyond_window")
+        slope_j = gb.mul(slope_j, gb.cast(beyond, np.float64, hint="outside_window"),
+                         hint="slope_outside_window")
     value = gb.add(gb.mul(slope_j, gb.sub(t_flat, x_j)), y_j, hint="interp_flat")
     return gb.op("Reshape", value, gb.op("Shape", t, hint="t_shape"), hint="interp")

@@ -9,10 +9,13 @@ import warnings
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
 from cord_ops.calibrators import make_calibrator
+from onnx_export import open_session
+from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder
 from onnx_export.calibrators import for_float32_scores
-from onnx_export.interpolate import knot_tables
+from onnx_export.interpolate import interpolate, knot_tables, snap_widths
 
 
 def _votes(k: int = 4, n: int = 400, votes: int = 10, seed: int = 0):
@@ -47,32 +50,50 @@ def test_maps_of_the_input_read_a_knot_from_its_float32_rounding(name):
     assert not np.array_equal(cal.knots_[0][0], cal.knots_[0][0].astype(np.float32))
 
 
-def test_irova_ts_knots_read_their_value_within_the_input_rounding_of_p():
+def _interp_graph(knots: list, k: int, snap: float):
+    gb = GraphBuilder("float64")
+    gb.fresh("t")
+    gb.op("Identity", interpolate(gb, "t", knots, snap=snap), out="r")
+    graph = helper.make_graph(
+        gb.nodes, "interp", [helper.make_tensor_value_info("t", TensorProto.DOUBLE, ["N", k])],
+        [helper.make_tensor_value_info("r", TensorProto.DOUBLE, ["N", k])],
+        initializer=gb.initializers)
+    return open_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                          ir_version=IR_VERSION), provider="cpu")
+
+
+def test_irova_ts_reads_a_knot_within_the_input_rounding_of_p_and_np_interp_elsewhere():
     """Each knot reads its own y on a window of half-width about |beta| eps32 x_j (how far
-    a probability computed from the float32 input can be from cord_ops' float64 one),
-    and the map is the original one outside the windows."""
+    a probability computed from the float32 input can be from cord_ops' float64 one), at
+    most a quarter gap; outside the windows the graph is np.interp bit for bit."""
     cal, x = _fit("irova-ts")
     stored = for_float32_scores(cal)
+    assert stored.knots_ is cal.knots_ and not hasattr(cal, "float32_snap")
     eps32 = float(np.finfo(np.float32).eps)
-    width = abs(float(cal.beta_)) * eps32 * (1 + 2**-10) + 2**-40
+    assert stored.float32_snap == abs(float(cal.beta_)) * eps32 * (1 + 2**-10) + 2**-40
+    k = len(cal.knots_)
+    moved = abs(float(cal.beta_)) * eps32  # the bound on p's relative move
     rng = np.random.default_rng(0)
-    for (kx, ky), (sx, sy) in zip(cal.knots_, stored.knots_, strict=True):
-        assert len(sx) == 4 * len(kx) and np.all(np.diff(sx) >= 0.0)
-        inside = kx * (1.0 + np.array([[-1.0], [1.0]]) * abs(float(cal.beta_)) * eps32)
-        for t in (kx, *inside):
-            np.testing.assert_array_equal(np.interp(t, sx, sy), ky)
-        # never wider than the derived width, nor than a quarter of a gap (up to the
-        # rounding of x_j -+ w_j)
-        slack = 4.0 * np.finfo(np.float64).eps * kx
-        left, right = kx - sx[::4], sx[2::4] - kx
-        assert np.all(np.maximum(left, right) <= width * kx + slack)
-        gaps = np.diff(kx) / 4.0
-        assert np.all(right[:-1] <= gaps + slack[:-1]) and np.all(left[1:] <= gaps + slack[1:])
-        # outside the windows: the original map, to rounding
-        t = rng.uniform(0.0, 1.0, 2000)
-        outside = np.all(np.abs(t[:, None] - kx[None, :]) > 2.0 * width * kx, axis=1)
-        np.testing.assert_allclose(np.interp(t[outside], sx, sy),
-                                   np.interp(t[outside], kx, ky), rtol=0, atol=1e-12)
+    columns = []
+    for kx, _ in cal.knots_:
+        w = snap_widths(kx, stored.float32_snap)
+        assert np.all(w <= stored.float32_snap * kx) and np.all(kx[:-1] + w[:-1] < kx[1:] - w[1:])
+        edges = np.concatenate([kx - w, kx + w])
+        columns.append(np.concatenate([
+            kx, kx * (1.0 - moved), kx * (1.0 + moved),
+            edges, np.nextafter(kx - w, -np.inf), np.nextafter(kx + w, np.inf),
+            rng.uniform(0.0, 1.0, 200)]))
+    n = min(len(c) for c in columns)
+    t = np.stack([c[:n] for c in columns], axis=1)
+    got = _interp_graph(cal.knots_, k, stored.float32_snap).run(None, {"t": t})[0]
+    for col, (kx, ky) in enumerate(cal.knots_):
+        w = snap_widths(kx, stored.float32_snap)
+        near = ((t[:, col, None] >= (kx - w)[None, :])
+                & (t[:, col, None] <= (kx + w)[None, :]))  # the windows as stored
+        expected = np.where(near.any(axis=1), ky[np.argmax(near, axis=1)],
+                            np.interp(t[:, col], kx, ky))
+        np.testing.assert_array_equal(got[:, col], expected)
+        assert near.any(axis=1).sum() >= 3 * len(kx) and (~near.any(axis=1)).sum() > 100
 
 
 @pytest.mark.parametrize("name, kind", [("irova", "logits"), ("irova-ts", "logits"),
