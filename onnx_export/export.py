@@ -42,9 +42,11 @@ argmax(original)):
 - whether q keeps the original top-1 (eq. 5) is decided exactly where it matters: not at
   all for TS (it provably does), by float64 argmax where q is computed in float64, and by
   q_a < max_{j != a} q_j for VS/SVS in float32 (``repair.CHANGED_FROM_RUNNER_UP``);
-- isotonic maps of the input probabilities (``irova``, ``irm``) store their knots rounded
-  to float32, as the input is, so an input on a knot reads the knot's value and an exact
-  tie of two classes' maps stays exact (``calibrators.for_float32_scores``).
+- isotonic maps of probabilities read a knot's value where the input's float32 rounding
+  puts an input that lies on the knot (``irova``, ``irm``: knots rounded to float32 as the
+  input is; ``irova-ts``: a window of |beta| eps32 around each knot), so exact ties of two
+  classes' maps stay exact and are decided as cord_ops decides them
+  (``calibrators.for_float32_scores``).
 """
 
 from __future__ import annotations

@@ -33,6 +33,11 @@ and the steps use Cast and Add rather than Where: onnxruntime's CPU kernels for 
 several times cheaper per element than Gather on axis 0 (a memcpy per index) or Where
 (docs/performance.md, "ONNX graphs: isotonic families").
 
+Snap windows (``snap`` > 0, float32 graphs of ``irova-ts``): each knot also reads y_j on
+[x_j - w_j, x_j + w_j], w_j = snap |x_j| (at most a quarter gap). Steps 1-3 run on the
+window starts x_j - w_j instead of the knots, so they find knot j from its window on, and
+step 4 zeroes slope_j where t <= x_j + w_j; elsewhere j, and the value, are np.interp's.
+
 Deviation from np.interp: NaN and infinite t are not supported (np.interp returns NaN or
 a clipped value; here the cell index is undefined and onnxruntime rejects the lookup, or
 the product with a zero slope is NaN). The values reaching this graph are probabilities,
