@@ -270,8 +270,9 @@ def interpolate(gb: GraphBuilder, t: str, knots: list, bounded: bool = False,
     if tables.flat_until is not None:
         # t in knot j's window [x_j - w_j, x_j + w_j] (it is at or above x_j - w_j, as j
         # was searched on the window starts): a zero slope gives y_j exactly, with a Mul
-        # instead of a Where (several times slower in onnxruntime)
-        beyond = gb.op("Greater", t_flat, lookup(tables.flat_until, j, "flat_until_j"),
+        # instead of a Where (several times slower in onnxruntime). Less rather than
+        # Greater: an operator every runtime of these graphs has (torch_runtime.OPERATORS)
+        beyond = gb.op("Less", lookup(tables.flat_until, j, "flat_until_j"), t_flat,
                        hint="beyond_window")
         slope_j = gb.mul(slope_j, gb.cast(beyond, np.float64, hint="outside_window"),
                          hint="slope_outside_window")

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from cord_ops import CORD
 from cord_ops.calibrators import make_calibrator
-from onnx_export import open_session
+from onnx_export import export_onnx, open_session
 from onnx_export.builder import IR_VERSION, OPSET, GraphBuilder
 from onnx_export.calibrators import for_float32_scores
 from onnx_export.interpolate import interpolate, knot_tables, snap_widths
+from onnx_export.torch_runtime import OPERATORS
 
 
 def _votes(k: int = 4, n: int = 400, votes: int = 10, seed: int = 0):
@@ -101,3 +103,13 @@ def test_irova_ts_reads_a_knot_within_the_input_rounding_of_p_and_np_interp_else
 def test_other_families_and_maps_of_logits_keep_their_calibrator(name, kind):
     cal, _ = _fit(name, kind)
     assert for_float32_scores(cal) is cal
+
+
+@pytest.mark.parametrize("name", ["irova", "irova-ts", "irm"])
+def test_float32_graphs_use_only_operators_every_runtime_has(name):
+    """The snap windows' operators are among those ``onnx_export.torch_runtime`` executes
+    (its own tests need PyTorch; this check does not)."""
+    cal, x = _fit(name)
+    model = export_onnx(cal, CORD().fit(x, cal.predict_proba(x)), x.shape[1],
+                        input_kind="probs", dtype="float32")
+    assert {node.op_type for node in model.graph.node} <= set(OPERATORS)
