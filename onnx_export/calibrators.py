@@ -181,13 +181,12 @@ def for_float32_scores(calibrator):
       of the gap to each neighbour (closer knots are not resolved by a float32 input
       anyway); the copy's ``float32_snap`` holds the relative width, which ``interpolate``
       applies (``snap``): outside the windows the map is np.interp bit for bit, so only
-      inputs within w_j of a knot move, by at most slope * w_j. (Plateaus of width w_j
-      in the knots themselves would tilt every segment instead: 1.7e-5 off on
-      breast_cancer-mlp-probs-float32, against a bound of 1e-5; four knots per knot,
-      two of them equal, keep the segments but put windows ulps wide under the cell
-      lookup, which then grows its cell table to the maximum: graphs 40-70x larger.) Normal float32
-      inputs: a probability below float32's smallest normal (1.2e-38) is rounded by more
-      than u, but only above a ``prob_floor`` below it (the default is 2.2e-16).
+      inputs within w_j of a knot move, by at most slope * w_j. (Not plateaus written
+      into the knots: they tilt every segment, 1.7e-5 off on the corpus's
+      breast_cancer-mlp probabilities; nor four knots per knot: windows ulps wide grow
+      the cell table to its maximum, graphs 40-70x larger.) For normal float32 inputs:
+      a probability below 1.2e-38 is rounded by more than u, which matters only with a
+      ``prob_floor`` below it (the default is 2.2e-16).
 
     Elsewhere values move by about slope * ulp, as the input's own rounding moves them
     (``onnx_export.parity`` measures that as ``s_input`` and ``s_store``). Maps of logits

@@ -229,7 +229,7 @@ def interpolate(gb: GraphBuilder, t: str, knots: list, bounded: bool = False,
     ``snap`` > 0: y_j wherever |t - x_j| <= w_j (``snap_widths``: snap * |x_j|, at most a
     quarter gap), np.interp bit for bit elsewhere (``knot_tables``); a float32 graph's
     irova-ts reads a knot through the rounding of its input this way
-    (``onnx_export.calibrators.for_float32_scores``). Three [1, N K] operations more."""
+    (``onnx_export.calibrators.for_float32_scores``). Four [1, N K] operations more."""
     if gb.dtype != np.float64:
         raise ValueError("interpolate: np.interp parity needs a float64 graph")
     tables = knot_tables(knots, snap)
