@@ -267,9 +267,12 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
 
         # ---- phase 1: v2 through shadow -> 25 % -> 50 % -> promoted
         with Traffic(urls, [{"inputs": rows.tolist()}]) as traffic:
+            # The latency rule is left to the slow-graph test: on a loaded machine a
+            # canary's p99 can exceed twice the champion's and end this walk early.
             code, out, err = _cli(capsys, "rollout", "start", "--model-name", MODEL,
                                   "--version", v2, "--mode", "shadow", "--steps", "25,50",
                                   "--min-requests", "40", "--min-seconds", "1",
+                                  "--max-p99-ratio", "1000",
                                   "--reason", "ts beats vs on the new batch")
             assert code == 0, err
             assert "shadow" in out
@@ -314,7 +317,7 @@ def test_rollout_shadow_canary_promoted_then_a_defective_candidate_rolled_back(
                 traffic.resume()
                 done = _wait(lambda: (r := rollout_record.read(client, MODEL))["state"]
                              != rollout_record.ACTIVE and r, 90, "rollout end")
-                assert done["state"] == rollout_record.PROMOTED, done
+                assert done["state"] == rollout_record.PROMOTED, done["events"]
                 for url in urls:
                     _wait(lambda u=url: httpx.get(f"{u}/version").json()["version"] == v2, 15,
                           f"{url} serving v2")
