@@ -647,3 +647,92 @@ def test_one_vs_rest_maps_read_the_served_top1_and_stay_in_the_unit_interval(cas
     assert est.cbpe == pytest.approx(np.mean(expected), abs=1e-12)
     assert 0.0 <= est.cbpe <= 1.0 and est.class_map_share == 1.0
     assert est.predicted_counts.tolist() == np.bincount(served, minlength=k).tolist()
+
+
+# ---------------------------------------------------------------- arguments and refusals
+def test_each_refusal_names_the_argument_it_is_about():
+    """Rows that do not sum to 1, a label outside the classes, the classifier's rows of
+    another width and a batch of another width: the message starts with the argument's
+    own name, so the caller knows which input to fix."""
+    bad = [[0.5, 0.6]]
+    with pytest.raises(ValueError, match=r"^probs: row 0 sums to 1\.1"):
+        lf.top1_confidence(bad)
+    with pytest.raises(ValueError, match=r"^probs: row 0 sums to 1\.1"):
+        lf.cbpe_accuracy(bad)
+    with pytest.raises(ValueError, match=r"^probs: row 0 sums to 1\.1"):
+        lf.em_priors(bad, [0.5, 0.5])
+    with pytest.raises(ValueError, match=r"^probs: row 0 sums to 1\.1"):
+        lf.ReferenceProfile().fit(bad, [0])
+    with pytest.raises(ValueError, match=r"^labels: row 0 is 2; expected a class in \[0, 2\)"):
+        lf.ReferenceProfile().fit([[0.5, 0.5]], [2])
+    with pytest.raises(ValueError, match=r"^original: expected 2 classes \(columns\), got 3"):
+        lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.2, 0.3]])
+    profile = lf.ReferenceProfile().fit([[0.5, 0.5]], [0])
+    with pytest.raises(ValueError, match=r"^probs: expected 2 classes \(columns\), got 3"):
+        profile.estimate([[0.5, 0.2, 0.3]])
+    with pytest.raises(ValueError, match=r"^probs: row 0 sums to 1\.1"):
+        profile.estimate(bad)
+
+
+def test_an_unfitted_profile_says_so():
+    for call in (lambda p: p.estimate([[0.5, 0.5]]), lambda p: p.prior_noise(10)):
+        with pytest.raises(ValueError,
+                           match=r"^ReferenceProfile: fit it on the reference split first$"):
+            call(lf.ReferenceProfile())
+
+
+def _em_steps(ratio: float, tol: float, max_iter: int) -> tuple[float, int]:
+    """EM on a batch of identical binary rows (a, b), ratio = a / b, from source priors
+    (1/2, 1/2): each step multiplies the odds of class 0 by the ratio, so after t steps the
+    prior of class 0 is 1 / (1 + ratio^-t); EM stops at the first step that moves it by at
+    most tol, or after max_iter steps. (The prior of class 0, the steps taken.)"""
+    previous = 0.5
+    for step in range(1, max_iter + 1):
+        current = 1.0 / (1.0 + ratio ** -step)
+        if abs(current - previous) <= tol:
+            return current, step
+        previous = current
+    return current, max_iter
+
+
+def test_the_estimate_runs_em_with_the_profiles_tolerance_and_step_limit():
+    """The reference (0.6, 0.4) and (0.4, 0.6) has source priors (1/2, 1/2); a batch of
+    (0.6, 0.4) rows drives class 0's prior towards 1 by odds 1.5^t (``_em_steps``): how
+    far EM gets and how many steps it takes are the profile's em_tol and em_max_iter."""
+    reference = np.array([[0.6, 0.4], [0.4, 0.6]])
+    batch = np.tile([0.6, 0.4], (5, 1))
+    for tol, max_iter in ((lf.EM_TOL, lf.EM_MAX_ITER), (1e-3, lf.EM_MAX_ITER), (1e-10, 4)):
+        est = lf.ReferenceProfile(em_tol=tol, em_max_iter=max_iter).fit(
+            reference, [0, 1]).estimate(batch)
+        prior, steps = _em_steps(1.5, tol, max_iter)
+        assert (est.em_iterations, est.em_converged) == (steps, steps < max_iter)
+        assert est.priors[0] == pytest.approx(prior, abs=1e-12)
+    assert steps == 4 and est.priors[0] == pytest.approx(1.5 ** 4 / (1 + 1.5 ** 4), abs=1e-12)
+
+
+def test_prior_noise_resamples_every_reference_row_with_the_noise_em():
+    """Two one-hot reference rows (source priors 1/2, 1/2): a resampled batch of one row
+    moves the priors by 1/2 whichever row it is; a batch of two differing rows is the
+    reference's mix and moves them by 0, which some of the 32 seeded draws are (row 0
+    among them). Rows (0.6, 0.4) and (0.4, 0.6): a batch of one drives the priors towards
+    (1, 0) or (0, 1) at odds 1.5^t, as far as the noise EM's looser stop lets it
+    (``_em_steps``); and rows (0.5005, 0.4995) and the mirror, odds 1.001^t, stop at the
+    noise EM's step limit. Seeded by ``seed`` (0 by default)."""
+    one_hot = lf.ReferenceProfile().fit([[1.0, 0.0], [0.0, 1.0]], [0, 1])
+    assert one_hot.prior_noise(1, quantile=0.0) == 0.5
+    assert one_hot.prior_noise(2, quantile=0.0) == 0.0
+    slow = lf.ReferenceProfile().fit([[0.6, 0.4], [0.4, 0.6]], [0, 1])
+    prior, steps = _em_steps(1.5, lf.NOISE_TOL, lf.NOISE_MAX_ITER)
+    assert slow.prior_noise(1, quantile=0.0) == pytest.approx(prior - 0.5, abs=1e-12)
+    assert 10 < steps < lf.NOISE_MAX_ITER
+    a, b = 0.5005, 0.4995
+    slower = lf.ReferenceProfile().fit([[a, b], [b, a]], [0, 1])
+    prior, steps = _em_steps(a / b, lf.NOISE_TOL, lf.NOISE_MAX_ITER)
+    assert steps == lf.NOISE_MAX_ITER
+    assert slower.prior_noise(1, draws=2) == pytest.approx(prior - 0.5, abs=1e-9)
+    rng = np.random.default_rng(2)
+    probs = softmax(rng.normal(size=(200, 3)) * 2, axis=1)
+    profile = lf.ReferenceProfile().fit(probs, probs.argmax(axis=1))
+    again = lf.ReferenceProfile().fit(probs, probs.argmax(axis=1))
+    assert profile.prior_noise(20) == again.prior_noise(20) == again.prior_noise(20, seed=0)
+    assert profile.prior_noise(20, seed=1) != profile.prior_noise(20)
