@@ -672,6 +672,13 @@ def test_each_refusal_names_the_argument_it_is_about():
         profile.estimate([[0.5, 0.2, 0.3]])
     with pytest.raises(ValueError, match=r"^probs: row 0 sums to 1\.1"):
         profile.estimate(bad)
+    for fitted, given, word in ((profile, [[0.5, 0.5]], "without"),
+                                (lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.5]]),
+                                 None, "with")):
+        with pytest.raises(ValueError, match=(
+                rf"^original: the reference profile was fitted {word} the classifier's own "
+                r"probabilities; estimate a batch likewise$")):
+            fitted.estimate([[0.5, 0.5]], given)
 
 
 def test_an_unfitted_profile_says_so():
@@ -736,3 +743,153 @@ def test_prior_noise_resamples_every_reference_row_with_the_noise_em():
     again = lf.ReferenceProfile().fit(probs, probs.argmax(axis=1))
     assert profile.prior_noise(20) == again.prior_noise(20) == again.prior_noise(20, seed=0)
     assert profile.prior_noise(20, seed=1) != profile.prior_noise(20)
+
+
+def test_settings_and_inputs_out_of_range_are_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^min_map_rows: expected a number >= 1, got 0$"):
+        lf.ReferenceProfile(min_map_rows=0).fit([[0.5, 0.5]], [0])
+    lf.ReferenceProfile(min_map_rows=1).fit([[0.5, 0.5]], [0])  # 1 is allowed
+    for tol, max_iter in ((0.0, 5), (-1e-10, 5), (1e-10, 0)):
+        with pytest.raises(ValueError, match=(
+                r"^em_tol, em_max_iter: expected em_tol > 0 and em_max_iter >= 1, got "
+                rf"{tol!r}, {max_iter!r}$")):
+            lf.ReferenceProfile(em_tol=tol, em_max_iter=max_iter).fit([[0.5, 0.5]], [0])
+        with pytest.raises(ValueError, match=(
+                r"^tol, max_iter: expected tol > 0 and max_iter >= 1, got "
+                rf"{tol!r}, {max_iter!r}$")):
+            lf.em_priors([[0.5, 0.5]], [0.5, 0.5], tol, max_iter)
+    lf.ReferenceProfile(em_tol=1e-300, em_max_iter=1).fit([[0.5, 0.5]], [0])
+    assert lf.em_priors([[1.0, 0.0]] * 3, [0.5, 0.5], max_iter=1) == (
+        pytest.approx([1.0, 0.0]), 1, False)
+    with pytest.raises(ValueError, match=(
+            r"^confidence, correct: expected two \(n,\) arrays with n >= 1, got shapes "
+            r"\(1, 1\) and \(1,\)$")):
+        lf.atc_threshold([[0.5]], [True])
+    assert lf.atc_threshold([0.7], [True]) == 0.7  # one row is enough
+    with pytest.raises(ValueError, match=(
+            r"^counts: expected two non-empty count vectors of one length >= 2, got shape "
+            r"\(2, 2\)$")):
+        lf.chi2_predicted([0, 0], [1, 2])
+    assert lf.chi2_predicted([1, 0], [0, 1]).statistic == pytest.approx(2.0, abs=1e-12)
+    # priors: the message shows them to 4 digits, nine or more of them summarised
+    with pytest.raises(ValueError, match=(
+            r"^pri: expected 2 non-negative priors summing to 1, got \[0\.3333 0\.8   \]$")):
+        lf.check_priors([1 / 3, 0.8], 2, "pri")
+    with pytest.raises(ValueError, match=(
+            r"^pri: expected 9 non-negative priors summing to 1, got "
+            r"\[0\.2 0\.2 0\.2 \.\.\. 0\.2 0\.2 0\.2\]$")):
+        lf.check_priors([0.2] * 9, 9, "pri")
+    with pytest.raises(ValueError, match=r"^pri: expected 8 non-negative priors summing to 1, "
+                                         r"got \[0\.2 0\.2 0\.2 0\.2 0\.2 0\.2 0\.2 0\.2\]$"):
+        lf.check_priors([0.2] * 8, 8, "pri")
+
+
+def test_priors_within_the_sum_tolerance_are_renormalised():
+    # 0.5 + (0.5 + 5e-7) is within 1e-6 of 1, and comes back divided by its sum
+    pi = lf.check_priors([0.5, 0.5 + 5e-7], 2, "pri")
+    assert pi.sum() == pytest.approx(1.0, abs=1e-15)
+    assert pi[0] == pytest.approx(0.5 / (1.0 + 5e-7), abs=1e-15)
+    with pytest.raises(ValueError, match="^pri: "):
+        lf.check_priors([0.5, 0.5 + 2e-6], 2, "pri")
+
+
+def test_em_stops_at_the_first_step_that_moves_no_prior_by_more_than_the_tolerance():
+    # rows sure of class 0 from (1/2, 1/2): the first step moves the prior by exactly 1/2
+    assert lf.em_priors([[1.0, 0.0]] * 3, [0.5, 0.5], tol=0.5) == (
+        pytest.approx([1.0, 0.0]), 1, True)
+    assert lf.em_priors([[1.0, 0.0]] * 3, [0.5, 0.5], tol=0.4999) == (
+        pytest.approx([1.0, 0.0]), 2, True)
+
+
+def test_zero_source_priors_and_rows_the_weights_empty():
+    """A class of source prior 0 gets weight 0 (not 1) even where rows hold probability of
+    it; a row the weights send to zero everywhere stays as it was; equal weights give the
+    rows back bit for bit (no renormalisation's rounding), whatever the weight."""
+    assert lf.prior_weights([0.5, 0.5, 0.0], [0.25, 0.75, 0.0]).tolist() == [0.5, 1.5, 0.0]
+    rows = np.array([[0.2, 0.2, 0.6], [0.1, 0.3, 0.6]])
+    assert lf.reweighted(rows, lf.prior_weights([0.5, 0.5, 0.0], [0.5, 0.5, 0.0])) == \
+        pytest.approx(np.array([[0.5, 0.5, 0.0], [0.25, 0.75, 0.0]]), abs=1e-15)
+    got = lf.reweighted(np.array([[0.0, 1.0], [0.5, 0.5]]), np.array([1.0, 0.0]))
+    assert got.tolist() == [[0.0, 1.0], [1.0, 0.0]]
+    # 0.7 + 0.2 + 0.1 is not 1 in floating point: a renormalisation would move the rows
+    uneven = np.array([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1]])
+    assert uneven[0].sum() != 1.0
+    for weight in (0.5, 1.0, 3.0):
+        assert np.array_equal(lf.reweighted(uneven, np.full(3, weight)), uneven)
+
+
+def test_a_decreasing_reliability_is_not_read_as_one():
+    """Reference confidences 0.6 and 0.7 right, 0.8 and 0.9 wrong: the increasing isotonic
+    fit pools all four at 1/2, so every batch confidence maps to 1/2 (a fit free to
+    decrease would map 0.65 to 1 and 0.85 to 0)."""
+    c = np.array([0.6, 0.7, 0.8, 0.9])
+    profile = lf.ReferenceProfile().fit(np.column_stack([c, 1 - c]), [0, 0, 1, 1])
+    batch = np.array([[0.65, 0.35], [0.85, 0.15]])
+    assert profile.estimate(batch).cbpe == pytest.approx(0.5, abs=1e-15)
+    assert profile.maps_.predict([0, 0], [0.65, 0.85]).tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_a_class_without_reference_labels_has_zero_accuracy_and_mapped_confidence():
+    probs = np.array([[0.7, 0.2, 0.1], [0.2, 0.7, 0.1], [0.6, 0.3, 0.1], [0.3, 0.6, 0.1]])
+    profile = lf.ReferenceProfile().fit(probs, [0, 1, 1, 1])
+    assert profile.label_counts_.tolist() == [1, 3, 0]
+    assert profile.class_accuracy_.tolist() == pytest.approx([1.0, 2 / 3, 0.0], abs=1e-15)
+    assert profile.class_cbpe_[2] == 0.0 and profile.class_cbpe_var_[2] == 0.0
+
+
+def test_a_class_at_exactly_the_share_floor_needs_its_reference_rows():
+    """One label of class 1 among 200 reference rows: its share is 1/200, exactly
+    SHARE_FLOOR, so its single row keeps the reweighted route out (confidence route); among
+    201 rows it is below the floor and the reweighted route is taken. Each batch is its
+    own reference (no label shift, gap 0)."""
+    assert 1 / 200 == lf.SHARE_FLOOR
+    rng = np.random.default_rng(0)
+    for n, route in ((200, "confidence"), (201, "reweighted")):
+        positive = rng.uniform(0.0, 0.4, n)
+        probs = np.column_stack([1 - positive, positive])
+        labels = np.zeros(n, dtype=np.int64)
+        labels[0] = 1
+        est = lf.ReferenceProfile().fit(probs, labels).estimate(probs)
+        assert est.label_shift_gap <= est.label_shift_tolerance
+        assert est.prior_method == route
+
+
+def test_recipes_that_predict_equally_well_keep_the_class_maps():
+    """Identical rows all predicting class 0: each fold's class map and class 0's
+    one-vs-rest map are both the training rows' share of label 0, so the held-out Brier
+    scores are equal and the tie goes to the class maps."""
+    rows = np.tile([0.7, 0.3], (100, 1))
+    labels = np.random.default_rng(1).integers(0, 2, 100)
+    profile = lf.ReferenceProfile().fit(rows, labels, rows)
+    assert profile.recipe_brier_[lf.CLASS_MAPS] == profile.recipe_brier_[lf.ONE_VS_REST]
+    assert profile.recipe_ == lf.CLASS_MAPS
+
+
+def test_the_recipe_brier_scores_are_those_of_five_shuffled_folds():
+    """The held-out Brier score of each recipe, recomputed with scikit-learn's KFold (5,
+    shuffled, seed 0) and IsotonicRegression directly: class maps of the champion's top-1
+    confidence (plus TIE_BREAK times the classifier's own probability of it) per predicted
+    class (min_map_rows 1: every class its own map), and per class the one-vs-rest map of
+    the classifier's own probability."""
+    from sklearn.isotonic import IsotonicRegression
+    from sklearn.model_selection import KFold
+
+    def iso(x, y):
+        return IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(x, y)
+
+    rng = np.random.default_rng(9)
+    own, probs, labels = _informative_and_noise(rng, 150)
+    profile = lf.ReferenceProfile(min_map_rows=1).fit(probs, labels, own)
+    n = len(labels)
+    predicted = probs.argmax(axis=1)
+    correct = (predicted == labels).astype(float)
+    read = probs[np.arange(n), predicted] + lf.TIE_BREAK * own[np.arange(n), predicted]
+    maps, ovr = np.empty(n), np.empty(n)
+    for train, test in KFold(5, shuffle=True, random_state=0).split(probs):
+        for k in range(2):
+            fit_rows, rows = train[predicted[train] == k], test[predicted[test] == k]
+            maps[rows] = iso(read[fit_rows], correct[fit_rows]).predict(read[rows])
+            ovr[rows] = iso(own[train, k], labels[train] == k).predict(own[rows, k])
+    assert profile.recipe_brier_ == pytest.approx(
+        {lf.CLASS_MAPS: np.mean((maps - correct) ** 2),
+         lf.ONE_VS_REST: np.mean((ovr - correct) ** 2)}, abs=1e-12)
