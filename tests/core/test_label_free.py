@@ -672,13 +672,13 @@ def test_each_refusal_names_the_argument_it_is_about():
         profile.estimate([[0.5, 0.2, 0.3]])
     with pytest.raises(ValueError, match=r"^probs: row 0 sums to 1\.1"):
         profile.estimate(bad)
-    for fitted, given, word in ((profile, [[0.5, 0.5]], "without"),
+    for fitted, own, word in ((profile, [[0.5, 0.5]], "without"),
                                 (lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.5]]),
                                  None, "with")):
         with pytest.raises(ValueError, match=(
                 rf"^original: the reference profile was fitted {word} the classifier's own "
                 r"probabilities; estimate a batch likewise$")):
-            fitted.estimate([[0.5, 0.5]], given)
+            fitted.estimate([[0.5, 0.5]], own)
 
 
 def test_an_unfitted_profile_says_so():
