@@ -673,8 +673,8 @@ def test_each_refusal_names_the_argument_it_is_about():
     with pytest.raises(ValueError, match=r"^probs: row 0 sums to 1\.1"):
         profile.estimate(bad)
     for fitted, own, word in ((profile, [[0.5, 0.5]], "without"),
-                                (lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.5]]),
-                                 None, "with")):
+                              (lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.5]]),
+                               None, "with")):
         with pytest.raises(ValueError, match=(
                 rf"^original: the reference profile was fitted {word} the classifier's own "
                 r"probabilities; estimate a batch likewise$")):
