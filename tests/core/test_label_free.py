@@ -612,6 +612,9 @@ def test_ties_left_by_the_repair_are_ordered_by_the_classifiers_own_probabilitie
     ordered = lf.ReferenceProfile(min_map_rows=4).fit(repaired, labels, original)
     assert ordered.tie_break_ and ordered.map_routes_ == (lf.POOLED_MAP, lf.CLASS_MAP)
     assert ordered.estimate(batch, batch_original).cbpe == pytest.approx(0.75, abs=1e-9)
+    # the prior-corrected confidence route orders the ties likewise (no shift here)
+    assert ordered.estimate(batch, batch_original).prior_confidence == \
+        pytest.approx(0.75, abs=1e-6)
     flat = lf.ReferenceProfile(min_map_rows=4).fit(repaired, labels)
     assert flat.estimate(batch).cbpe == pytest.approx(0.5, abs=1e-12)
     with pytest.raises(ValueError, match="fitted with the classifier's own"):
@@ -893,3 +896,30 @@ def test_the_recipe_brier_scores_are_those_of_five_shuffled_folds():
     assert profile.recipe_brier_ == pytest.approx(
         {lf.CLASS_MAPS: np.mean((maps - correct) ** 2),
          lf.ONE_VS_REST: np.mean((ovr - correct) ** 2)}, abs=1e-12)
+
+
+def test_the_reweighted_route_hand_checked():
+    """Reference: (1, 0) twice, labelled 0 and 0; (0, 1) twice, labelled 1 and 0. Source
+    priors (1/2, 1/2), label counts (3, 1), class accuracies 2/3 and 1. A batch of three
+    (1, 0) rows and one (0, 1): EM's priors are (3/4, 1/4), the weights (3/2, 1/2), the
+    label shares (3 x 3/2, 1 x 1/2) / 5 = (9/10, 1/10), the reweighted accuracy
+    9/10 x 2/3 + 1/10 x 1 = 7/10 (the reference's own label shares would give 3/4)."""
+    reference = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    profile = lf.ReferenceProfile().fit(reference, [0, 0, 1, 0])
+    assert profile.class_accuracy_ == pytest.approx([2 / 3, 1.0], abs=1e-15)
+    est = profile.estimate(reference[[0, 1, 0, 2]])
+    assert est.priors == pytest.approx([0.75, 0.25], abs=1e-15)
+    assert est.prior_reweighted == pytest.approx(0.7, abs=1e-12)
+
+
+def test_no_labelled_class_left_by_the_shift_means_the_confidence_route():
+    """Reference rows predicting class 0, all labelled 1 (so the map of class 0 is 0); a
+    batch of rows sure of class 0: EM's priors (1, 0) leave class 1, the only labelled
+    class, no share. The label shares are all 0, so there is no reweighted reference
+    accuracy to take: the confidence route (CBPE 0, no gap)."""
+    reference = np.array([[0.8, 0.2], [0.9, 0.1], [0.7, 0.3]])
+    profile = lf.ReferenceProfile().fit(reference, [1, 1, 1])
+    est = profile.estimate(np.tile([1.0, 0.0], (2, 1)))
+    assert est.priors.tolist() == [1.0, 0.0]
+    assert est.cbpe == 0.0 and est.label_shift_gap == 0.0
+    assert est.prior_method == "confidence"
