@@ -910,6 +910,24 @@ def test_the_reweighted_route_hand_checked():
     est = profile.estimate(reference[[0, 1, 0, 2]])
     assert est.priors == pytest.approx([0.75, 0.25], abs=1e-15)
     assert est.prior_reweighted == pytest.approx(0.7, abs=1e-12)
+    # every other figure: one map pooled over the four rows (all at confidence 1, 3 of 4
+    # right), so every row maps to 3/4 with no spread (tolerance = the floor); the ATC
+    # threshold is the second smallest confidence, 1; chi-squared of [[2, 2], [3, 1]]
+    # (expected 2.5 and 1.5 per row) is 2 (1/4 / 2.5 + 1/4 / 1.5) = 8/15, one degree of
+    # freedom; too few labelled rows per class for the reweighted route
+    assert est._replace(priors=None, prior_reweighted=None, drift=None) == lf.Estimates(
+        n=4, cbpe=pytest.approx(0.75, abs=1e-15), class_map_share=0.0,
+        map_routes=(lf.POOLED_MAP, lf.POOLED_MAP), atc=1.0, doc=0.75,
+        prior_corrected=pytest.approx(0.75, abs=1e-15), prior_method="confidence",
+        prior_confidence=pytest.approx(0.75, abs=1e-15), prior_reweighted=None,
+        label_shift_gap=pytest.approx(0.0, abs=1e-15),
+        label_shift_tolerance=pytest.approx(lf.LABEL_SHIFT_FLOOR, abs=1e-15), priors=None,
+        em_iterations=2, em_converged=True, prior_shift=pytest.approx(0.25, abs=1e-15),
+        mean_confidence=1.0, predicted_counts=pytest.approx([3, 1]), drift=None,
+        recipe=lf.CLASS_MAPS)
+    assert est.drift == (("ks", 0.0, 1.0), ("chi2", pytest.approx(8 / 15, rel=1e-12),
+                                              pytest.approx(math.erfc(math.sqrt(4 / 15)),
+                                                            rel=1e-9)))
 
 
 def test_no_labelled_class_left_by_the_shift_means_the_confidence_route():
