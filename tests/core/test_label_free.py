@@ -670,6 +670,13 @@ def test_each_refusal_names_the_argument_it_is_about():
         lf.ReferenceProfile().fit([[0.5, 0.5]], [2])
     with pytest.raises(ValueError, match=r"^original: expected 2 classes \(columns\), got 3"):
         lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.2, 0.3]])
+    with pytest.raises(ValueError, match=r"^original: expected 1 rows, one per row of probs, "
+                                         r"got 2$"):
+        lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.5]] * 2)
+    for original in (None, [[0.5, 0.5]]):
+        with pytest.raises(ValueError, match=r"^recipe: expected one of 'class-maps', "
+                                             r"'one-vs-rest', 'auto', got 'isotonic'$"):
+            lf.ReferenceProfile(recipe="isotonic").fit([[0.5, 0.5]], [0], original)
     profile = lf.ReferenceProfile().fit([[0.5, 0.5]], [0])
     with pytest.raises(ValueError, match=r"^probs: expected 2 classes \(columns\), got 3"):
         profile.estimate([[0.5, 0.2, 0.3]])
