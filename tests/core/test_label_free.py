@@ -948,3 +948,15 @@ def test_no_labelled_class_left_by_the_shift_means_the_confidence_route():
     assert est.priors.tolist() == [1.0, 0.0]
     assert est.cbpe == 0.0 and est.label_shift_gap == 0.0
     assert est.prior_method == "confidence"
+
+
+def test_maps_are_fitted_in_float64_whatever_the_scores_dtype():
+    """Scores 0.25, 0.5 (three rows, one of them right) and 0.75 (right), handed over as
+    float32: the map at 0.5 is 1/3 in float64 (a float32 fit would hold 0.33333334)."""
+    scores = np.array([0.25, 0.5, 0.5, 0.5, 0.75], dtype=np.float32)
+    right = np.array([0, 0, 1, 0, 1])
+    maps = lf.ConfidenceMaps(min_rows=1).fit(np.zeros(5, np.int64), scores, right, 1)
+    assert maps.predict([0, 0, 0], [0.5, 0.125, 0.625]).tolist() == \
+        pytest.approx([1 / 3, 0.0, 2 / 3], abs=1e-15)
+    ovr = lf.OneVsRestMaps().fit(np.column_stack([scores, 1 - scores]), 1 - right, 2)
+    assert ovr.predict([0, 0], [0.5, 0.875]).tolist() == pytest.approx([1 / 3, 1.0], abs=1e-15)
