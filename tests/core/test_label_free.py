@@ -682,6 +682,9 @@ def test_each_refusal_names_the_argument_it_is_about():
         profile.estimate([[0.5, 0.2, 0.3]])
     with pytest.raises(ValueError, match=r"^probs: row 0 sums to 1\.1"):
         profile.estimate(bad)
+    with_own = lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.5]])
+    with pytest.raises(ValueError, match=r"^original: expected 2 classes \(columns\), got 3"):
+        with_own.estimate([[0.5, 0.5]], [[0.5, 0.2, 0.3]])
     for fitted, own, word in ((profile, [[0.5, 0.5]], "without"),
                               (lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.5]]),
                                None, "with")):
@@ -960,3 +963,10 @@ def test_maps_are_fitted_in_float64_whatever_the_scores_dtype():
         pytest.approx([1 / 3, 0.0, 2 / 3], abs=1e-15)
     ovr = lf.OneVsRestMaps().fit(np.column_stack([scores, 1 - scores]), 1 - right, 2)
     assert ovr.predict([0, 0], [0.5, 0.875]).tolist() == pytest.approx([1 / 3, 1.0], abs=1e-15)
+
+
+def test_doc_averages_float32_confidences_in_float64():
+    tiny = 2.0 ** -24  # in float32, 1 + tiny rounds back to 1
+    confidence = np.array([1.0, tiny, tiny], dtype=np.float32)
+    assert lf.doc_accuracy(0.0, 0.0, confidence) == pytest.approx((1 + 2 * tiny) / 3,
+                                                                   abs=1e-15)
