@@ -970,3 +970,26 @@ def test_doc_averages_float32_confidences_in_float64():
     confidence = np.array([1.0, tiny, tiny], dtype=np.float32)
     assert lf.doc_accuracy(0.0, 0.0, confidence) == pytest.approx((1 + 2 * tiny) / 3,
                                                                    abs=1e-15)
+
+
+def test_atc_compares_float32_confidences_in_float64():
+    """A float32 confidence a hair (1e-12) below the threshold is below it (compared in
+    float32, the threshold would round onto it)."""
+    confidence = np.array([0.3], dtype=np.float32)
+    assert lf.atc_accuracy(float(confidence[0]) + 1e-12, confidence) == 0.0
+    assert lf.atc_accuracy(float(confidence[0]), confidence) == 1.0
+
+
+def test_label_shares_hand_checked_at_small_totals_and_integer_priors():
+    # one labelled row of class 0, weight 1/2: the shares are still renormalised to (1, 0)
+    assert lf.label_shares([1, 0], [0.5, 0.5], [0.25, 0.75]).tolist() == [1.0, 0.0]
+    # target priors given as integers (1, 0): weights (4, 0)
+    assert lf.reweighted_accuracy([100, 300], [0.9, 0.5], [0.25, 0.75], [1, 0]) == \
+        pytest.approx(0.9, abs=1e-15)
+
+
+def test_negative_counts_and_a_single_class_are_refused():
+    for reference, counts, shape in (([2, -1], [1, 2], r"\(2, 2\)"), ([5], [3], r"\(2, 1\)")):
+        with pytest.raises(ValueError, match=rf"^counts: expected two non-empty count vectors "
+                                             rf"of one length >= 2, got shape {shape}$"):
+            lf.chi2_predicted(reference, counts)
