@@ -336,6 +336,32 @@ _SEL_BREAK = ("choose walks the families simplest first, (rank, name) ascending,
               "rank(None) is 12, which no family's rank exceeds, and a family ranked 12 "
               "before best is unlisted like best and its name sorts first")
 
+# Reasons shared by cord_ops/label_free.py's equivalent survivors.
+_LF_LABELS = ("OneVsRestMaps reads its labels only as labels == k: an integer or float array of "
+              "class indices gives the same masks whatever its dtype (ReferenceProfile hands "
+              "it check_labels' int64)")
+_LF_ASTYPE_NONE = "astype(None) is astype(float64), numpy's default dtype"
+_LF_MATMUL = ("@ with the float64 label shares converts any integer or float array to float64 "
+              "exactly: the same products and sum")
+_LF_SOURCE = ("the source priors are read only as the divisor of the float64 target priors and "
+              "in source > 0: numpy converts them to float64 exactly for both")
+_LF_COUNTS = ("the label counts are only multiplied by the float64 weights, which converts "
+              "them to float64 exactly")
+_LF_KS = ("ks_2samp's statistic and p-value depend only on the sample sizes and the order of "
+          "the pooled values, which the exact float64 conversion keeps (checked: float32, "
+          "mixed and float64 samples give the same figures bit for bit)")
+_LF_CHI2 = ("chi2_contingency computes the expected frequencies in float64 and the statistic "
+            "from observed - expected, which converts an integer or float table exactly: the "
+            "same figures bit for bit; the checks read the same counts")
+_LF_READS_NONE = ("_reads (and _fit_maps) treat every recipe but ONE_VS_REST as the class "
+                  "maps': None reads the same top-1 confidence")
+_LF_ONE_ROW = ("the floor only changes the divisor of a class with 0 or 1 labelled rows, whose "
+               "class_cbpe_var_ is 0: its term of the standard error is 0 either way")
+_LF_GAP_EQUAL = ("differs only when the gap equals the tolerance to the last bit (the "
+                 "docstring: rejected when the gap is *above* it); both are sums of computed "
+                 "floats, with tolerance >= LABEL_SHIFT_FLOOR, and no batch constructed here "
+                 "reaches the tie")
+
 ACCEPTED: dict[str, str] = {
     # cord_ops/select.py
     "cord_ops/select.py::_score::for (_, test), (rep, cal, _, _) in zip(folds, results, strict=True): -> for (_, test), (rep, cal, _, _) in zip(folds, results, strict=None):":  # noqa: E501 - a key is one source line
@@ -876,6 +902,47 @@ ACCEPTED: dict[str, str] = {
         _G_CHUNK,
     'flows/store/graphs.py::sha256_file::for block in iter(lambda: handle.read(1 << 20), b""): -> for block in iter(lambda: handle.read(1 << 21), b""):':  # noqa: E501 - a key is one source line
         _G_CHUNK,
+    # cord_ops/label_free.py
+    'cord_ops/label_free.py::OneVsRestMaps.fit::labels = np.asarray(labels, dtype=np.int64) -> labels = np.asarray(labels, dtype=None)':  # noqa: E501 - a key is one source line
+        _LF_LABELS,
+    'cord_ops/label_free.py::OneVsRestMaps.fit::labels = np.asarray(labels, dtype=np.int64) -> labels = np.asarray(labels, )':  # noqa: E501 - a key is one source line
+        _LF_LABELS,
+    'cord_ops/label_free.py::OneVsRestMaps.fit::self.maps_ = [_isotonic(scores[:, k], (labels == k).astype(np.float64)) -> self.maps_ = [_isotonic(scores[:, k], (labels == k).astype(None))':  # noqa: E501 - a key is one source line
+        _LF_ASTYPE_NONE,
+    'cord_ops/label_free.py::label_shares::source = np.asarray(source_priors, dtype=np.float64) -> source = np.asarray(source_priors, dtype=None)':  # noqa: E501 - a key is one source line
+        _LF_SOURCE,
+    'cord_ops/label_free.py::label_shares::source = np.asarray(source_priors, dtype=np.float64) -> source = np.asarray(source_priors, )':  # noqa: E501 - a key is one source line
+        _LF_SOURCE,
+    'cord_ops/label_free.py::label_shares::shares = np.asarray(label_counts, dtype=np.float64) * np.divide( -> shares = np.asarray(label_counts, dtype=None) * np.divide(':  # noqa: E501 - a key is one source line
+        _LF_COUNTS,
+    'cord_ops/label_free.py::label_shares::shares = np.asarray(label_counts, dtype=np.float64) * np.divide( -> shares = np.asarray(label_counts, ) * np.divide(':  # noqa: E501 - a key is one source line
+        _LF_COUNTS,
+    'cord_ops/label_free.py::reweighted_accuracy::@ np.asarray(class_accuracy, dtype=np.float64)) -> @ np.asarray(class_accuracy, dtype=None))':  # noqa: E501 - a key is one source line
+        _LF_MATMUL,
+    'cord_ops/label_free.py::reweighted_accuracy::@ np.asarray(class_accuracy, dtype=np.float64)) -> @ np.asarray(class_accuracy, ))':  # noqa: E501 - a key is one source line
+        _LF_MATMUL,
+    'cord_ops/label_free.py::ks_confidence::result = ks_2samp(np.asarray(reference_confidence, dtype=np.float64), -> result = ks_2samp(np.asarray(reference_confidence, dtype=None),':  # noqa: E501 - a key is one source line
+        _LF_KS,
+    'cord_ops/label_free.py::ks_confidence::result = ks_2samp(np.asarray(reference_confidence, dtype=np.float64), -> result = ks_2samp(np.asarray(reference_confidence, ),':  # noqa: E501 - a key is one source line
+        _LF_KS,
+    'cord_ops/label_free.py::ks_confidence::np.asarray(confidence, dtype=np.float64)) -> np.asarray(confidence, dtype=None))':  # noqa: E501 - a key is one source line
+        _LF_KS,
+    'cord_ops/label_free.py::ks_confidence::np.asarray(confidence, dtype=np.float64)) -> np.asarray(confidence, ))':  # noqa: E501 - a key is one source line
+        _LF_KS,
+    'cord_ops/label_free.py::chi2_predicted::table = np.vstack([np.asarray(reference_counts, dtype=np.float64), -> table = np.vstack([np.asarray(reference_counts, dtype=None),':  # noqa: E501 - a key is one source line
+        _LF_CHI2,
+    'cord_ops/label_free.py::chi2_predicted::table = np.vstack([np.asarray(reference_counts, dtype=np.float64), -> table = np.vstack([np.asarray(reference_counts, ),':  # noqa: E501 - a key is one source line
+        _LF_CHI2,
+    'cord_ops/label_free.py::chi2_predicted::np.asarray(counts, dtype=np.float64)]) -> np.asarray(counts, dtype=None)])':  # noqa: E501 - a key is one source line
+        _LF_CHI2,
+    'cord_ops/label_free.py::chi2_predicted::np.asarray(counts, dtype=np.float64)]) -> np.asarray(counts, )])':  # noqa: E501 - a key is one source line
+        _LF_CHI2,
+    'cord_ops/label_free.py::ReferenceProfile.estimate::CLASS_MAPS, reweighted(p, prior_weights(self.priors_, em.priors)), predicted, -> None, reweighted(p, prior_weights(self.priors_, em.priors)), predicted,':  # noqa: E501 - a key is one source line
+        _LF_READS_NONE,
+    'cord_ops/label_free.py::ReferenceProfile.estimate::rows = np.maximum(self.label_counts_, 1) -> rows = np.maximum(self.label_counts_, 2)':  # noqa: E501 - a key is one source line
+        _LF_ONE_ROW,
+    'cord_ops/label_free.py::ReferenceProfile.estimate::route = "cbpe" if gap > tolerance else "reweighted" if known else "confidence" -> route = "cbpe" if gap >= tolerance else "reweighted" if known else "confidence"':  # noqa: E501 - a key is one source line
+        _LF_GAP_EQUAL,
 }
 
 def _without_node_names(line: str) -> str:
