@@ -792,6 +792,13 @@ def test_settings_and_inputs_out_of_range_are_refused_in_one_line():
             r"^pri: expected 9 non-negative priors summing to 1, got "
             r"\[0\.2 0\.2 0\.2 \.\.\. 0\.2 0\.2 0\.2\]$")):
         lf.check_priors([0.2] * 9, 9, "pri")
+    for priors, k in (([math.nan, 1.0], 2), ([math.inf, 0.0], 2), ([-0.5, 1.5], 2),
+                      ([0.5, 0.5], 3), ([[0.5, 0.5]], 2)):
+        with pytest.raises(ValueError, match=rf"^pri: expected {k} non-negative priors"):
+            lf.check_priors(priors, k, "pri")
+    with pytest.raises(ValueError, match=r"^confidence, correct: expected two \(n,\) arrays "
+                                         r"with n >= 1, got shapes \(2,\) and \(1,\)$"):
+        lf.atc_threshold([0.5, 0.6], [True])
     with pytest.raises(ValueError, match=r"^pri: expected 8 non-negative priors summing to 1, "
                                          r"got \[0\.2 0\.2 0\.2 0\.2 0\.2 0\.2 0\.2 0\.2\]$"):
         lf.check_priors([0.2] * 8, 8, "pri")
@@ -846,6 +853,8 @@ def test_a_class_without_reference_labels_has_zero_accuracy_and_mapped_confidenc
     probs = np.array([[0.7, 0.2, 0.1], [0.2, 0.7, 0.1], [0.6, 0.3, 0.1], [0.3, 0.6, 0.1]])
     profile = lf.ReferenceProfile().fit(probs, [0, 1, 1, 1])
     assert profile.label_counts_.tolist() == [1, 3, 0]
+    assert profile.label_priors_.tolist() == [0.25, 0.75, 0.0]
+    assert profile.predicted_counts_.tolist() == [2, 2, 0]
     assert profile.class_accuracy_.tolist() == pytest.approx([1.0, 2 / 3, 0.0], abs=1e-15)
     assert profile.class_cbpe_[2] == 0.0 and profile.class_cbpe_var_[2] == 0.0
 
