@@ -357,6 +357,12 @@ _LF_READS_NONE = ("_reads (and _fit_maps) treat every recipe but ONE_VS_REST as 
                   "maps': None reads the same top-1 confidence")
 _LF_ONE_ROW = ("the floor only changes the divisor of a class with 0 or 1 labelled rows, whose "
                "class_cbpe_var_ is 0: its term of the standard error is 0 either way")
+_LF_BOUNDS = ("the maps' targets are 0/1 (top-1 correctness, label == k): an isotonic fit's "
+              "values are means of pooled targets, within [0, 1] without the bounds (and "
+              "within [0, 2])")
+_LF_INCREASING = "IsotonicRegression's increasing defaults to True"
+_LF_YATES = ("chi2_contingency applies Yates' correction only `if correction and dof == 1`: "
+             "None is false like False")
 _LF_GAP_EQUAL = ("differs only when the gap equals the tolerance to the last bit (the "
                  "docstring: rejected when the gap is *above* it); both are sums of computed "
                  "floats, with tolerance >= LABEL_SHIFT_FLOOR, and no batch constructed here "
@@ -903,6 +909,18 @@ ACCEPTED: dict[str, str] = {
     'flows/store/graphs.py::sha256_file::for block in iter(lambda: handle.read(1 << 20), b""): -> for block in iter(lambda: handle.read(1 << 21), b""):':  # noqa: E501 - a key is one source line
         _G_CHUNK,
     # cord_ops/label_free.py
+    'cord_ops/label_free.py::_isotonic::return IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, -> return IsotonicRegression(y_min=None, y_max=1.0, increasing=True,':  # noqa: E501 - a key is one source line
+        _LF_BOUNDS,
+    'cord_ops/label_free.py::_isotonic::return IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, -> return IsotonicRegression(y_min=0.0, y_max=None, increasing=True,':  # noqa: E501 - a key is one source line
+        _LF_BOUNDS,
+    'cord_ops/label_free.py::_isotonic::return IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, -> return IsotonicRegression(y_max=1.0, increasing=True,':  # noqa: E501 - a key is one source line
+        _LF_BOUNDS,
+    'cord_ops/label_free.py::_isotonic::return IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, -> return IsotonicRegression(y_min=0.0, increasing=True,':  # noqa: E501 - a key is one source line
+        _LF_BOUNDS,
+    'cord_ops/label_free.py::_isotonic::return IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, | out_of_bounds="clip").fit(confidence, correct) -> return IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(confidence, correct)':  # noqa: E501 - a key is one source line
+        _LF_INCREASING,
+    'cord_ops/label_free.py::_isotonic::return IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, -> return IsotonicRegression(y_min=0.0, y_max=2.0, increasing=True,':  # noqa: E501 - a key is one source line
+        _LF_BOUNDS,
     'cord_ops/label_free.py::OneVsRestMaps.fit::labels = np.asarray(labels, dtype=np.int64) -> labels = np.asarray(labels, dtype=None)':  # noqa: E501 - a key is one source line
         _LF_LABELS,
     'cord_ops/label_free.py::OneVsRestMaps.fit::labels = np.asarray(labels, dtype=np.int64) -> labels = np.asarray(labels, )':  # noqa: E501 - a key is one source line
@@ -937,6 +955,8 @@ ACCEPTED: dict[str, str] = {
         _LF_CHI2,
     'cord_ops/label_free.py::chi2_predicted::np.asarray(counts, dtype=np.float64)]) -> np.asarray(counts, )])':  # noqa: E501 - a key is one source line
         _LF_CHI2,
+    'cord_ops/label_free.py::chi2_predicted::result = chi2_contingency(table, correction=False) -> result = chi2_contingency(table, correction=None)':  # noqa: E501 - a key is one source line
+        _LF_YATES,
     'cord_ops/label_free.py::ReferenceProfile.estimate::CLASS_MAPS, reweighted(p, prior_weights(self.priors_, em.priors)), predicted, -> None, reweighted(p, prior_weights(self.priors_, em.priors)), predicted,':  # noqa: E501 - a key is one source line
         _LF_READS_NONE,
     'cord_ops/label_free.py::ReferenceProfile.estimate::rows = np.maximum(self.label_counts_, 1) -> rows = np.maximum(self.label_counts_, 2)':  # noqa: E501 - a key is one source line
