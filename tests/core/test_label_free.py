@@ -671,8 +671,8 @@ def test_each_refusal_names_the_argument_it_is_about():
     with pytest.raises(ValueError, match=r"^original: expected 2 classes \(columns\), got 3"):
         lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.2, 0.3]])
     with pytest.raises(ValueError, match=r"^original: expected 1 rows, one per row of probs, "
-                                         r"got 2$"):
-        lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.5]] * 2)
+                                         r"got 3$"):
+        lf.ReferenceProfile().fit([[0.5, 0.5]], [0], [[0.5, 0.5]] * 3)
     for original in (None, [[0.5, 0.5]]):
         with pytest.raises(ValueError, match=r"^recipe: expected one of 'class-maps', "
                                              r"'one-vs-rest', 'auto', got 'isotonic'$"):
@@ -972,6 +972,12 @@ def test_maps_are_fitted_in_float64_whatever_the_scores_dtype():
         pytest.approx([1 / 3, 0.0, 2 / 3], abs=1e-15)
     ovr = lf.OneVsRestMaps().fit(np.column_stack([scores, 1 - scores]), 1 - right, 2)
     assert ovr.predict([0, 0], [0.5, 0.875]).tolist() == pytest.approx([1 / 3, 1.0], abs=1e-15)
+    # read at float32 confidences, and with the predicted classes given as floats (as a
+    # file of class indices may hold them), the values are the same float64 figures
+    assert maps.predict(np.zeros(2), np.array([0.5, 0.625], np.float32)).tolist() == \
+        pytest.approx([1 / 3, 2 / 3], abs=1e-15)
+    floats = lf.ConfidenceMaps(min_rows=1).fit(np.zeros(5), scores, right, 1)
+    assert floats.predict([0.0], [0.5]).tolist() == pytest.approx([1 / 3], abs=1e-15)
 
 
 def test_doc_averages_float32_confidences_in_float64():
