@@ -360,6 +360,8 @@ _LF_ONE_ROW = ("the floor only changes the divisor of a class with 0 or 1 labell
 _LF_BOUNDS = ("the maps' targets are 0/1 (top-1 correctness, label == k): an isotonic fit's "
               "values are means of pooled targets, within [0, 1] without the bounds (and "
               "within [0, 2])")
+_LF_RIGHT = ("IsotonicRegression.fit converts y to X's dtype, and X (the confidences) is "
+             "float64 here: bool, integer or float correctness give the same float64 targets")
 _LF_INCREASING = "IsotonicRegression's increasing defaults to True"
 _LF_YATES = ("chi2_contingency applies Yates' correction only `if correction and dof == 1`: "
              "None is false like False")
@@ -921,6 +923,10 @@ ACCEPTED: dict[str, str] = {
         _LF_INCREASING,
     'cord_ops/label_free.py::_isotonic::return IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, -> return IsotonicRegression(y_min=0.0, y_max=2.0, increasing=True,':  # noqa: E501 - a key is one source line
         _LF_BOUNDS,
+    'cord_ops/label_free.py::ConfidenceMaps.fit::right = np.asarray(correct, dtype=np.float64) -> right = np.asarray(correct, dtype=None)':  # noqa: E501 - a key is one source line
+        _LF_RIGHT,
+    'cord_ops/label_free.py::ConfidenceMaps.fit::right = np.asarray(correct, dtype=np.float64) -> right = np.asarray(correct, )':  # noqa: E501 - a key is one source line
+        _LF_RIGHT,
     'cord_ops/label_free.py::OneVsRestMaps.fit::labels = np.asarray(labels, dtype=np.int64) -> labels = np.asarray(labels, dtype=None)':  # noqa: E501 - a key is one source line
         _LF_LABELS,
     'cord_ops/label_free.py::OneVsRestMaps.fit::labels = np.asarray(labels, dtype=np.int64) -> labels = np.asarray(labels, )':  # noqa: E501 - a key is one source line
