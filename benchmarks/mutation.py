@@ -963,6 +963,8 @@ ACCEPTED: dict[str, str] = {
         _LF_CHI2,
     'cord_ops/label_free.py::chi2_predicted::result = chi2_contingency(table, correction=False) -> result = chi2_contingency(table, correction=None)':  # noqa: E501 - a key is one source line
         _LF_YATES,
+    'cord_ops/label_free.py::ReferenceProfile._fit_maps::predicted, self._reads(recipe, probs, predicted, raw), correct, k) -> predicted, self._reads(None, probs, predicted, raw), correct, k)':  # noqa: E501 - a key is one source line
+        _LF_READS_NONE,
     'cord_ops/label_free.py::ReferenceProfile.estimate::CLASS_MAPS, reweighted(p, prior_weights(self.priors_, em.priors)), predicted, -> None, reweighted(p, prior_weights(self.priors_, em.priors)), predicted,':  # noqa: E501 - a key is one source line
         _LF_READS_NONE,
     'cord_ops/label_free.py::ReferenceProfile.estimate::rows = np.maximum(self.label_counts_, 1) -> rows = np.maximum(self.label_counts_, 2)':  # noqa: E501 - a key is one source line
