@@ -363,6 +363,7 @@ _LF_BOUNDS = ("the maps' targets are 0/1 (top-1 correctness, label == k): an iso
 _LF_RIGHT = ("IsotonicRegression.fit converts y to X's dtype, and X (the confidences) is "
              "float64 here: bool, integer or float correctness give the same float64 targets")
 _LF_FOLDS = "KFold's n_splits defaults to 5, which is RECIPE_FOLDS"
+_LF_LABELS_NAME = "check_labels' name defaults to \"labels\", the name passed"
 _LF_INCREASING = "IsotonicRegression's increasing defaults to True"
 _LF_YATES = ("chi2_contingency applies Yates' correction only `if correction and dof == 1`: "
              "None is false like False")
@@ -968,6 +969,8 @@ ACCEPTED: dict[str, str] = {
         _LF_READS_NONE,
     'cord_ops/label_free.py::ReferenceProfile._choose_recipe::folds = KFold(RECIPE_FOLDS, shuffle=True, random_state=0).split(probs) -> folds = KFold(shuffle=True, random_state=0).split(probs)':  # noqa: E501 - a key is one source line
         _LF_FOLDS,
+    'cord_ops/label_free.py::ReferenceProfile.fit::y = check_labels(labels, n, k, "labels") -> y = check_labels(labels, n, k, )':  # noqa: E501 - a key is one source line
+        _LF_LABELS_NAME,
     'cord_ops/label_free.py::ReferenceProfile.estimate::CLASS_MAPS, reweighted(p, prior_weights(self.priors_, em.priors)), predicted, -> None, reweighted(p, prior_weights(self.priors_, em.priors)), predicted,':  # noqa: E501 - a key is one source line
         _LF_READS_NONE,
     'cord_ops/label_free.py::ReferenceProfile.estimate::rows = np.maximum(self.label_counts_, 1) -> rows = np.maximum(self.label_counts_, 2)':  # noqa: E501 - a key is one source line
