@@ -364,6 +364,10 @@ _LF_RIGHT = ("IsotonicRegression.fit converts y to X's dtype, and X (the confide
              "float64 here: bool, integer or float correctness give the same float64 targets")
 _LF_FOLDS = "KFold's n_splits defaults to 5, which is RECIPE_FOLDS"
 _LF_LABELS_NAME = "check_labels' name defaults to \"labels\", the name passed"
+_LF_REFIT = ("for the class-maps recipe the prior route's maps are then fitted again on the "
+             "same rows by the same call: equal maps (for one vs rest they are fitted anyway)")
+_LF_FIT_LABELS = ("_fit_maps reads the labels only for ONE_VS_REST; the class maps take the "
+                  "correctness instead")
 _LF_INCREASING = "IsotonicRegression's increasing defaults to True"
 _LF_YATES = ("chi2_contingency applies Yates' correction only `if correction and dof == 1`: "
              "None is false like False")
@@ -971,6 +975,12 @@ ACCEPTED: dict[str, str] = {
         _LF_FOLDS,
     'cord_ops/label_free.py::ReferenceProfile.fit::y = check_labels(labels, n, k, "labels") -> y = check_labels(labels, n, k, )':  # noqa: E501 - a key is one source line
         _LF_LABELS_NAME,
+    'cord_ops/label_free.py::ReferenceProfile.fit::self.prior_maps_ = self.maps_ if self.recipe_ == CLASS_MAPS else \\ -> self.prior_maps_ = self.maps_ if (self.recipe_ == CLASS_MAPS) and False else \\':  # noqa: E501 - a key is one source line
+        _LF_REFIT,
+    'cord_ops/label_free.py::ReferenceProfile.fit::self._fit_maps(CLASS_MAPS, p, y, predicted, correct, raw) -> self._fit_maps(None, p, y, predicted, correct, raw)':  # noqa: E501 - a key is one source line
+        _LF_READS_NONE,
+    'cord_ops/label_free.py::ReferenceProfile.fit::self._fit_maps(CLASS_MAPS, p, y, predicted, correct, raw) -> self._fit_maps(CLASS_MAPS, p, None, predicted, correct, raw)':  # noqa: E501 - a key is one source line
+        _LF_FIT_LABELS,
     'cord_ops/label_free.py::ReferenceProfile.estimate::CLASS_MAPS, reweighted(p, prior_weights(self.priors_, em.priors)), predicted, -> None, reweighted(p, prior_weights(self.priors_, em.priors)), predicted,':  # noqa: E501 - a key is one source line
         _LF_READS_NONE,
     'cord_ops/label_free.py::ReferenceProfile.estimate::rows = np.maximum(self.label_counts_, 1) -> rows = np.maximum(self.label_counts_, 2)':  # noqa: E501 - a key is one source line
