@@ -368,6 +368,11 @@ _LF_REFIT = ("for the class-maps recipe the prior route's maps are then fitted a
              "same rows by the same call: equal maps (for one vs rest they are fitted anyway)")
 _LF_FIT_LABELS = ("_fit_maps reads the labels only for ONE_VS_REST; the class maps take the "
                   "correctness instead")
+_LF_ATC_ORDER = ("ATC's threshold is one of the confidences, picked by its rank: any integer or "
+                 "float array ranks the same and converts exactly to the same float")
+_LF_INF = "float() reads \"INF\" case-insensitively: the same inf"
+_LF_TV = ("only one side is left unconverted: the other is float64, so the difference is "
+          "taken in float64 of the exact conversion, the same figure")
 _LF_INCREASING = "IsotonicRegression's increasing defaults to True"
 _LF_YATES = ("chi2_contingency applies Yates' correction only `if correction and dof == 1`: "
              "None is false like False")
@@ -939,6 +944,12 @@ ACCEPTED: dict[str, str] = {
         _LF_LABELS,
     'cord_ops/label_free.py::OneVsRestMaps.fit::self.maps_ = [_isotonic(scores[:, k], (labels == k).astype(np.float64)) -> self.maps_ = [_isotonic(scores[:, k], (labels == k).astype(None))':  # noqa: E501 - a key is one source line
         _LF_ASTYPE_NONE,
+    'cord_ops/label_free.py::atc_threshold::conf = np.asarray(confidence, dtype=np.float64) -> conf = np.asarray(confidence, dtype=None)':  # noqa: E501 - a key is one source line
+        _LF_ATC_ORDER,
+    'cord_ops/label_free.py::atc_threshold::conf = np.asarray(confidence, dtype=np.float64) -> conf = np.asarray(confidence, )':  # noqa: E501 - a key is one source line
+        _LF_ATC_ORDER,
+    'cord_ops/label_free.py::atc_threshold::return float("inf") -> return float("INF")':  # noqa: E501 - a key is one source line
+        _LF_INF,
     'cord_ops/label_free.py::label_shares::source = np.asarray(source_priors, dtype=np.float64) -> source = np.asarray(source_priors, dtype=None)':  # noqa: E501 - a key is one source line
         _LF_SOURCE,
     'cord_ops/label_free.py::label_shares::source = np.asarray(source_priors, dtype=np.float64) -> source = np.asarray(source_priors, )':  # noqa: E501 - a key is one source line
@@ -969,6 +980,14 @@ ACCEPTED: dict[str, str] = {
         _LF_CHI2,
     'cord_ops/label_free.py::chi2_predicted::result = chi2_contingency(table, correction=False) -> result = chi2_contingency(table, correction=None)':  # noqa: E501 - a key is one source line
         _LF_YATES,
+    'cord_ops/label_free.py::total_variation::return 0.5 * float(np.abs(np.asarray(p, dtype=np.float64) -> return 0.5 * float(np.abs(np.asarray(p, dtype=None)':  # noqa: E501 - a key is one source line
+        _LF_TV,
+    'cord_ops/label_free.py::total_variation::return 0.5 * float(np.abs(np.asarray(p, dtype=np.float64) -> return 0.5 * float(np.abs(np.asarray(p, )':  # noqa: E501 - a key is one source line
+        _LF_TV,
+    'cord_ops/label_free.py::total_variation::- np.asarray(q, dtype=np.float64)).sum()) -> - np.asarray(q, dtype=None)).sum())':  # noqa: E501 - a key is one source line
+        _LF_TV,
+    'cord_ops/label_free.py::total_variation::- np.asarray(q, dtype=np.float64)).sum()) -> - np.asarray(q, )).sum())':  # noqa: E501 - a key is one source line
+        _LF_TV,
     'cord_ops/label_free.py::ReferenceProfile._fit_maps::predicted, self._reads(recipe, probs, predicted, raw), correct, k) -> predicted, self._reads(None, probs, predicted, raw), correct, k)':  # noqa: E501 - a key is one source line
         _LF_READS_NONE,
     'cord_ops/label_free.py::ReferenceProfile._choose_recipe::folds = KFold(RECIPE_FOLDS, shuffle=True, random_state=0).split(probs) -> folds = KFold(shuffle=True, random_state=0).split(probs)':  # noqa: E501 - a key is one source line

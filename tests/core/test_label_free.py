@@ -779,6 +779,9 @@ def test_settings_and_inputs_out_of_range_are_refused_in_one_line():
             r"\(1, 1\) and \(1,\)$")):
         lf.atc_threshold([[0.5]], [True])
     assert lf.atc_threshold([0.7], [True]) == 0.7  # one row is enough
+    assert lf.atc_threshold([0.9, 0.6], [1, 0]) == 0.9  # correctness as 0/1 integers
+    with pytest.raises(ValueError, match=r"^confidence, correct: expected two \(n,\) arrays"):
+        lf.atc_threshold([[0.5]], [[True]])
     with pytest.raises(ValueError, match=(
             r"^counts: expected two non-empty count vectors of one length >= 2, got shape "
             r"\(2, 2\)$")):
