@@ -814,6 +814,11 @@ def test_priors_within_the_sum_tolerance_are_renormalised():
     assert pi[0] == pytest.approx(0.5 / (1.0 + 5e-7), abs=1e-15)
     with pytest.raises(ValueError, match="^pri: "):
         lf.check_priors([0.5, 0.5 + 2e-6], 2, "pri")
+    # float32 priors are renormalised in float64: thirds of float32 sum to 1 within 1e-6
+    thirds = np.full(3, 1 / 3, dtype=np.float32)
+    as_float64 = thirds.astype(np.float64)
+    assert lf.check_priors(thirds, 3, "pri").tolist() == \
+        pytest.approx((as_float64 / as_float64.sum()).tolist(), abs=1e-16)
 
 
 def test_em_stops_at_the_first_step_that_moves_no_prior_by_more_than_the_tolerance():
@@ -829,6 +834,8 @@ def test_zero_source_priors_and_rows_the_weights_empty():
     it; a row the weights send to zero everywhere stays as it was; equal weights give the
     rows back bit for bit (no renormalisation's rounding), whatever the weight."""
     assert lf.prior_weights([0.5, 0.5, 0.0], [0.25, 0.75, 0.0]).tolist() == [0.5, 1.5, 0.0]
+    assert lf.prior_weights([0.5, 0.5], [1, 0]).tolist() == [2.0, 0.0]  # integer priors
+    assert lf.reweighted(np.array([[1.0]]), np.array([2.0])).tolist() == [[1.0]]  # one class
     rows = np.array([[0.2, 0.2, 0.6], [0.1, 0.3, 0.6]])
     assert lf.reweighted(rows, lf.prior_weights([0.5, 0.5, 0.0], [0.5, 0.5, 0.0])) == \
         pytest.approx(np.array([[0.5, 0.5, 0.0], [0.25, 0.75, 0.0]]), abs=1e-15)
