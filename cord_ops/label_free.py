@@ -302,7 +302,7 @@ def prior_weights(source_priors, target_priors) -> np.ndarray:
     """``pi^t_k / pi^s_k`` per class (0 where the source prior is 0)."""
     source = np.asarray(source_priors, dtype=np.float64)
     target = np.asarray(target_priors, dtype=np.float64)
-    return np.divide(target, source, out=np.zeros_like(target), where=source > 0)
+    return target / np.where(source > 0, source, np.inf)
 
 
 def reweighted(probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -535,14 +535,12 @@ class ReferenceProfile(BaseEstimator):
         self.priors_ = p.mean(axis=0)
         self.label_counts_ = np.bincount(y, minlength=k)
         self.label_priors_ = self.label_counts_ / n
-        has_rows = self.label_counts_ > 0
-        self.class_accuracy_ = np.divide(np.bincount(y, weights=correct, minlength=k),
-                                         self.label_counts_, out=np.zeros(k), where=has_rows)
-        self.class_cbpe_ = np.divide(np.bincount(y, weights=mapped, minlength=k),
-                                     self.label_counts_, out=np.zeros(k), where=has_rows)
-        self.class_cbpe_var_ = np.divide(
-            np.bincount(y, weights=(mapped - self.class_cbpe_[y]) ** 2, minlength=k),
-            self.label_counts_, out=np.zeros(k), where=has_rows)
+        # a class without labelled rows sums to 0 and is divided by 1: its means are 0
+        rows = np.maximum(self.label_counts_, 1)
+        self.class_accuracy_ = np.bincount(y, weights=correct, minlength=k) / rows
+        self.class_cbpe_ = np.bincount(y, weights=mapped, minlength=k) / rows
+        self.class_cbpe_var_ = np.bincount(
+            y, weights=(mapped - self.class_cbpe_[y]) ** 2, minlength=k) / rows
         self.predicted_counts_ = np.bincount(predicted, minlength=k)
         self.probs_ = p
         self._noise = {}
