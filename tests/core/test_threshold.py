@@ -48,7 +48,10 @@ def test_no_decision_at_t_is_ever_flipped(rows, t):
     repair = CORD(decision_threshold=t).fit(original, calibrated)
     repaired = repair.transform(original, calibrated)
     np.testing.assert_array_equal(decisions(repaired, t), decisions(original, t))
-    assert np.all(np.abs(repaired.sum(axis=1) - 1) <= 1e-12)
+    # the strategy's float32 rows miss 1 by up to ~1e-7 and a kept row is returned as given
+    # (at t = 1/2 nothing is reweighted): each row is as close to 1 as its inputs, no further
+    given = np.maximum(np.abs(original.sum(axis=1) - 1), np.abs(calibrated.sum(axis=1) - 1))
+    assert np.all(np.abs(repaired.sum(axis=1) - 1) <= given + 1e-12)
     assert metrics.tpcr(original, repaired, t) == 0.0
 
 
